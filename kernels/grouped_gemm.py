@@ -1,0 +1,371 @@
+"""Grouped GEMM for fused MoE: ``y[m] = x[m] @ w[e(m)].T`` with rows sorted by expert.
+
+``moe_grouped_gemm(x, w, m_sizes)`` is the signature of the public Qwen3-MoE fused kernels:
+
+* ``x``: (M, K), rows sorted by expert; the first ``m_sizes[0]`` rows belong to expert 0, ...
+* ``w``: (E, N, K), one (N, K) weight per expert (any strides: ``w.transpose(1, 2)`` gives dx)
+* ``m_sizes``: (E,) int32 or int64 row counts per expert
+
+What makes it right under every placement (each item is a cause in ``qmoe_doctor.causes``):
+
+* the launch happens inside ``torch.cuda.device(x.device)``, so Triton picks x's device and that
+  device's current stream (``missing-device-guard``, ``wrong-device-stream``);
+* every buffer is allocated on ``x.device`` (``default-device-buffer``);
+* SM count and shared-memory limit are read from ``x.device``, cached per device index
+  (``per-device-state-cached``, ``launch-config-fault``);
+* offsets that can pass 2**31 elements (expert * stride_we, row * stride_xm) are formed in
+  int64 where they are formed, and only there (``int32-offset-overflow``);
+* rows are masked by M: a wrong ``m_sizes`` (negative, or summing past M) can never read or
+  write outside x or y (``invalid-routing``). Rows that ``m_sizes`` does not cover are zero.
+
+``moe_grouped_gemm_torch`` is the slow, obvious twin with the same signature and semantics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = [
+    "GemmConfig",
+    "moe_grouped_gemm",
+    "moe_grouped_gemm_torch",
+    "pick_config",
+    "check_operands",
+    "device_guard",
+    "num_sms",
+    "interpreting",
+]
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels on the CPU (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@dataclass(frozen=True, slots=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 8
+    num_stages: int = 3
+
+    def smem_bytes(self, itemsize: int) -> int:
+        """Shared memory the software pipeline asks for: one x tile and one w tile per stage."""
+        return (self.block_m + self.block_n) * self.block_k * itemsize * self.num_stages
+
+
+# --------------------------------------------------------------------------------------------
+# Per-device facts, keyed by device index (never cached from "the first device").
+# --------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def num_sms(device_index: int) -> int:
+    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
+
+
+@functools.cache
+def smem_limit(device_index: int) -> int:
+    props = torch.cuda.get_device_properties(device_index)
+    return int(getattr(props, "shared_memory_per_block_optin", 0) or 232448)
+
+
+def device_guard(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """``torch.cuda.device(device)`` for CUDA tensors, a no-op for CPU tensors (interpreter)."""
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
+# --------------------------------------------------------------------------------------------
+# Argument checks: clear errors naming the argument.
+# --------------------------------------------------------------------------------------------
+
+_FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def check_operands(x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor, *, what: str = "x") -> None:
+    """Validate shapes, dtypes and devices of a grouped GEMM call (no synchronization)."""
+    for name, t in (("x", x), ("w", w), ("m_sizes", m_sizes)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if x.dim() != 2:
+        raise ValueError(f"{what} must be 2-D (M, K), got shape {tuple(x.shape)}")
+    if w.dim() != 3:
+        raise ValueError(f"w must be 3-D (E, N, K), got shape {tuple(w.shape)}")
+    if m_sizes.dim() != 1:
+        raise ValueError(f"m_sizes must be 1-D (E,), got shape {tuple(m_sizes.shape)}")
+    if x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{what} must be bfloat16, float16 or float32, got {x.dtype}")
+    if w.dtype != x.dtype:
+        raise TypeError(f"w has dtype {w.dtype} but {what} has {x.dtype}; they must match")
+    if m_sizes.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"m_sizes must be int32 or int64, got {m_sizes.dtype}")
+    if w.shape[2] != x.shape[1]:
+        raise ValueError(
+            f"{what} has K={x.shape[1]} columns but w is (E, N, K)={tuple(w.shape)}: K must match"
+        )
+    if m_sizes.shape[0] != w.shape[0]:
+        raise ValueError(f"m_sizes has {m_sizes.shape[0]} entries but w has E={w.shape[0]} experts")
+    devices = {t.device for t in (x, w, m_sizes)}
+    if len(devices) > 1:
+        placed = ", ".join(f"{n} on {t.device}" for n, t in ((what, x), ("w", w), ("m_sizes", m_sizes)))
+        raise ValueError(f"operands are on different devices ({placed}); move them to one device")
+    if x.device.type == "cpu" and not interpreting():
+        raise ValueError(
+            f"{what} is a CPU tensor: the Triton kernel needs CUDA tensors "
+            "(or TRITON_INTERPRET=1 to run it on the CPU); use moe_grouped_gemm_torch for CPU"
+        )
+    if x.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"{what} is on {x.device}; only CUDA devices are supported")
+
+
+def check_routing_sizes(m_sizes: torch.Tensor, m: int) -> None:
+    """Opt-in routing check: synchronizes (reads m_sizes on the host)."""
+    sizes = m_sizes.detach().to("cpu", torch.int64)
+    if bool((sizes < 0).any()):
+        bad = [i for i, v in enumerate(sizes.tolist()) if v < 0]
+        raise ValueError(f"m_sizes has negative counts at experts {bad[:8]}")
+    total = int(sizes.sum())
+    if total != m:
+        raise ValueError(f"m_sizes sums to {total} but x has M={m} rows; routing and rows disagree")
+
+
+# --------------------------------------------------------------------------------------------
+# Config choice: a small table, pruned against the device's shared memory (no autotune at run
+# time: a 1000-config autotune took 49 s for one shape on an H200).
+# --------------------------------------------------------------------------------------------
+
+
+def pick_config(m: int, n: int, k: int, e: int, device: torch.device, dtype: torch.dtype) -> GemmConfig:
+    if device.type != "cuda":
+        return GemmConfig(32, 32, 32, num_warps=4, num_stages=1)  # interpreter: small and quick
+    avg_rows = max(1, m // max(1, e))
+    if avg_rows <= 64:
+        cfg = GemmConfig(64, 128, 64, num_warps=4, num_stages=4)
+    elif n >= 256:
+        cfg = GemmConfig(128, 256, 64, num_warps=8, num_stages=3)
+    else:
+        cfg = GemmConfig(128, 128, 64, num_warps=8, num_stages=3)
+    return fit_config(cfg, device, dtype)
+
+
+def fit_config(cfg: GemmConfig, device: torch.device, dtype: torch.dtype) -> GemmConfig:
+    """Drop pipeline stages until the config fits this device's shared memory."""
+    if device.type != "cuda":
+        return cfg
+    limit = smem_limit(device.index if device.index is not None else torch.cuda.current_device())
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    while cfg.num_stages > 1 and cfg.smem_bytes(itemsize) > limit:
+        cfg = GemmConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages - 1)
+    return cfg
+
+
+# --------------------------------------------------------------------------------------------
+# The kernel.
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _grouped_gemm_kernel(
+    x_ptr,  # (M, K) rows sorted by expert
+    w_ptr,  # (E, N, K) expert weights, any strides
+    y_ptr,  # (M, N) output
+    m_sizes_ptr,  # (E,) int32/int64 rows per expert; trusted only as far as M allows
+    M,
+    N,
+    K,
+    E,
+    stride_xm,
+    stride_xk,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_ym,
+    stride_yn,
+    NUM_PROGRAMS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Persistent grid: program p takes tiles p, p + NUM_PROGRAMS, ... of the expert-major
+    tile sequence; after the experts, rows no expert covers are written as zeros."""
+    pid = tl.program_id(0)
+    num_n_tiles = tl.cdiv(N, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+
+    tiles_before = 0  # tiles of the experts already walked (same count in every program)
+    row_start = 0  # first row of the current expert
+    for expert in range(E + 1):
+        if expert < E:
+            m_size = tl.load(m_sizes_ptr + expert).to(tl.int32)
+            # mask by M: negative counts become 0, counts past the last row stop at M
+            m_size = tl.minimum(tl.maximum(m_size, 0), tl.maximum(M - row_start, 0))
+        else:
+            m_size = tl.maximum(M - row_start, 0)  # rows no expert covers: written as zeros
+        num_tiles = tl.cdiv(m_size, BLOCK_M) * num_n_tiles
+        # first tile of this expert that belongs to this program
+        tile = tiles_before + (pid - tiles_before % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
+        while tile < tiles_before + num_tiles:
+            local = tile - tiles_before
+            tile_m = local // num_n_tiles
+            tile_n = local % num_n_tiles
+            first_row = row_start + tile_m * BLOCK_M
+            row_mask = (first_row + offs_m) < (row_start + m_size)
+            cols = tile_n * BLOCK_N + offs_n
+            col_mask = cols < N
+            # first_row * stride_ym passes 2**31 for M*N > 2**31 (1M tokens x 2048): int64 here
+            y_tile = y_ptr + tl.cast(first_row, tl.int64) * stride_ym
+            y_ptrs = y_tile + offs_m[:, None] * stride_ym + cols[None, :] * stride_yn
+            out_mask = row_mask[:, None] & col_mask[None, :]
+            if expert < E:
+                # first_row * stride_xm passes 2**31 for M*K > 2**31
+                x_ptrs = (
+                    x_ptr
+                    + tl.cast(first_row, tl.int64) * stride_xm
+                    + offs_m[:, None] * stride_xm
+                    + offs_k[None, :] * stride_xk
+                )
+                # expert * stride_we passes 2**31 at expert 69 for 160 experts of 5120x6144
+                w_ptrs = (
+                    w_ptr
+                    + tl.cast(expert, tl.int64) * stride_we
+                    + cols[None, :] * stride_wn
+                    + offs_k[:, None] * stride_wk
+                )
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for k0 in range(0, K, BLOCK_K):
+                    k_mask = (k0 + offs_k) < K
+                    a = tl.load(x_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+                    b = tl.load(w_ptrs, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+                    acc = tl.dot(a, b, acc)
+                    x_ptrs += BLOCK_K * stride_xk
+                    w_ptrs += BLOCK_K * stride_wk
+                tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+            else:
+                zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                tl.store(y_ptrs, zeros.to(y_ptr.dtype.element_ty), mask=out_mask)
+            tile += NUM_PROGRAMS
+        tiles_before += num_tiles
+        row_start += m_size
+
+
+def launch_grouped_gemm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    y: torch.Tensor,
+    m_sizes: torch.Tensor,
+    cfg: GemmConfig,
+    num_programs: int,
+) -> None:
+    """Launch on the current device and stream. Callers hold the device guard."""
+    m, k = x.shape
+    e, n, _ = w.shape
+    _grouped_gemm_kernel[(num_programs,)](
+        x,
+        w,
+        y,
+        m_sizes,
+        m,
+        n,
+        k,
+        e,
+        x.stride(0),
+        x.stride(1),
+        w.stride(0),
+        w.stride(1),
+        w.stride(2),
+        y.stride(0),
+        y.stride(1),
+        NUM_PROGRAMS=num_programs,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+
+
+def grid_size(m: int, n: int, e: int, cfg: GemmConfig, device: torch.device) -> int:
+    """Programs of the persistent grid: at most one per SM of *this* device, never more than
+    the tiles there can be (each expert may add one partial row tile)."""
+    max_tiles = (triton.cdiv(m, cfg.block_m) + e + 1) * triton.cdiv(n, cfg.block_n)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return max(1, min(num_sms(index), max_tiles))
+    return max(1, min(4, max_tiles))  # interpreter: a few programs exercise the tile walk
+
+
+def moe_grouped_gemm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    m_sizes: torch.Tensor,
+    *,
+    out_dtype: torch.dtype | None = None,
+    check_routing: bool = False,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """``y[m] = x[m] @ w[e(m)].T`` for rows sorted by expert. See the module docstring.
+
+    ``check_routing=True`` also verifies ``m_sizes`` (no negatives, sums to M); it reads
+    m_sizes on the host and so synchronizes: off by default.
+    """
+    check_operands(x, w, m_sizes)
+    m, k = x.shape
+    e, n, _ = w.shape
+    if check_routing:
+        check_routing_sizes(m_sizes, m)
+    out_dtype = out_dtype or x.dtype
+    with device_guard(x.device):
+        y = torch.empty((m, n), device=x.device, dtype=out_dtype)
+        if m == 0 or n == 0:
+            return y
+        if k == 0:
+            return y.zero_()
+        cfg = config or pick_config(m, n, k, e, x.device, x.dtype)
+        launch_grouped_gemm(x, w, y, m_sizes, cfg, grid_size(m, n, e, cfg, x.device))
+    return y
+
+
+def moe_grouped_gemm_torch(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    m_sizes: torch.Tensor,
+    *,
+    out_dtype: torch.dtype | None = None,
+    check_routing: bool = False,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """The slow, obvious twin: a loop over experts in float32, same masking semantics."""
+    del config  # accepted for signature parity
+    if check_routing:
+        check_routing_sizes(m_sizes, x.shape[0])
+    m = x.shape[0]
+    n = w.shape[1]
+    y = torch.zeros((m, n), device=x.device, dtype=torch.float32)
+    row = 0
+    for expert, size in enumerate(_clamped_sizes(m_sizes, m)):
+        if size:
+            y[row : row + size] = x[row : row + size].float() @ w[expert].float().T
+        row += size
+    return y.to(out_dtype or x.dtype)
+
+
+def _clamped_sizes(m_sizes: torch.Tensor, m: int) -> Iterator[int]:
+    """m_sizes as the kernel reads them: negatives are 0, nothing runs past row M."""
+    row = 0
+    for size in m_sizes.detach().to("cpu", torch.int64).tolist():
+        size = min(max(int(size), 0), max(m - row, 0))
+        yield size
+        row += size

@@ -1,0 +1,4 @@
+from qmoe_doctor.cli import main
+
+if __name__ == "__main__":
+    main()
