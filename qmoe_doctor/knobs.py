@@ -13,6 +13,9 @@ QMOE_PROBE_TIMEOUT = "QMOE_DOCTOR_PROBE_TIMEOUT"
 QMOE_SANITIZER = "QMOE_DOCTOR_COMPUTE_SANITIZER"
 #: Python interpreter for probe children. Escape hatch: the kernel under test lives in another venv.
 QMOE_CHILD_PYTHON = "QMOE_DOCTOR_CHILD_PYTHON"
+#: Set by the parent for each probe child: the pipe fd the child writes protocol lines to (kept
+#: apart from stdout/stderr, which libraries print to and which go to the worker's log).
+QMOE_RESULT_FD = "QMOE_DOCTOR_RESULT_FD"
 
 # --- variables of other tools that qmoe-doctor sets or reads ---
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"

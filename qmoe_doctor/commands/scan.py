@@ -1,10 +1,152 @@
-"""`qmoe-doctor scan` (placeholder: being written)."""
+"""`qmoe-doctor scan`: run a kernel under controlled conditions and name what breaks it."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Optional
+
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from qmoe_doctor import knobs
+from qmoe_doctor.exitcodes import ExitCode
+from qmoe_doctor.inventory import GpuSelectionError, Inventory, collect_inventory, select_gpus
+from qmoe_doctor.isolate import Event, EventKind
+from qmoe_doctor.output import emit_json, stderr_console, stdout_console
+from qmoe_doctor.plan import DEFAULT_CONDITIONS, ScanOptions, plan_scan
+from qmoe_doctor.presets import PRESETS
+from qmoe_doctor.records import Condition, to_jsonable
+from qmoe_doctor.render import render_report
+from qmoe_doctor.scan import KernelRefError, all_spawn_failures, report_json, run_scan
+
+KERNEL_HELP = (
+    "Kernel to scan, called as fn(x, w, m_sizes) -> y: 'builtin' (ours), 'specimen:NAME' "
+    "(see `qmoe-doctor specimens`), 'module.path:function' or 'path/to/file.py:function'."
+)
 
 
-def scan_command() -> None:
-    """Not written yet."""
-    raise typer.Exit(4)
+def parse_conditions(text: str | None) -> frozenset[Condition]:
+    if not text:
+        return DEFAULT_CONDITIONS
+    chosen = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            chosen.add(Condition(part))
+        except ValueError:
+            known = ", ".join(c.value for c in sorted(DEFAULT_CONDITIONS, key=lambda c: c.value))
+            raise typer.BadParameter(f"unknown condition {part!r}; known: {known}") from None
+    return frozenset(chosen)
+
+
+def check_kernel_ref(ref: str) -> None:
+    """What the parent can check without importing the kernel (the child checks the rest)."""
+    if ref in ("builtin", "torch:grouped_mm"):
+        return
+    if ":" not in ref:
+        raise typer.BadParameter(f"{ref!r}: expected module:function or path/to/file.py:function", param_hint="--kernel")
+    where, _, name = ref.rpartition(":")
+    if where == "specimen":
+        from qmoe_doctor.specimens import get_specimen
+
+        try:
+            get_specimen(name)
+        except KeyError as exc:
+            raise typer.BadParameter(str(exc.args[0]), param_hint="--kernel") from None
+    elif where.endswith(".py") and not Path(where).is_file():
+        raise typer.BadParameter(f"kernel file {where!r} does not exist", param_hint="--kernel")
+
+
+def scan_command(
+    kernel: str = typer.Option("builtin", "--kernel", "-k", help=KERNEL_HELP),
+    gpus: Optional[str] = typer.Option(
+        None, "--gpus", help="NVML / nvidia-smi GPU indices, e.g. 0,1 (default: all). The report says which CUDA ordinal each became."
+    ),
+    preset: str = typer.Option("qwen3-30b-a3b", "--preset", help=f"Shape preset: {', '.join(PRESETS)}."),
+    rows: int = typer.Option(4096, "--rows", min=1, help="Rows (tokens x top-k) of the main cells."),
+    only: Optional[str] = typer.Option(None, "--only", help="Comma-separated conditions to run (default: all)."),
+    cpu: bool = typer.Option(False, "--cpu", help="Run the CPU tier (Triton interpreter) even when GPUs exist."),
+    json_out: bool = typer.Option(False, "--json", help="Write the versioned JSON report to stdout."),
+    save: Optional[Path] = typer.Option(None, "--save", help="Also write the JSON report to this file."),
+    log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="Where probe workers write their logs (default: a temp dir)."),
+    timeout: float = typer.Option(knobs.DEFAULT_PROBE_TIMEOUT_S, "--timeout", min=1.0, help="Seconds each probe may take."),
+) -> None:
+    """Run the kernel under controlled placements, peer-access states and stream orderings,
+    each probe in an isolated process, and name the cause of every failure.
+
+    Exit codes: 0 healthy, 1 fault diagnosed, 2 usage error, 4 the scan could not run.
+    """
+    err = stderr_console()
+    if preset not in PRESETS:
+        raise typer.BadParameter(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}", param_hint="--preset")
+    check_kernel_ref(kernel)
+    conditions = parse_conditions(only)
+    inv: Inventory | None = None
+    selected: tuple[int, ...] = ()
+    planned = []
+    if not cpu:
+        inv = collect_inventory()
+        if inv.gpus:
+            try:
+                planned = list(select_gpus(inv, gpus))
+            except GpuSelectionError as exc:
+                err.print(f"[red]error:[/] {exc}")
+                raise typer.Exit(ExitCode.USAGE) from None
+            selected = tuple(g.index for g in planned)
+        elif gpus:
+            err.print(f"[red]error:[/] --gpus {gpus} given but no GPU is visible ({inv.nvml_error or 'NVML found none'})")
+            raise typer.Exit(ExitCode.USAGE)
+        else:
+            err.print(f"[yellow]no GPU found[/] ({inv.nvml_error or 'NVML lists none'}): running the CPU tier")
+    opts = ScanOptions(preset=preset, rows=rows, conditions=conditions, timeout_s=timeout)
+    plan = plan_scan(kernel, planned, opts)
+    total = len(plan.specs)
+    with Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("starting probe workers", total=total)
+
+        def on_event(event: Event) -> None:
+            if event.kind is EventKind.OUTCOME and event.outcome is not None:
+                progress.advance(task)
+                o = event.outcome
+                err.print(f"  {o.probe_id}: {o.status}" + (f" ({o.error_kind})" if o.error_kind else ""), style="dim")
+            elif event.kind in (EventKind.PROBE_STARTED, EventKind.CRUMB) and event.probe_id:
+                phase = f" [{event.phase}]" if event.phase else ""
+                progress.update(task, description=f"{event.probe_id}{phase}")
+            elif event.kind is EventKind.WORKER_RESTARTED:
+                err.print(f"  worker replaced: {event.detail}", style="yellow")
+
+        try:
+            report = run_scan(
+                plan,
+                gpus=selected,
+                log_dir=log_dir,
+                on_event=on_event,
+                inventory=to_jsonable(inv) if inv is not None else None,
+            )
+        except KernelRefError as exc:
+            err.print(
+                f"[red]error:[/] the kernel {kernel!r} could not be used: {exc}\n"
+                "qmoe-doctor calls kernels as fn(x, w, m_sizes) -> y with x (M, K) rows sorted by "
+                "expert, w (E, N, K) and m_sizes (E,); pass --kernel module:function or "
+                "path/to/file.py:function naming such a callable."
+            )
+            raise typer.Exit(ExitCode.USAGE) from None
+    if save is not None:
+        save.write_text(json.dumps(report_json(report), indent=2, allow_nan=True) + "\n")
+    if json_out:
+        emit_json("scan", report_json(report))
+    else:
+        render_report(stdout_console(), report)
+    if all_spawn_failures(report):
+        raise typer.Exit(ExitCode.CHECK_BROKEN)
+    raise typer.Exit(ExitCode.HEALTHY if report.healthy else ExitCode.FAULT)

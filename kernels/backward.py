@@ -1,0 +1,383 @@
+"""Backward of the grouped GEMM, and the autograd function that ties forward and backward.
+
+With ``y[m] = x[m] @ w[e(m)].T`` (rows sorted by expert, see ``grouped_gemm``):
+
+* ``dx[m] = dy[m] @ w[e(m)]``: the forward kernel on ``w.transpose(1, 2)`` (it takes strides);
+* ``dw[e] = dy_e.T @ x_e``: a Triton kernel of its own. Program p of a persistent grid takes
+  tiles p, p + NUM_PROGRAMS, ... of the (expert, n-tile, k-tile) sequence and, for each, walks
+  that expert's rows in BLOCK_M chunks. The rows of each expert come from an exclusive cumsum of
+  ``m_sizes`` made on x's device inside the device guard, clamped to M exactly as the forward
+  clamps them, so a wrong ``m_sizes`` can never read outside dy or x. Empty experts give zero dw.
+
+``moe_fused_linear(x, w, m_sizes)`` is the autograd function (no gradient for ``m_sizes``).
+Each kernel has its slow, obvious twin: ``moe_grouped_gemm_dx_torch``, ``moe_grouped_gemm_dw_torch``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+import triton
+import triton.language as tl
+
+from qmoe_doctor.kernels.grouped_gemm import (
+    GemmConfig,
+    _clamped_sizes,
+    check_routing_sizes,
+    device_guard,
+    interpreting,
+    moe_grouped_gemm,
+    moe_grouped_gemm_torch,
+    num_sms,
+    smem_limit,
+)
+
+__all__ = [
+    "GroupedGemm",
+    "check_dw_operands",
+    "dw_grid_size",
+    "launch_grouped_gemm_dw",
+    "moe_fused_linear",
+    "moe_grouped_gemm_dw",
+    "moe_grouped_gemm_dw_torch",
+    "moe_grouped_gemm_dx",
+    "moe_grouped_gemm_dx_torch",
+    "pick_dw_config",
+    "row_bounds",
+]
+
+
+class GroupedGemm(Protocol):
+    """The seam for a forward kernel: the signature of ``moe_grouped_gemm``."""
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor, /) -> torch.Tensor: ...
+
+
+_FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# dx: the forward kernel on the transposed weights.
+# --------------------------------------------------------------------------------------------
+
+
+def _check_dx_shapes(dy: torch.Tensor, w: torch.Tensor) -> None:
+    # checked here so the message speaks of dy and w, not of the transposed view the kernel sees
+    if isinstance(dy, torch.Tensor) and isinstance(w, torch.Tensor) and dy.dim() == 2 and w.dim() == 3:
+        if dy.shape[1] != w.shape[1]:
+            raise ValueError(
+                f"dy has N={dy.shape[1]} columns but w is (E, N, K)={tuple(w.shape)}: N must match"
+            )
+
+
+def moe_grouped_gemm_dx(
+    dy: torch.Tensor,
+    w: torch.Tensor,
+    m_sizes: torch.Tensor,
+    *,
+    check_routing: bool = False,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """``dx[m] = dy[m] @ w[e(m)]``: dy (M, N), w (E, N, K), m_sizes (E,) -> dx (M, K).
+
+    Rows ``m_sizes`` does not cover are zero; the device guard, buffers and masking are the
+    forward's (it is the forward kernel on ``w.transpose(1, 2)``).
+    """
+    _check_dx_shapes(dy, w)
+    w_t = w.transpose(1, 2) if isinstance(w, torch.Tensor) and w.dim() == 3 else w
+    return moe_grouped_gemm(dy, w_t, m_sizes, check_routing=check_routing, config=config)
+
+
+def moe_grouped_gemm_dx_torch(
+    dy: torch.Tensor,
+    w: torch.Tensor,
+    m_sizes: torch.Tensor,
+    *,
+    check_routing: bool = False,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """The slow, obvious twin of ``moe_grouped_gemm_dx``."""
+    _check_dx_shapes(dy, w)
+    return moe_grouped_gemm_torch(dy, w.transpose(1, 2), m_sizes, check_routing=check_routing, config=config)
+
+
+# --------------------------------------------------------------------------------------------
+# dw: its own kernel.
+# --------------------------------------------------------------------------------------------
+
+
+def check_dw_operands(dy: torch.Tensor, x: torch.Tensor, m_sizes: torch.Tensor) -> None:
+    """Validate shapes, dtypes and devices of a dw call (no synchronization)."""
+    for name, t in (("dy", dy), ("x", x), ("m_sizes", m_sizes)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dy.dim() != 2:
+        raise ValueError(f"dy must be 2-D (M, N), got shape {tuple(dy.shape)}")
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D (M, K), got shape {tuple(x.shape)}")
+    if m_sizes.dim() != 1:
+        raise ValueError(f"m_sizes must be 1-D (E,), got shape {tuple(m_sizes.shape)}")
+    if dy.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"dy must be bfloat16, float16 or float32, got {dy.dtype}")
+    if x.dtype != dy.dtype:
+        raise TypeError(f"x has dtype {x.dtype} but dy has {dy.dtype}; they must match")
+    if m_sizes.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"m_sizes must be int32 or int64, got {m_sizes.dtype}")
+    if dy.shape[0] != x.shape[0]:
+        raise ValueError(f"dy has M={dy.shape[0]} rows but x has M={x.shape[0]}: they must match")
+    devices = {t.device for t in (dy, x, m_sizes)}
+    if len(devices) > 1:
+        placed = ", ".join(f"{n} on {t.device}" for n, t in (("dy", dy), ("x", x), ("m_sizes", m_sizes)))
+        raise ValueError(f"operands are on different devices ({placed}); move them to one device")
+    if dy.device.type == "cpu" and not interpreting():
+        raise ValueError(
+            "dy is a CPU tensor: the Triton kernel needs CUDA tensors "
+            "(or TRITON_INTERPRET=1 to run it on the CPU); use moe_grouped_gemm_dw_torch for CPU"
+        )
+    if dy.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"dy is on {dy.device}; only CUDA devices are supported")
+
+
+def row_bounds(m_sizes: torch.Tensor, m: int) -> torch.Tensor:
+    """(E + 1,) int64 on m_sizes' device: expert e owns rows [bounds[e], bounds[e + 1]).
+
+    The same clamping as the forward's tile walk: negative counts are 0, nothing passes M
+    (``min(cumsum, M)``). int64: the cumsum of int32 counts can pass 2**31. No synchronization.
+    """
+    ends = torch.cumsum(m_sizes.to(torch.int64).clamp_min(0), dim=0).clamp_max(m)
+    return torch.cat([ends.new_zeros(1), ends])
+
+
+def _dw_smem_bytes(cfg: GemmConfig, itemsize: int) -> int:
+    # per stage: one dy tile (BLOCK_M, BLOCK_N) and one x tile (BLOCK_M, BLOCK_K)
+    return (cfg.block_n + cfg.block_k) * cfg.block_m * itemsize * cfg.num_stages
+
+
+def pick_dw_config(n: int, k: int, device: torch.device, dtype: torch.dtype) -> GemmConfig:
+    """dw tile: block_n x block_k of dw, block_m rows of reduction per step.
+
+    Pruned against this device's shared memory (128x256x64 with 3 stages asks 245760 B on an
+    H200, which has 232448 B: a launch-config fault).
+    """
+    if device.type != "cuda":
+        return GemmConfig(32, 32, 32, num_warps=4, num_stages=1)  # interpreter: small and quick
+    if n >= 128 and k >= 128:
+        cfg = GemmConfig(64, 128, 128, num_warps=8, num_stages=3)
+    else:
+        cfg = GemmConfig(64, 64, 64, num_warps=4, num_stages=3)
+    limit = smem_limit(device.index if device.index is not None else torch.cuda.current_device())
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    while cfg.num_stages > 1 and _dw_smem_bytes(cfg, itemsize) > limit:
+        cfg = GemmConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages - 1)
+    return cfg
+
+
+def dw_grid_size(e: int, n: int, k: int, cfg: GemmConfig, device: torch.device) -> int:
+    """Programs of the persistent dw grid: at most one per SM of *this* device, never more
+    than the E * n-tiles * k-tiles there are."""
+    tiles = e * triton.cdiv(n, cfg.block_n) * triton.cdiv(k, cfg.block_k)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return max(1, min(num_sms(index), tiles))
+    return max(1, min(4, tiles))  # interpreter: a few programs exercise the tile walk
+
+
+@triton.jit
+def _grouped_gemm_dw_kernel(
+    dy_ptr,  # (M, N) output gradient, rows sorted by expert
+    x_ptr,  # (M, K) forward input, rows sorted by expert
+    dw_ptr,  # (E, N, K) weight gradient, every element written
+    bounds_ptr,  # (E + 1,) int64 row bounds: expert e owns rows [bounds[e], bounds[e + 1])
+    M,
+    N,
+    K,
+    E,
+    stride_dym,
+    stride_dyn,
+    stride_xm,
+    stride_xk,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    NUM_PROGRAMS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Persistent grid: program p takes tiles p, p + NUM_PROGRAMS, ... of the
+    (expert, n-tile, k-tile) sequence and reduces that expert's rows in BLOCK_M chunks."""
+    pid = tl.program_id(0)
+    num_n_tiles = tl.cdiv(N, BLOCK_N)
+    num_k_tiles = tl.cdiv(K, BLOCK_K)
+    tiles_per_expert = num_n_tiles * num_k_tiles
+    num_tiles = E * tiles_per_expert
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+
+    tile = pid
+    while tile < num_tiles:
+        expert = tile // tiles_per_expert
+        local = tile % tiles_per_expert
+        tile_n = local // num_k_tiles
+        tile_k = local % num_k_tiles
+        cols_n = tile_n * BLOCK_N + offs_n
+        cols_k = tile_k * BLOCK_K + offs_k
+        n_mask = cols_n < N
+        k_mask = cols_k < K
+        # bounds are int64 and clamped to M by the host; clamp again so that a bad bounds
+        # buffer still cannot move the reads outside dy and x
+        row_start = tl.minimum(tl.maximum(tl.load(bounds_ptr + expert), 0), M)
+        row_end = tl.minimum(tl.maximum(tl.load(bounds_ptr + expert + 1), row_start), M)
+
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        first_row = row_start
+        while first_row < row_end:
+            rows = first_row + offs_m  # int64: row * stride_xm passes 2**31 for M*K > 2**31
+            row_mask = rows < row_end
+            # dy tile loaded transposed: (BLOCK_N, BLOCK_M)
+            dy_ptrs = dy_ptr + rows[None, :] * stride_dym + cols_n[:, None] * stride_dyn
+            x_ptrs = x_ptr + rows[:, None] * stride_xm + cols_k[None, :] * stride_xk
+            a = tl.load(dy_ptrs, mask=n_mask[:, None] & row_mask[None, :], other=0.0)
+            b = tl.load(x_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+            acc = tl.dot(a, b, acc)
+            first_row += BLOCK_M
+
+        # expert * stride_we passes 2**31 at expert 69 for 160 experts of 5120x6144
+        dw_ptrs = (
+            dw_ptr
+            + tl.cast(expert, tl.int64) * stride_we
+            + cols_n[:, None] * stride_wn
+            + cols_k[None, :] * stride_wk
+        )
+        tl.store(dw_ptrs, acc.to(dw_ptr.dtype.element_ty), mask=n_mask[:, None] & k_mask[None, :])
+        tile += NUM_PROGRAMS
+
+
+def launch_grouped_gemm_dw(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    dw: torch.Tensor,
+    bounds: torch.Tensor,
+    cfg: GemmConfig,
+    num_programs: int,
+) -> None:
+    """Launch on the current device and stream. Callers hold the device guard.
+
+    dy (M, N), x (M, K), dw (E, N, K) any strides, bounds (E + 1,) int64 from ``row_bounds``.
+    """
+    m, n = dy.shape
+    k = x.shape[1]
+    e = dw.shape[0]
+    _grouped_gemm_dw_kernel[(num_programs,)](
+        dy,
+        x,
+        dw,
+        bounds,
+        m,
+        n,
+        k,
+        e,
+        dy.stride(0),
+        dy.stride(1),
+        x.stride(0),
+        x.stride(1),
+        dw.stride(0),
+        dw.stride(1),
+        dw.stride(2),
+        NUM_PROGRAMS=num_programs,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+
+
+def moe_grouped_gemm_dw(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    m_sizes: torch.Tensor,
+    *,
+    out_dtype: torch.dtype | None = None,
+    check_routing: bool = False,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """``dw[e] = dy_e.T @ x_e``: dy (M, N), x (M, K), m_sizes (E,) -> dw (E, N, K).
+
+    Every element of dw is written (empty experts give zeros). ``check_routing=True`` also
+    verifies ``m_sizes`` (no negatives, sums to M); it synchronizes: off by default.
+    """
+    check_dw_operands(dy, x, m_sizes)
+    m, n = dy.shape
+    k = x.shape[1]
+    e = m_sizes.shape[0]
+    if check_routing:
+        check_routing_sizes(m_sizes, m)
+    out_dtype = out_dtype or x.dtype
+    with device_guard(x.device):
+        dw = torch.empty((e, n, k), device=x.device, dtype=out_dtype)
+        if dw.numel() == 0:
+            return dw
+        if m == 0:
+            return dw.zero_()
+        bounds = row_bounds(m_sizes, m)  # on x.device, inside the guard: the current stream
+        cfg = config or pick_dw_config(n, k, x.device, x.dtype)
+        launch_grouped_gemm_dw(dy, x, dw, bounds, cfg, dw_grid_size(e, n, k, cfg, x.device))
+    return dw
+
+
+def moe_grouped_gemm_dw_torch(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    m_sizes: torch.Tensor,
+    *,
+    out_dtype: torch.dtype | None = None,
+    check_routing: bool = False,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """The slow, obvious twin: a loop over experts in float32, same clamping of m_sizes."""
+    del config  # accepted for signature parity
+    m = dy.shape[0]
+    if check_routing:
+        check_routing_sizes(m_sizes, m)
+    e = m_sizes.shape[0]
+    dw = torch.zeros((e, dy.shape[1], x.shape[1]), device=x.device, dtype=torch.float32)
+    row = 0
+    for expert, size in enumerate(_clamped_sizes(m_sizes, m)):
+        if size:
+            dw[expert] = dy[row : row + size].float().T @ x[row : row + size].float()
+        row += size
+    return dw.to(out_dtype or x.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Autograd.
+# --------------------------------------------------------------------------------------------
+
+
+class _MoEFusedLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor, kernel: GroupedGemm
+    ) -> torch.Tensor:
+        ctx.save_for_backward(x, w, m_sizes)
+        return kernel(x, w, m_sizes)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, w, m_sizes = ctx.saved_tensors
+        dx = moe_grouped_gemm_dx(dy.to(w.dtype), w, m_sizes) if ctx.needs_input_grad[0] else None
+        dw = moe_grouped_gemm_dw(dy.to(x.dtype), x, m_sizes) if ctx.needs_input_grad[1] else None
+        return dx, dw, None, None
+
+
+def moe_fused_linear(
+    x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor, *, kernel: GroupedGemm = moe_grouped_gemm
+) -> torch.Tensor:
+    """Differentiable ``y[m] = x[m] @ w[e(m)].T``: forward by ``kernel`` (ours by default, or
+    any kernel of the same signature the doctor wants to exercise), backward by our dx and dw
+    kernels. No gradient for ``m_sizes``."""
+    result: torch.Tensor = _MoEFusedLinear.apply(x, w, m_sizes, kernel)
+    return result

@@ -1,0 +1,193 @@
+"""The Qwen3-MoE sparse block on our kernels, and its stock per-expert-loop twin.
+
+``MoEBlock.forward(hidden_states (T, H)) -> (out (T, H), router_logits (T, E))``:
+
+1. router: ``gate`` Linear(H, E, bias=False); softmax in float32; top-k; renormalize the k
+   weights when ``norm_topk_prob``; weights cast back to the hidden dtype (as Transformers does);
+2. ``sort_by_expert``: the T*k (token, slot) rows sorted by expert, gathered from the tokens;
+3. ``moe_fused_linear`` with ``gate_up_proj`` (E, 2*I, H): gate is the first I columns, up the
+   last I; ``SiLU(gate) * up``; ``moe_fused_linear`` with ``down_proj`` (E, H, I);
+4. each row times its routing weight, summed back to its token with ``index_add_``.
+
+``kernel=`` is the forward grouped GEMM (the signature of ``moe_grouped_gemm``), ours by default,
+so the doctor can run the same block on another kernel; backward is always our dx/dw kernels.
+
+``MoEBlockTorch`` is the twin: the stock Transformers loop over experts (``x @ w[e].T``), with the
+same parameter names and shapes, so ``twin.load_state_dict(block.state_dict())`` works.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qmoe_doctor.kernels.backward import GroupedGemm, moe_fused_linear
+from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm
+from qmoe_doctor.kernels.routing import sort_by_expert
+from qmoe_doctor.presets import MoEShape, get_preset
+
+__all__ = ["MoEBlock", "MoEBlockTorch", "resolve_shape"]
+
+
+def resolve_shape(
+    shape: MoEShape | str | None = None,
+    *,
+    num_experts: int | None = None,
+    top_k: int | None = None,
+    hidden: int | None = None,
+    intermediate: int | None = None,
+    norm_topk_prob: bool | None = None,
+) -> MoEShape:
+    """A preset (object or name) with explicit sizes overriding it, or explicit sizes alone."""
+    given = {
+        "num_experts": num_experts,
+        "top_k": top_k,
+        "hidden": hidden,
+        "intermediate": intermediate,
+        "norm_topk_prob": norm_topk_prob,
+    }
+    given = {key: value for key, value in given.items() if value is not None}
+    if isinstance(shape, str):
+        shape = get_preset(shape)
+    if shape is None:
+        missing = [key for key in ("num_experts", "top_k", "hidden", "intermediate") if key not in given]
+        if missing:
+            raise ValueError(f"give a MoEShape (or preset name) or all of the sizes; missing: {missing}")
+        shape = MoEShape(name="custom", **given)  # type: ignore[arg-type]
+    elif given:
+        shape = dataclasses.replace(shape, name=f"{shape.name}-custom", **given)
+    for key in ("num_experts", "top_k", "hidden", "intermediate"):
+        if getattr(shape, key) <= 0:
+            raise ValueError(f"{key} must be positive, got {getattr(shape, key)}")
+    if shape.top_k > shape.num_experts:
+        raise ValueError(f"top_k={shape.top_k} is more than num_experts={shape.num_experts}")
+    return shape
+
+
+class _SparseMoEBase(nn.Module):
+    """Parameters and router shared by the block and its twin (same names, same shapes)."""
+
+    def __init__(
+        self,
+        shape: MoEShape | str | None = None,
+        *,
+        num_experts: int | None = None,
+        top_k: int | None = None,
+        hidden: int | None = None,
+        intermediate: int | None = None,
+        norm_topk_prob: bool | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.shape = resolve_shape(
+            shape,
+            num_experts=num_experts,
+            top_k=top_k,
+            hidden=hidden,
+            intermediate=intermediate,
+            norm_topk_prob=norm_topk_prob,
+        )
+        s = self.shape
+        self.num_experts = s.num_experts
+        self.top_k = s.top_k
+        self.norm_topk_prob = s.norm_topk_prob
+        factory = {"device": device, "dtype": dtype}
+        self.gate = nn.Linear(s.hidden, s.num_experts, bias=False, **factory)  # type: ignore[arg-type]
+        # (E, 2*I, H): rows [0, I) are gate_proj, rows [I, 2I) are up_proj of each expert
+        self.gate_up_proj = nn.Parameter(torch.empty(s.num_experts, 2 * s.intermediate, s.hidden, **factory))  # type: ignore[arg-type]
+        # (E, H, I)
+        self.down_proj = nn.Parameter(torch.empty(s.num_experts, s.hidden, s.intermediate, **factory))  # type: ignore[arg-type]
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # scaled so activations keep unit size through both GEMMs (tests compare real numbers)
+        with torch.no_grad():
+            nn.init.normal_(self.gate.weight, std=self.shape.hidden**-0.5)
+            nn.init.normal_(self.gate_up_proj, std=self.shape.hidden**-0.5)
+            nn.init.normal_(self.down_proj, std=self.shape.intermediate**-0.5)
+
+    def route(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> router_logits (T, E), topk_weights (T, k) in the hidden dtype, topk_ids (T, k)."""
+        if hidden_states.dim() != 2 or hidden_states.shape[1] != self.shape.hidden:
+            raise ValueError(
+                f"hidden_states must be (T, {self.shape.hidden}), got shape {tuple(hidden_states.shape)}"
+            )
+        router_logits = self.gate(hidden_states)
+        probs = F.softmax(router_logits, dim=1, dtype=torch.float32)
+        topk_weights, topk_ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+        return router_logits, topk_weights.to(hidden_states.dtype), topk_ids
+
+    def extra_repr(self) -> str:
+        s = self.shape
+        return (
+            f"experts={s.num_experts}, top_k={s.top_k}, hidden={s.hidden}, "
+            f"intermediate={s.intermediate}, norm_topk_prob={s.norm_topk_prob}"
+        )
+
+
+class MoEBlock(_SparseMoEBase):
+    """The Qwen3-MoE sparse block on the fused grouped GEMM (see the module docstring)."""
+
+    def __init__(
+        self,
+        shape: MoEShape | str | None = None,
+        *,
+        num_experts: int | None = None,
+        top_k: int | None = None,
+        hidden: int | None = None,
+        intermediate: int | None = None,
+        norm_topk_prob: bool | None = None,
+        kernel: GroupedGemm = moe_grouped_gemm,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(
+            shape,
+            num_experts=num_experts,
+            top_k=top_k,
+            hidden=hidden,
+            intermediate=intermediate,
+            norm_topk_prob=norm_topk_prob,
+            device=device,
+            dtype=dtype,
+        )
+        self.kernel = kernel
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        router_logits, topk_weights, topk_ids = self.route(hidden_states)
+        routing = sort_by_expert(topk_ids, self.num_experts)
+        x = hidden_states[routing.token_idx]  # (T*k, H) rows sorted by expert
+        gate_up = moe_fused_linear(x, self.gate_up_proj, routing.m_sizes, kernel=self.kernel)  # (T*k, 2I)
+        gate, up = gate_up.chunk(2, dim=-1)
+        act = F.silu(gate) * up  # (T*k, I)
+        down = moe_fused_linear(act, self.down_proj, routing.m_sizes, kernel=self.kernel)  # (T*k, H)
+        row_weights = topk_weights.reshape(-1)[routing.perm]  # (T*k,) weight of each sorted row
+        out = torch.zeros_like(hidden_states)
+        out.index_add_(0, routing.token_idx, down * row_weights[:, None])
+        return out, router_logits
+
+
+class MoEBlockTorch(_SparseMoEBase):
+    """The twin: Transformers' Qwen3MoeSparseMoeBlock loop over experts, same parameters."""
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        router_logits, topk_weights, topk_ids = self.route(hidden_states)
+        out = torch.zeros_like(hidden_states)
+        # (E, k, T): expert_mask[e, slot, token] is 1 where token chose e in that slot
+        expert_mask = F.one_hot(topk_ids, num_classes=self.num_experts).permute(2, 1, 0)
+        for expert in range(self.num_experts):
+            slot, token = torch.where(expert_mask[expert])
+            if token.numel() == 0:
+                continue
+            x = hidden_states[token]
+            gate, up = (x @ self.gate_up_proj[expert].T).chunk(2, dim=-1)
+            y = (F.silu(gate) * up) @ self.down_proj[expert].T
+            y = y * topk_weights[token, slot, None]
+            out.index_add_(0, token, y.to(hidden_states.dtype))
+        return out, router_logits

@@ -1,0 +1,118 @@
+"""Specimen ``int32_offsets``: plants ``int32-offset-overflow``.
+
+What it does wrong: the kernel forms the expert's weight offset ``expert * stride_we`` in int32:
+the ``tl.cast(expert, tl.int64)`` of ``grouped_gemm.py`` is dropped on the expert index (and
+only there; every other offset is as in the correct kernel).
+
+When it misbehaves: once ``expert * N * K`` (for a contiguous ``w``) passes ``2**31 - 1``
+elements. The product wraps to a negative offset, so the kernel reads another expert's weights,
+or memory before ``w``: silently wrong results with no error (e.g. 160 experts of 5120 x 6144,
+rows routed to expert 69 or later: 69 * 31,457,280 = 2,170,552,320 > 2**31 - 1). Under
+``TRITON_DEBUG=1`` Triton's overflow check turns it into a device-side assert naming the line.
+Below the boundary (every small shape) it is identical to ``grouped_gemm.moe_grouped_gemm``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from qmoe_doctor.kernels.specimens._common import guarded_forward
+
+
+def moe_grouped_gemm(
+    x: torch.Tensor,  # (M, K) rows sorted by expert
+    w: torch.Tensor,  # (E, N, K)
+    m_sizes: torch.Tensor,  # (E,) rows per expert
+    *,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    return guarded_forward(_grouped_gemm_kernel_int32, x, w, m_sizes, out_dtype=out_dtype)
+
+
+# A copy of grouped_gemm._grouped_gemm_kernel; only the PLANTED line (w_ptrs) differs.
+@triton.jit
+def _grouped_gemm_kernel_int32(
+    x_ptr,  # (M, K) rows sorted by expert
+    w_ptr,  # (E, N, K) expert weights, any strides
+    y_ptr,  # (M, N) output
+    m_sizes_ptr,  # (E,) int32/int64 rows per expert; trusted only as far as M allows
+    M,
+    N,
+    K,
+    E,
+    stride_xm,
+    stride_xk,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_ym,
+    stride_yn,
+    NUM_PROGRAMS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Persistent grid: program p takes tiles p, p + NUM_PROGRAMS, ... of the expert-major
+    tile sequence; after the experts, rows no expert covers are written as zeros."""
+    pid = tl.program_id(0)
+    num_n_tiles = tl.cdiv(N, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+
+    tiles_before = 0  # tiles of the experts already walked (same count in every program)
+    row_start = 0  # first row of the current expert
+    for expert in range(E + 1):
+        if expert < E:
+            m_size = tl.load(m_sizes_ptr + expert).to(tl.int32)
+            # mask by M: negative counts become 0, counts past the last row stop at M
+            m_size = tl.minimum(tl.maximum(m_size, 0), tl.maximum(M - row_start, 0))
+        else:
+            m_size = tl.maximum(M - row_start, 0)  # rows no expert covers: written as zeros
+        num_tiles = tl.cdiv(m_size, BLOCK_M) * num_n_tiles
+        # first tile of this expert that belongs to this program
+        tile = tiles_before + (pid - tiles_before % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
+        while tile < tiles_before + num_tiles:
+            local = tile - tiles_before
+            tile_m = local // num_n_tiles
+            tile_n = local % num_n_tiles
+            first_row = row_start + tile_m * BLOCK_M
+            row_mask = (first_row + offs_m) < (row_start + m_size)
+            cols = tile_n * BLOCK_N + offs_n
+            col_mask = cols < N
+            # first_row * stride_ym passes 2**31 for M*N > 2**31 (1M tokens x 2048): int64 here
+            y_tile = y_ptr + tl.cast(first_row, tl.int64) * stride_ym
+            y_ptrs = y_tile + offs_m[:, None] * stride_ym + cols[None, :] * stride_yn
+            out_mask = row_mask[:, None] & col_mask[None, :]
+            if expert < E:
+                # first_row * stride_xm passes 2**31 for M*K > 2**31
+                x_ptrs = (
+                    x_ptr
+                    + tl.cast(first_row, tl.int64) * stride_xm
+                    + offs_m[:, None] * stride_xm
+                    + offs_k[None, :] * stride_xk
+                )
+                # PLANTED: expert * stride_we formed in int32 (grouped_gemm.py casts expert to
+                # int64 here); it wraps at expert 69 for experts of 5120x6144
+                w_ptrs = (
+                    w_ptr
+                    + expert * stride_we
+                    + cols[None, :] * stride_wn
+                    + offs_k[:, None] * stride_wk
+                )
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for k0 in range(0, K, BLOCK_K):
+                    k_mask = (k0 + offs_k) < K
+                    a = tl.load(x_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+                    b = tl.load(w_ptrs, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+                    acc = tl.dot(a, b, acc)
+                    x_ptrs += BLOCK_K * stride_xk
+                    w_ptrs += BLOCK_K * stride_wk
+                tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+            else:
+                zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                tl.store(y_ptrs, zeros.to(y_ptr.dtype.element_ty), mask=out_mask)
+            tile += NUM_PROGRAMS
+        tiles_before += num_tiles
+        row_start += m_size

@@ -1,0 +1,538 @@
+"""The conditions a probe runs a kernel under (child side; imports torch).
+
+``run_probe(ctx)`` sets up exactly one condition from ``ctx.spec``, calls the kernel under
+test, synchronizes every device, and compares with the torch twin. It returns Outcome
+keyword fields; exceptions propagate to the worker, which classifies them. Facts observed on
+the way (placement, whether a precondition held, what was recycled) go to ``ctx.fact`` so
+the classifier can reason from them.
+
+Pair conditions use ordinals ``a = spec.current`` and ``b = spec.device``: operands on b,
+a current at the call. Preconditions that cannot be re-established in a live process (a's
+context never created, peer access a->b still off) are checked, never assumed: a probe whose
+precondition is gone is SKIPPED with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from qmoe_doctor.probes.loader import load_kernel
+
+from qmoe_doctor.records import Condition, Phase, ProbeSpec, Status
+from qmoe_doctor.tolerances import tolerance
+
+# Peer access torch has enabled in this process, as (accessor, owner) ordinal pairs. Peer
+# access is enabled per direction by the first copy and never disabled, so it is tracked.
+_PEER_ENABLED: set[tuple[int, int]] = set()
+# Kernel refs already called in this process (REPEAT_CALL needs the first call).
+_CALLED: set[str] = set()
+
+SLEEP_CYCLES = 400_000_000  # ~0.2 s at 1.98 GHz: the producer is still queued at the launch
+STALE_SIZE = 1 << 20  # stale m_sizes value in a recycled block: far past any M
+POISON_BYTE = 0xFF  # all-ones is NaN in bf16, fp16 and fp32
+CANARY_BYTE = 0xA5
+SMALL_POOL_MAX = 1 << 20  # the caching allocator serves blocks under 1 MiB from 2 MiB segments
+LARGE_SPLIT_MAX = 10 << 20  # blocks under 10 MiB are split from 20 MiB segments
+TIMING_REPEATS = 10
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def run_probe(ctx: Any) -> dict[str, Any]:
+    spec: ProbeSpec = ctx.spec
+    ctx.crumb(Phase.IMPORT)
+    kernel = load_kernel(spec.kernel)
+    runner = _RUNNERS.get(spec.condition)
+    if runner is None:
+        return _skip(ctx, f"condition {spec.condition} is not implemented by this probe worker")
+    if spec.condition in _PAIR_RUNNERS_OWN_DEVICE:
+        return runner(ctx, kernel)
+    # Single-device cells and the guarded baseline run inside a device guard, never through
+    # torch.cuda.set_device: set_device creates a context, and leaving the guard restores the
+    # previous device without creating one, so ordinal 0 stays untouched for UNTOUCHED.
+    with _guard(_device(spec.device)):
+        return runner(ctx, kernel)
+
+
+# ---------------------------------------------------------------------------------------------
+# Operands and comparison
+# ---------------------------------------------------------------------------------------------
+
+
+def _device(ordinal: int | None) -> torch.device:
+    return torch.device("cpu") if ordinal is None else torch.device("cuda", ordinal)
+
+
+def routing_sizes(spec: ProbeSpec) -> list[int]:
+    """Rows per expert for the shape's routing pattern (deterministic from the seed)."""
+    m, e, pattern = spec.shape.m, spec.shape.e, spec.shape.routing
+    if pattern == "uniform":
+        sizes = [m // e] * e
+        for i in range(m - sum(sizes)):
+            sizes[i] += 1
+        return sizes
+    if pattern == "hot-expert":
+        return [m if i == e // 2 else 0 for i in range(e)]
+    if pattern == "last-expert":
+        return [0] * (e - 1) + [m]
+    if pattern.startswith("expert:"):
+        hot = int(pattern.split(":", 1)[1])
+        return [m if i == hot else 0 for i in range(e)]
+    gen = torch.Generator().manual_seed(spec.seed + 7)
+    if pattern == "empty-experts":  # every other expert empty
+        weights = torch.tensor([0.0 if i % 2 else 1.0 for i in range(e)])
+    else:  # "random": skewed like real routers
+        weights = torch.rand(e, generator=gen) ** 2 + 0.01
+    ids = torch.multinomial(weights, m, replacement=True, generator=gen)
+    return torch.bincount(ids, minlength=e).tolist()
+
+
+def make_operands(spec: ProbeSpec, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (M, K), w (E, N, K), m_sizes (E,) int32, generated on ``device`` only (no copies)."""
+    s = spec.shape
+    dtype = _DTYPES[s.dtype]
+    gen = torch.Generator(device=device).manual_seed(spec.seed)
+    x = torch.randn((s.m, s.k), device=device, dtype=torch.float32, generator=gen).to(dtype)
+    w = (torch.randn((s.e, s.n, s.k), device=device, dtype=torch.float32, generator=gen) / math.sqrt(s.k)).to(
+        dtype
+    )
+    m_sizes = torch.tensor(routing_sizes(spec), dtype=torch.int32, device=device)
+    return x, w, m_sizes
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor) -> torch.Tensor:
+    from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm_torch
+
+    with _guard(x.device):
+        return moe_grouped_gemm_torch(x, w, m_sizes, out_dtype=torch.float32)
+
+
+def _guard(device: torch.device) -> Any:
+    import contextlib
+
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def compare(ctx: Any, y: Any, ref: torch.Tensor, operand_device: torch.device) -> dict[str, Any]:
+    """Judge y against the twin: placement, unwritten (poison) elements, relative error."""
+    ctx.crumb(Phase.COMPARE)
+    fields: dict[str, Any] = {}
+    if not isinstance(y, torch.Tensor):
+        ctx.note(f"kernel returned {type(y).__name__}, not a tensor")
+        return {"status": Status.WRONG}
+    fields["out_device"] = str(y.device)
+    tol = tolerance(ctx.spec.shape.dtype)
+    fields["tolerance"] = tol
+    wrong = False
+    if y.device != operand_device:
+        ctx.note(f"output returned on {y.device}, operands on {operand_device}")
+        wrong = True
+    if tuple(y.shape) != tuple(ref.shape):
+        ctx.note(f"output shape {tuple(y.shape)} != expected {tuple(ref.shape)}")
+        return {**fields, "status": Status.WRONG}
+    out = y.detach().to(ref.device, torch.float32)
+    finite_ref = torch.isfinite(ref)
+    unwritten = int((torch.isnan(out) & finite_ref).sum())
+    fields["unwritten"] = unwritten
+    diff = torch.nan_to_num(out - ref, nan=float("inf"))
+    ref_norm = float(ref.norm())
+    err = float(diff.norm()) / ref_norm if ref_norm > 0 else float(diff.norm())
+    fields["rel_error"] = err
+    if not (err <= tol) or unwritten:
+        wrong = True
+    fields["status"] = Status.WRONG if wrong else Status.PASS
+    return fields
+
+
+def sync_all() -> None:
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            if _has_context(i):
+                torch.cuda.synchronize(i)
+
+
+def _has_context(ordinal: int) -> bool:
+    probe = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+    return True if probe is None else bool(probe(ordinal))
+
+
+class OutputTrap:
+    """Poison the block the kernel's output will get, and put a canary right after it.
+
+    The caching allocator hands a freed block of the same size on the same stream to the
+    next allocation, so freeing a NaN-filled block just before the call makes the kernel's
+    ``torch.empty`` output start as NaN (unwritten elements show), and a live canary block
+    allocated right after it catches writes past the end of y. Whether the kernel really got
+    the block is checked, never assumed.
+    """
+
+    def __init__(self, nbytes: int, device: torch.device) -> None:
+        self.device = device
+        self.hole_ptr = 0
+        self.canary: torch.Tensor | None = None
+        self.adjacent = False
+        if device.type != "cuda":
+            return
+        hole = torch.full((nbytes,), POISON_BYTE, dtype=torch.uint8, device=device)
+        if nbytes >= LARGE_SPLIT_MAX:
+            return  # a segment of its own: nothing can be placed right after it
+        # the canary must come from the same pool as y to be split from the same segment
+        canary_bytes = 64 * 1024 if nbytes < SMALL_POOL_MAX else SMALL_POOL_MAX + 512
+        self.canary = torch.full((canary_bytes,), CANARY_BYTE, dtype=torch.uint8, device=device)
+        self.hole_ptr = hole.data_ptr()
+        rounded = (nbytes + 511) // 512 * 512
+        self.adjacent = self.canary.data_ptr() == self.hole_ptr + rounded
+        del hole  # back to the pool, NaN inside
+
+    def report(self, ctx: Any, y: Any) -> list[str]:
+        if self.device.type != "cuda":
+            return []
+        got_block = isinstance(y, torch.Tensor) and y.data_ptr() == self.hole_ptr
+        ctx.fact("poisoned_output", got_block)
+        if self.canary is None:
+            return []
+        ctx.fact("canary_after_output", bool(got_block and self.adjacent))
+        hits = []
+        if got_block and self.adjacent and bool((self.canary != CANARY_BYTE).any()):
+            hits.append("after y")
+        return hits
+
+
+def _time_calls(fn: Callable[[], Any], repeats: int = TIMING_REPEATS) -> float:
+    """Median wall time of one call, each followed by a full synchronization (ms).
+
+    Host wall time with a synchronize of every device, not events: a mis-launched kernel runs
+    on another device's stream, which events on the operand device would not bracket.
+    """
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync_all()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _peak_alloc_on(ordinal: int, fn: Callable[[], Any]) -> tuple[Any, int]:
+    """Run fn and return (its result, bytes the caching allocator handed out on ``ordinal``
+    during the call beyond what was allocated before)."""
+    before = torch.cuda.memory_allocated(ordinal)
+    torch.cuda.reset_peak_memory_stats(ordinal)
+    try:
+        result = fn()
+    finally:
+        grown = torch.cuda.max_memory_allocated(ordinal) - before
+    return result, grown
+
+
+def _call_and_check(
+    ctx: Any,
+    kernel: Callable[..., Any],
+    x: torch.Tensor,
+    w: torch.Tensor,
+    m_sizes: torch.Tensor,
+    ref: torch.Tensor,
+    *,
+    trap: OutputTrap | None = None,
+    watch_alloc_on: int | None = None,
+) -> dict[str, Any]:
+    ctx.crumb(Phase.LAUNCH)
+    _CALLED.add(ctx.spec.kernel)
+    if watch_alloc_on is not None:
+        y, grown = _peak_alloc_on(watch_alloc_on, lambda: kernel(x, w, m_sizes))
+        ctx.fact("alloc_on_current_bytes", int(grown))
+    else:
+        y = kernel(x, w, m_sizes)
+    ctx.crumb(Phase.SYNC)
+    sync_all()
+    fields = compare(ctx, y, ref, x.device)
+    if trap is not None:
+        hits = trap.report(ctx, y)
+        if hits:
+            fields["canary_hits"] = tuple(hits)
+            fields["status"] = Status.WRONG
+    return fields
+
+
+def _skip(ctx: Any, reason: str) -> dict[str, Any]:
+    ctx.note(reason)
+    return {"status": Status.SKIPPED}
+
+
+def _register(ctx: Any, x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor) -> None:
+    for name, t in (("x", x), ("w", w), ("m_sizes", m_sizes)):
+        ctx.add_tensor(name, t)
+
+
+def _out_nbytes(spec: ProbeSpec) -> int:
+    return spec.shape.m * spec.shape.n * torch.empty((), dtype=_DTYPES[spec.shape.dtype]).element_size()
+
+
+# ---------------------------------------------------------------------------------------------
+# Single-device conditions
+# ---------------------------------------------------------------------------------------------
+
+
+def _single(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+    spec = ctx.spec
+    dev = _device(spec.device)
+    ctx.crumb(Phase.SETUP)
+    x, w, m_sizes = make_operands(spec, dev)
+    _register(ctx, x, w, m_sizes)
+    ref = reference(x, w, m_sizes)
+    trap = OutputTrap(_out_nbytes(spec), dev)
+    fields = _call_and_check(ctx, kernel, x, w, m_sizes, ref, trap=trap)
+    if fields["status"] == Status.PASS and dev.type == "cuda":
+        fields["kernel_ms"] = _time_calls(lambda: kernel(x, w, m_sizes))
+    return fields
+
+
+def _side_stream(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+    """Caller works on a side stream of b; x's producer is still queued there at the call."""
+    spec = ctx.spec
+    if spec.device is None:
+        return _skip(ctx, "streams exist only on CUDA devices")
+    dev = _device(spec.device)
+    ctx.crumb(Phase.SETUP)
+    x_src, w, m_sizes = make_operands(spec, dev)
+    ref = reference(x_src, w, m_sizes)
+    ctx.crumb(Phase.COMPILE)
+    kernel(x_src, w, m_sizes)  # warm-up: compile before the race, or the sleep runs out
+    sync_all()
+    side = torch.cuda.Stream(dev)
+    with torch.cuda.stream(side):
+        x = torch.full_like(x_src, float("nan"))  # stale contents: NaN
+        _register(ctx, x, w, m_sizes)
+        torch.cuda._sleep(SLEEP_CYCLES)
+        x.copy_(x_src)  # the producer, still queued behind the sleep at the launch
+        ctx.fact("producer_stream", "side stream of operand device")
+        fields = _call_and_check(ctx, kernel, x, w, m_sizes, ref)
+    return fields
+
+
+def _over_routed(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+    """m_sizes sums past M (the last expert claims extra rows); x sits in a larger buffer."""
+    spec = ctx.spec
+    dev = _device(spec.device)
+    ctx.crumb(Phase.SETUP)
+    x_valid, w, m_sizes = make_operands(spec, dev)
+    extra = int(spec.params.get("extra_rows", 64))
+    backing = torch.full((spec.shape.m + extra, spec.shape.k), float("nan"), dtype=x_valid.dtype, device=dev)
+    backing[: spec.shape.m] = x_valid
+    x = backing[: spec.shape.m]  # rows past M hold NaN: a kernel that reads them shows it
+    over = m_sizes.clone()
+    over[-1] += extra
+    ctx.fact("m_sizes_sum", int(over.sum()))
+    ctx.fact("rows", spec.shape.m)
+    _register(ctx, x, w, over)
+    ref = reference(x, w, over)  # the twin clamps at M: rows past M do not exist
+    trap = OutputTrap(_out_nbytes(spec), dev)
+    return _call_and_check(ctx, kernel, x, w, over, ref, trap=trap)
+
+
+def _repeat_call(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+    """First and second call of the process on identical inputs (autotuners run on the first)."""
+    spec = ctx.spec
+    if spec.kernel in _CALLED:
+        return _skip(ctx, "the kernel was already called in this process; the first call is gone")
+    dev = _device(spec.device)
+    ctx.crumb(Phase.SETUP)
+    x, w, m_sizes = make_operands(spec, dev)
+    _register(ctx, x, w, m_sizes)
+    ref = reference(x, w, m_sizes)
+    errors = []
+    statuses = []
+    for _ in range(2):
+        fields = _call_and_check(ctx, kernel, x, w, m_sizes, ref)
+        errors.append(float(fields.get("rel_error", float("nan"))))
+        statuses.append(fields["status"])
+    fields["calls_rel_error"] = tuple(errors)
+    fields["rel_error"] = errors[0]
+    fields["status"] = Status.PASS if all(s == Status.PASS for s in statuses) else Status.WRONG
+    return fields
+
+
+def _int32_boundary(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+    """Rows routed to the first expert whose base offset e * N * K passes 2**31 - 1."""
+    spec = ctx.spec
+    if spec.device is None:
+        return _skip(ctx, "the boundary probe needs a weight stack of >4 GiB: GPU only")
+    dev = _device(spec.device)
+    s = spec.shape
+    itemsize = torch.empty((), dtype=_DTYPES[s.dtype]).element_size()
+    need = s.e * s.n * s.k * itemsize + 3 * s.m * max(s.n, s.k) * 4
+    free, _total = torch.cuda.mem_get_info(dev)
+    ctx.fact("bytes_needed", int(need))
+    ctx.fact("bytes_free", int(free))
+    if need > free * 0.9:
+        return _skip(ctx, f"the stack needs {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free on the device")
+    ctx.crumb(Phase.SETUP)
+    dtype = _DTYPES[s.dtype]
+    gen = torch.Generator(device=dev).manual_seed(spec.seed)
+    x = torch.randn((s.m, s.k), device=dev, generator=gen).to(dtype)
+    w = torch.empty((s.e, s.n, s.k), device=dev, dtype=dtype)
+    hot = s.e - 1  # the planner sizes E so that the last expert is the first wrapping one
+    w[:hot].fill_(float("nan"))  # a wrapped pointer that lands in another expert reads NaN
+    w[hot] = (torch.randn((s.n, s.k), device=dev, generator=gen) / math.sqrt(s.k)).to(dtype)
+    m_sizes = torch.zeros(s.e, dtype=torch.int32, device=dev)
+    m_sizes[hot] = s.m
+    ctx.fact("expert", hot)
+    ctx.fact("expert_offset_elements", hot * s.n * s.k)
+    _register(ctx, x, w, m_sizes)
+    ref = (x.float() @ w[hot].float().T).float()
+    return _call_and_check(ctx, kernel, x, w, m_sizes, ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pair conditions: operands on b, a current
+# ---------------------------------------------------------------------------------------------
+
+
+def _pair_devices(spec: ProbeSpec) -> tuple[int, int]:
+    if spec.device is None or spec.current is None:
+        raise ValueError(f"{spec.condition} needs both device and current ordinals")
+    return spec.current, spec.device
+
+
+def _guarded(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+    a, b = _pair_devices(ctx.spec)
+    ctx.crumb(Phase.SETUP)
+    x, w, m_sizes = make_operands(ctx.spec, _device(b))
+    _register(ctx, x, w, m_sizes)
+    ref = reference(x, w, m_sizes)
+    trap = OutputTrap(_out_nbytes(ctx.spec), _device(b))
+    fields = _call_and_check(ctx, kernel, x, w, m_sizes, ref, trap=trap)
+    if fields["status"] == Status.PASS:
+        fields["kernel_ms"] = _time_calls(lambda: kernel(x, w, m_sizes))
+    return fields
+
+
+def _untouched(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+    """Current device a (the process default, ordinal 0) with no context ever created on it."""
+    a, b = _pair_devices(ctx.spec)
+    if a != 0:
+        return _skip(ctx, "only the default device (ordinal 0) can be current without a context")
+    if torch.cuda.is_initialized() and torch.cuda.current_device() != a:
+        return _skip(ctx, f"current device is {torch.cuda.current_device()}, not {a}")
+    if _has_context(a):
+        return _skip(ctx, f"a CUDA context on device {a} already exists in this process")
+    ctx.crumb(Phase.SETUP)
+    x, w, m_sizes = make_operands(ctx.spec, _device(b))  # never sets the current device
+    _register(ctx, x, w, m_sizes)
+    ref = reference(x, w, m_sizes)
+    ctx.fact("context_on_current_before", _has_context(a))
+    fields = _call_and_check(ctx, kernel, x, w, m_sizes, ref)
+    ctx.fact("context_on_current_after", _has_context(a))
+    return fields
+
+
+def _touch(ordinal: int) -> None:
+    torch.cuda.set_device(ordinal)
+    torch.ones(1, device=_device(ordinal)).add_(1)
+
+
+def _enable_peer(a: int, b: int) -> None:
+    """One copy a -> b, as every device_map pipeline does: torch enables a's access to b."""
+    src = torch.ones(256, device=_device(a))
+    src.to(_device(b))
+    sync_all()
+    _PEER_ENABLED.add((a, b))
+
+
+def _no_peer(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+    a, b = _pair_devices(ctx.spec)
+    if (a, b) in _PEER_ENABLED:
+        return _skip(ctx, f"peer access {a}->{b} was already enabled in this process")
+    ctx.crumb(Phase.SETUP)
+    x, w, m_sizes = make_operands(ctx.spec, _device(b))
+    _register(ctx, x, w, m_sizes)
+    ref = reference(x, w, m_sizes)
+    _touch(a)
+    ctx.fact("peer_enabled", False)
+    return _call_and_check(ctx, kernel, x, w, m_sizes, ref, watch_alloc_on=a)
+
+
+def _peer(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+    a, b = _pair_devices(ctx.spec)
+    ctx.crumb(Phase.SETUP)
+    x, w, m_sizes = make_operands(ctx.spec, _device(b))
+    _register(ctx, x, w, m_sizes)
+    ref = reference(x, w, m_sizes)
+    _touch(a)
+    _enable_peer(a, b)
+    ctx.fact("peer_enabled", True)
+    fields = _call_and_check(ctx, kernel, x, w, m_sizes, ref, watch_alloc_on=a)
+    if fields["status"] == Status.PASS:
+        torch.cuda.set_device(a)
+        fields["kernel_ms"] = _time_calls(lambda: kernel(x, w, m_sizes))
+    return fields
+
+
+def _producer_race(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+    """PEER, and x is still being written on b's current stream when the kernel is called."""
+    a, b = _pair_devices(ctx.spec)
+    ctx.crumb(Phase.SETUP)
+    x_src, w, m_sizes = make_operands(ctx.spec, _device(b))
+    ref = reference(x_src, w, m_sizes)
+    _touch(a)
+    _enable_peer(a, b)
+    ctx.crumb(Phase.COMPILE)
+    kernel(x_src, w, m_sizes)  # warm-up from a: compile before the race
+    sync_all()
+    with torch.cuda.device(b):
+        x = torch.full_like(x_src, float("nan"))
+        sync_all()
+        torch.cuda._sleep(SLEEP_CYCLES)  # b's current stream is busy ...
+        x.copy_(x_src)  # ... and x's producer is queued behind it
+    _register(ctx, x, w, m_sizes)
+    ctx.fact("producer_stream", "current stream of operand device")
+    return _call_and_check(ctx, kernel, x, w, m_sizes, ref)
+
+
+def _sizes_race(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+    """PEER, and m_sizes is still being written on b's stream into a recycled block that
+    holds large stale values."""
+    a, b = _pair_devices(ctx.spec)
+    ctx.crumb(Phase.SETUP)
+    x, w, m_src = make_operands(ctx.spec, _device(b))
+    ref = reference(x, w, m_src)
+    _touch(a)
+    _enable_peer(a, b)
+    ctx.crumb(Phase.COMPILE)
+    kernel(x, w, m_src)
+    sync_all()
+    with torch.cuda.device(b):
+        # What a recycled allocator block holds when its new owner's producer has not run
+        # yet: the previous owner's values. Written here directly, so the probe does not
+        # depend on which free block the allocator picks.
+        m_sizes = torch.full_like(m_src, STALE_SIZE)
+        sync_all()
+        torch.cuda._sleep(SLEEP_CYCLES)
+        m_sizes.copy_(m_src)  # the producer, queued behind the sleep
+    ctx.fact("stale_m_size", STALE_SIZE)
+    _register(ctx, x, w, m_sizes)
+    return _call_and_check(ctx, kernel, x, w, m_sizes, ref)
+
+
+_PAIR_RUNNERS_OWN_DEVICE = frozenset(
+    {Condition.UNTOUCHED, Condition.NO_PEER, Condition.PEER, Condition.PRODUCER_RACE, Condition.SIZES_RACE}
+)
+
+_RUNNERS: dict[Condition, Callable[[Any, Callable[..., Any]], dict[str, Any]]] = {
+    Condition.SINGLE: _single,
+    Condition.SIDE_STREAM: _side_stream,
+    Condition.OVER_ROUTED: _over_routed,
+    Condition.REPEAT_CALL: _repeat_call,
+    Condition.INT32_BOUNDARY: _int32_boundary,
+    Condition.GUARDED: _guarded,
+    Condition.UNTOUCHED: _untouched,
+    Condition.NO_PEER: _no_peer,
+    Condition.PEER: _peer,
+    Condition.PRODUCER_RACE: _producer_race,
+    Condition.SIZES_RACE: _sizes_race,
+}

@@ -1,0 +1,212 @@
+"""The probe child: ``python -m qmoe_doctor.probes.worker``, started by ``qmoe_doctor.isolate``.
+
+Protocol. The parent writes one ProbeSpec JSON line (``records.to_json``) at a time on stdin and
+closes stdin to end the worker. The worker answers on a dedicated pipe whose fd the parent names
+in ``$QMOE_DOCTOR_RESULT_FD`` (stdout and stderr belong to libraries and go to the worker's log),
+one JSON object per line, each written with one ``os.write`` and so flushed at once:
+
+- ``{"type": "ready", "pid": ..., "python": "3.12.3", "t": ...}`` once, after start-up;
+- ``{"type": "crumb", "probe_id": ..., "phase": "launch", "t": ...}`` before each phase;
+- ``{"type": "outcome", "outcome": {...Outcome...}}`` when the probe ends, even by an exception.
+
+After an outcome whose error kind poisons the process (``records.POISONING_KINDS``: an illegal
+access leaves the CUDA context unusable) the worker exits, and the parent starts a new one.
+
+torch is never imported at module level here: self-test children run without it, and a probe's
+``qmoe_doctor.probes.conditions`` (which imports torch) is loaded only when a real probe needs it.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterable
+from typing import Any
+
+from qmoe_doctor import errors, knobs
+from qmoe_doctor.records import (
+    POISONING_KINDS,
+    ErrorKind,
+    Outcome,
+    Phase,
+    ProbeSpec,
+    Status,
+    from_json,
+    from_jsonable,
+    to_jsonable,
+)
+
+from .context import Emit, ProbeContext
+
+#: Lines of an exception's text kept in Outcome.error_message.
+ERROR_MESSAGE_LINES = 20
+
+# Outcome fields the worker fills itself; run_probe may return any other Outcome field, plus
+# "facts" and "notes", which are merged with what the probe recorded on its context.
+_RESERVED = frozenset({"schema_version", "probe_id", "spec", "tensors", "wall_s"})
+
+
+class ProbeProtocolError(Exception):
+    """run_probe returned something that is not a set of Outcome fields (a bug in the probe)."""
+
+
+class _Emitter:
+    """Writes protocol lines to the result fd: one ``os.write`` per line, under a lock, so a
+    breadcrumb from another thread cannot interleave with an outcome."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._lock = threading.Lock()
+
+    def __call__(self, message: dict[str, Any]) -> None:
+        data = (json.dumps(message, separators=(",", ":"), allow_nan=True) + "\n").encode()
+        with self._lock:
+            try:
+                while data:
+                    written = os.write(self._fd, data)
+                    data = data[written:]
+            except BrokenPipeError:  # the parent is gone: nobody will read the outcome
+                os._exit(3)
+
+
+def _type_name(exc: BaseException) -> str:
+    cls = type(exc)
+    if cls.__module__ in ("builtins", "__main__"):
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"the probe called sys.exit({exc.code!r})"
+    text = str(exc).strip() or repr(exc)
+    return "\n".join(text.splitlines()[:ERROR_MESSAGE_LINES])
+
+
+def _dispatch(ctx: ProbeContext) -> dict[str, Any]:
+    if ctx.spec.condition.is_selftest:
+        from qmoe_doctor.probes import selftest
+
+        return selftest.run_probe(ctx)
+    ctx.crumb(Phase.IMPORT)
+    from qmoe_doctor.probes import conditions  # imports torch and triton
+
+    result: dict[str, Any] = conditions.run_probe(ctx)
+    return result
+
+
+def _assemble(ctx: ProbeContext, fields: Any, wall_s: float) -> Outcome:
+    if not isinstance(fields, dict):
+        raise ProbeProtocolError(
+            f"run_probe returned {type(fields).__name__}, expected a dict of Outcome fields"
+        )
+    fields = dict(fields)
+    known = set(Outcome.__dataclass_fields__)
+    bad = sorted(set(fields) - (known - _RESERVED))
+    if bad:
+        raise ProbeProtocolError(f"run_probe returned fields the worker owns or Outcome lacks: {bad}")
+    facts = ctx.facts
+    facts.update(fields.pop("facts", None) or {})
+    notes = ctx.notes + tuple(fields.pop("notes", None) or ())
+    fields.setdefault("phase", Phase.DONE)
+    data = to_jsonable(
+        {
+            **fields,
+            "probe_id": ctx.spec.probe_id,
+            "spec": ctx.spec,
+            "facts": facts,
+            "notes": notes,
+            "tensors": ctx.tensors,
+            "wall_s": wall_s,
+        }
+    )
+    try:
+        json.dumps(data, allow_nan=True)
+        return from_jsonable(Outcome, data)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ProbeProtocolError(f"run_probe returned fields that are not an Outcome: {exc}") from exc
+
+
+def execute(spec: ProbeSpec, emit: Emit | None = None) -> tuple[Outcome, bool]:
+    """Run one probe in this process. Returns its outcome and whether the process is poisoned
+    (must not run another probe). Never raises for anything the probe does short of killing
+    the process."""
+    ctx = ProbeContext(spec, emit)
+    start = time.perf_counter()
+    try:
+        fields = _dispatch(ctx)
+        return _assemble(ctx, fields, time.perf_counter() - start), False
+    except BaseException as exc:  # SystemExit and KeyboardInterrupt are outcomes too
+        wall_s = time.perf_counter() - start
+        traceback.print_exc()  # to the worker log: the parent attaches its tail
+        sys.stderr.flush()
+        error_type = _type_name(exc)
+        message = _message(exc)
+        kind = classify(exc, error_type, message)
+        outcome = Outcome(
+            probe_id=spec.probe_id,
+            spec=spec,
+            status=Status.ERROR,
+            phase=ctx.phase,
+            error_kind=kind,
+            error_type=error_type,
+            error_message=message,
+            facts=ctx.facts,
+            notes=ctx.notes,
+            tensors=ctx.tensors,
+            wall_s=wall_s,
+        )
+        return outcome, kind in POISONING_KINDS
+
+
+def classify(exc: BaseException, error_type: str, message: str) -> ErrorKind:
+    if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+        return ErrorKind.OTHER  # the interpreter was asked to stop: do not reuse it
+    return errors.classify_error(error_type, message)
+
+
+def serve(spec_lines: Iterable[str], emit: Emit) -> None:
+    """The worker loop: one spec line in, breadcrumbs and one outcome out. Returns at the end of
+    input or after a poisoning outcome."""
+    emit({"type": "ready", "pid": os.getpid(), "python": sys.version.split()[0], "t": time.time()})
+    for line in spec_lines:
+        if not line.strip():
+            continue
+        spec = from_json(ProbeSpec, line)
+        outcome, poisoned = execute(spec, emit)
+        emit({"type": "outcome", "outcome": to_jsonable(outcome)})
+        if poisoned:
+            return
+
+
+def main() -> None:
+    faulthandler.enable(all_threads=True)  # fatal signals dump every thread's stack to the log
+    if hasattr(signal, "SIGUSR1"):
+        # The parent sends SIGUSR1 before killing a hung child: the stacks show where it hung.
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    raw_fd = os.environ.get(knobs.QMOE_RESULT_FD)
+    result_fd = int(raw_fd) if raw_fd else os.dup(1)  # run by hand: protocol on stdout
+    # Specs arrive on the original stdin; the probe sees /dev/null there, so nothing it runs can
+    # swallow a spec line.
+    spec_in = os.fdopen(os.dup(0), "r", encoding="utf-8")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    try:
+        serve(spec_in, _Emitter(result_fd))
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    # Skip interpreter teardown: after a CUDA fault, library atexit hooks can hang or crash, and
+    # the parent has everything it needs.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,431 @@
+"""Classification: from the outcome matrix to diagnoses, by differential evidence only.
+
+A rule names a cause only when the same inputs pass under a baseline and fail (or run
+remotely) as exactly one condition changes:
+
+=========================  ===================================  ==============================
+cause                      baseline that must pass              the one condition that flips
+=========================  ===================================  ==============================
+missing-device-guard       guarded (current = operand device)   current device != operand
+                                                                device, no allocation there
+default-device-buffer      guarded                              current device != operand
+                                                                device, and the call allocated
+                                                                on the current device
+cross-device-stream-race   peer (remote call, producer done)    producer still queued on b's
+                                                                stream (only when the launch
+                                                                is not remote: else it is the
+                                                                guard's consequence)
+wrong-device-stream        single (caller on default stream)    caller on a side stream
+invalid-routing            single (valid m_sizes)               m_sizes summing past M
+autotune-inplace-rerun     second call of the process           first call of the process
+int32-offset-overflow      single (experts below 2**31)         rows on the first expert whose
+                                                                offset passes 2**31 - 1
+launch-config-fault        single                               a config the device rejects
+=========================  ===================================  ==============================
+
+Cells that pass only by accident (an untouched current device whose null stream runs in the
+operand device's context) are explained, not called healthy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from qmoe_doctor import knobs
+from qmoe_doctor.records import (
+    Condition,
+    Confidence,
+    Diagnosis,
+    ErrorKind,
+    Evidence,
+    Outcome,
+    Status,
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cell:
+    """One outcome with its rendered label."""
+
+    outcome: Outcome
+    label: str  # pass | slow | wrong | skipped | <error kind>
+    slowdown: float | None = None  # kernel_ms / guarded baseline kernel_ms
+
+    @property
+    def ok(self) -> bool:
+        return self.label == "pass"
+
+    @property
+    def failed(self) -> bool:
+        return self.label not in ("pass", "slow", "skipped")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Matrix:
+    """Outcomes keyed by (group, condition). A group is a pair ("0->1") or a device ("GPU 1",
+    "CPU"): the part of the probe id before the slash."""
+
+    cells: dict[tuple[str, Condition], Cell] = field(default_factory=dict)
+
+    def get(self, group: str, cond: Condition) -> Cell | None:
+        return self.cells.get((group, cond))
+
+    def groups(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for group, _ in self.cells:
+            seen.setdefault(group, None)
+        return list(seen)
+
+
+def group_of(outcome: Outcome) -> str:
+    return outcome.probe_id.split("/", 1)[0]
+
+
+def cell_label(outcome: Outcome, baseline_ms: float | None) -> tuple[str, float | None]:
+    if outcome.status is Status.SKIPPED:
+        return "skipped", None
+    if outcome.status is Status.ERROR:
+        return str(outcome.error_kind or ErrorKind.OTHER), None
+    if outcome.status is Status.WRONG:
+        return "wrong", None
+    slowdown = None
+    if outcome.kernel_ms and baseline_ms:
+        slowdown = outcome.kernel_ms / baseline_ms
+        if slowdown >= knobs.SLOW_FACTOR:
+            return "slow", slowdown
+    return "pass", slowdown
+
+
+def build_matrix(outcomes: Iterable[Outcome]) -> Matrix:
+    outcomes = [o for o in outcomes if not o.probe_id.endswith("+debug")]
+    baselines: dict[str, float] = {}
+    for o in outcomes:
+        if o.spec.condition is Condition.GUARDED and o.status is Status.PASS and o.kernel_ms:
+            baselines[group_of(o)] = o.kernel_ms
+    cells: dict[tuple[str, Condition], Cell] = {}
+    for o in outcomes:
+        group = group_of(o)
+        base = baselines.get(group) if o.spec.condition.is_pair else None
+        label, slowdown = cell_label(o, base)
+        cells[(group, o.spec.condition)] = Cell(outcome=o, label=label, slowdown=slowdown)
+    return Matrix(cells=cells)
+
+
+def _describe(cell: Cell) -> str:
+    o = cell.outcome
+    if cell.label == "slow" and cell.slowdown:
+        return f"correct but {cell.slowdown:.1f}x slower than the guarded baseline: it ran remotely"
+    if o.status is Status.ERROR:
+        msg = (o.error_message or "").strip().splitlines()
+        return f"{o.error_type or 'error'}: {msg[0][:160] if msg else o.error_kind}"
+    if o.status is Status.WRONG:
+        parts = []
+        if o.rel_error is not None:
+            parts.append(f"rel. error {o.rel_error:.3g} (tolerance {o.tolerance:g})")
+        if o.unwritten:
+            parts.append(f"{o.unwritten} output elements never written")
+        if o.canary_hits:
+            parts.append("wrote past the output (" + ", ".join(o.canary_hits) + ")")
+        if o.out_device and o.spec.device is not None and not o.out_device.endswith(f":{o.spec.device}"):
+            parts.append(f"output returned on {o.out_device}")
+        if o.calls_rel_error:
+            parts.append("per call rel. error " + ", ".join(f"{e:.3g}" for e in o.calls_rel_error))
+        return "; ".join(parts) or "wrong result"
+    if o.status is Status.PASS:
+        return "correct" + (f" ({o.kernel_ms:.3f} ms)" if o.kernel_ms else "")
+    return "; ".join(o.notes) or "skipped"
+
+
+def _ev(cell: Cell, detail: str | None = None) -> Evidence:
+    o = cell.outcome
+    return Evidence(probe_id=o.probe_id, condition=o.spec.condition, label=cell.label, detail=detail or _describe(cell))
+
+
+def _alloc_on_current(cell: Cell | None) -> int:
+    if cell is None:
+        return 0
+    value = cell.outcome.facts.get("alloc_on_current_bytes", 0)
+    return int(value) if isinstance(value, (int, float)) else 0
+
+
+def _wrong_device_output(cell: Cell | None) -> bool:
+    if cell is None or cell.outcome.out_device is None or cell.outcome.spec.device is None:
+        return False
+    return not cell.outcome.out_device.endswith(f":{cell.outcome.spec.device}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Classification:
+    diagnoses: tuple[Diagnosis, ...]
+    explanations: tuple[str, ...]  # "works by accident" and other cells that need a word
+    unexplained: tuple[Evidence, ...]  # failing cells no rule accounts for
+
+
+def classify(
+    outcomes: Sequence[Outcome],
+    *,
+    kernel: str,
+    gpu_names: dict[str, str] | None = None,
+) -> Classification:
+    """``gpu_names`` maps a group ("0->1", "GPU 1") to how the report names it."""
+    matrix = build_matrix(outcomes)
+    names = gpu_names or {}
+    diagnoses: list[Diagnosis] = []
+    explanations: list[str] = []
+    explained: set[str] = set()
+
+    def where(group: str) -> str:
+        return names.get(group, group)
+
+    # --- pair rules -----------------------------------------------------------------------
+    guard_ev: list[Evidence] = []
+    guard_where: list[str] = []
+    buffer_ev: list[Evidence] = []
+    buffer_where: list[str] = []
+    race_ev: list[Evidence] = []
+    race_where: list[str] = []
+    for group in matrix.groups():
+        base = matrix.get(group, Condition.GUARDED)
+        if base is None or not base.ok:
+            continue
+        off = [
+            matrix.get(group, c)
+            for c in (Condition.NO_PEER, Condition.PEER, Condition.PRODUCER_RACE, Condition.SIZES_RACE)
+        ]
+        off_cells = [c for c in off if c is not None and c.label != "skipped"]
+        allocs = [c for c in off_cells if _alloc_on_current(c) > 0 or _wrong_device_output(c)]
+        bad = [c for c in off_cells if c.failed or c.label == "slow"]
+        if allocs and bad:
+            buffer_ev.append(_ev(base, "correct with the operand device current"))
+            for c in bad:
+                extra = f"; the call allocated {_alloc_on_current(c):,} bytes on the current device"
+                buffer_ev.append(_ev(c, _describe(c) + (extra if _alloc_on_current(c) else "")))
+                explained.add(c.outcome.probe_id)
+            buffer_where.append(where(group))
+            continue
+        peer = matrix.get(group, Condition.PEER)
+        no_peer = matrix.get(group, Condition.NO_PEER)
+        remote = peer is not None and peer.label == "slow"
+        pointer_check = (
+            no_peer is not None
+            and no_peer.outcome.error_kind is ErrorKind.POINTER_INACCESSIBLE
+            and peer is not None
+            and peer.outcome.error_kind is not ErrorKind.POINTER_INACCESSIBLE
+        )
+        races = [
+            c
+            for c in (matrix.get(group, Condition.PRODUCER_RACE), matrix.get(group, Condition.SIZES_RACE))
+            if c is not None and c.failed
+        ]
+        if remote or pointer_check:
+            guard_ev.append(_ev(base, "correct with the operand device current"))
+            for c in off_cells:
+                if c.failed or c.label == "slow":
+                    guard_ev.append(_ev(c))
+                    explained.add(c.outcome.probe_id)
+            guard_where.append(where(group))
+        elif races and peer is not None and peer.ok:
+            race_ev.append(_ev(peer, "correct when the producer has finished"))
+            for c in races:
+                race_ev.append(_ev(c))
+                explained.add(c.outcome.probe_id)
+            race_where.append(where(group))
+        untouched = matrix.get(group, Condition.UNTOUCHED)
+        if untouched is not None and untouched.label in ("pass", "slow") and (remote or pointer_check):
+            ctx_after = untouched.outcome.facts.get("context_on_current_after")
+            explanations.append(
+                f"{where(group)}: the untouched-context cell passed by accident: no CUDA context "
+                "existed on the current device, so the launch on its null stream ran in the operand "
+                "device's context"
+                + (" (still no context there afterwards)" if ctx_after is False else "")
+                + ". Any earlier use of that device (a copy, a tensor, set_device) breaks it."
+            )
+    if guard_ev:
+        strong = any(e.label == "slow" for e in guard_ev) and any(
+            e.label == str(ErrorKind.POINTER_INACCESSIBLE) for e in guard_ev
+        )
+        diagnoses.append(
+            Diagnosis(
+                cause="missing-device-guard",
+                confidence=Confidence.HIGH if strong else Confidence.MEDIUM,
+                summary=(
+                    "the kernel runs on the current device, not on its tensors' device: correct "
+                    "with the operand device current, and fails, runs remotely or races as soon as "
+                    "another device is current"
+                ),
+                evidence=tuple(guard_ev),
+                where=tuple(guard_where),
+                repro=_repro(kernel, guard_where, "no-peer,peer,producer-race"),
+            )
+        )
+    if buffer_ev:
+        diagnoses.append(
+            Diagnosis(
+                cause="default-device-buffer",
+                confidence=Confidence.HIGH,
+                summary=(
+                    "the call allocates on the current device instead of its tensors' device, "
+                    "and fails or misplaces its output whenever another device is current"
+                ),
+                evidence=tuple(buffer_ev),
+                where=tuple(buffer_where),
+                repro=_repro(kernel, buffer_where, "no-peer,peer"),
+            )
+        )
+    if race_ev:
+        diagnoses.append(
+            Diagnosis(
+                cause="cross-device-stream-race",
+                confidence=Confidence.HIGH,
+                summary=(
+                    "the kernel is not ordered after the stream that produces its inputs: right "
+                    "when the producer has finished, wrong while it is still queued"
+                ),
+                evidence=tuple(race_ev),
+                where=tuple(race_where),
+                repro=_repro(kernel, race_where, "peer,producer-race,sizes-race"),
+            )
+        )
+
+    # --- single-device rules: one condition against the SINGLE baseline of the same device ---
+    single_rules = (
+        (Condition.SIDE_STREAM, "wrong-device-stream", _side_stream_summary),
+        (Condition.OVER_ROUTED, "invalid-routing", _over_routed_summary),
+        (Condition.INT32_BOUNDARY, "int32-offset-overflow", _boundary_summary),
+    )
+    debug_runs = {o.probe_id.removesuffix("+debug"): o for o in outcomes if o.probe_id.endswith("+debug")}
+    for cond, cause, summarize in single_rules:
+        evidence: list[Evidence] = []
+        places: list[str] = []
+        for group in matrix.groups():
+            base = matrix.get(group, Condition.SINGLE)
+            cell = matrix.get(group, cond)
+            if base is None or cell is None or not base.ok or not cell.failed:
+                continue
+            if cell.outcome.error_kind is ErrorKind.OUT_OF_RESOURCES:
+                continue  # a launch-config fault, handled below
+            evidence += [_ev(base, "correct on the same device with the baseline condition"), _ev(cell)]
+            dbg = debug_runs.get(cell.outcome.probe_id)
+            if dbg is not None:
+                evidence.append(
+                    Evidence(
+                        probe_id=dbg.probe_id,
+                        condition=dbg.spec.condition,
+                        label=str(dbg.error_kind or dbg.status),
+                        detail="with TRITON_DEBUG=1: " + _first_line(dbg.error_message or dbg.stderr_tail),
+                    )
+                )
+            explained.add(cell.outcome.probe_id)
+            places.append(where(group))
+        if evidence:
+            diagnoses.append(
+                Diagnosis(
+                    cause=cause,
+                    confidence=Confidence.HIGH,
+                    summary=summarize(matrix, places),
+                    evidence=tuple(evidence),
+                    where=tuple(places),
+                    repro=_repro(kernel, places, cond.value),
+                )
+            )
+
+    # --- first call vs second call ---
+    ev_rerun: list[Evidence] = []
+    rerun_where: list[str] = []
+    for group in matrix.groups():
+        cell = matrix.get(group, Condition.REPEAT_CALL)
+        if cell is None or len(cell.outcome.calls_rel_error) < 2:
+            continue
+        first, second = cell.outcome.calls_rel_error[:2]
+        tol = cell.outcome.tolerance or 0.0
+        if not (first <= tol) and second <= tol:
+            ev_rerun.append(
+                _ev(cell, f"first call of the process rel. error {first:.3g}, second call {second:.3g} "
+                    f"(tolerance {tol:g}), identical inputs")
+            )
+            explained.add(cell.outcome.probe_id)
+            rerun_where.append(where(group))
+    if ev_rerun:
+        diagnoses.append(
+            Diagnosis(
+                cause="autotune-inplace-rerun",
+                confidence=Confidence.HIGH,
+                summary="the first call of each process is wrong and the second, on the same inputs, is right",
+                evidence=tuple(ev_rerun),
+                where=tuple(rerun_where),
+                repro=_repro(kernel, rerun_where, "repeat-call"),
+            )
+        )
+
+    # --- launch configs the device rejects ---
+    ev_cfg = [
+        _ev(c)
+        for c in matrix.cells.values()
+        if c.outcome.error_kind is ErrorKind.OUT_OF_RESOURCES
+    ]
+    if ev_cfg:
+        for e in ev_cfg:
+            explained.add(e.probe_id)
+        diagnoses.append(
+            Diagnosis(
+                cause="launch-config-fault",
+                confidence=Confidence.HIGH,
+                summary="a launch config asks for more shared memory or registers than the device has",
+                evidence=tuple(ev_cfg),
+                where=tuple(sorted({names.get(group_of(c.outcome), group_of(c.outcome)) for c in matrix.cells.values() if c.outcome.error_kind is ErrorKind.OUT_OF_RESOURCES})),
+            )
+        )
+
+    unexplained = tuple(
+        _ev(c) for c in matrix.cells.values() if c.failed and c.outcome.probe_id not in explained
+    )
+    return Classification(
+        diagnoses=tuple(diagnoses), explanations=tuple(explanations), unexplained=unexplained
+    )
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        if "overflow" in line or "Assertion" in line:
+            return line.strip()[:200]
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:200] if lines else ""
+
+
+def _side_stream_summary(matrix: Matrix, places: list[str]) -> str:
+    return (
+        "correct when the caller works on the default stream, wrong when the caller's current "
+        "stream is a side stream whose producer is still queued: the launch is not on the "
+        "caller's current stream"
+    )
+
+
+def _over_routed_summary(matrix: Matrix, places: list[str]) -> str:
+    return (
+        "correct with m_sizes summing to M; with m_sizes summing past M the kernel reads and "
+        "writes outside x and y: it trusts m_sizes instead of masking rows by M"
+    )
+
+
+def _boundary_summary(matrix: Matrix, places: list[str]) -> str:
+    for cell in matrix.cells.values():
+        if cell.outcome.spec.condition is Condition.INT32_BOUNDARY and cell.failed:
+            f = cell.outcome.facts
+            expert = f.get("expert")
+            off = f.get("expert_offset_elements")
+            if expert is not None and off is not None:
+                return (
+                    f"correct below 2**31 elements, wrong on expert {expert}, whose base offset "
+                    f"{int(off):,} elements passes 2**31 - 1: an index x stride product is formed in int32"
+                )
+    return "wrong once an offset passes 2**31 - 1 elements: an index x stride product is formed in int32"
+
+
+def _repro(kernel: str, places: Sequence[str], only: str) -> str:
+    gpus = ""
+    for place in places[:1]:
+        nums = [tok for tok in place.replace("->", " ").replace("GPU", " ").split() if tok.isdigit()]
+        if nums:
+            gpus = " --gpus " + ",".join(nums)
+    return f"qmoe-doctor scan --kernel {kernel}{gpus} --only {only}"

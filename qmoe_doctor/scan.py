@@ -1,0 +1,160 @@
+"""The scan engine: plan -> isolated sessions -> follow-ups -> classification -> report.
+
+No rendering here (``render.py`` draws the report) and no torch (probes run in children).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qmoe_doctor import __version__
+from qmoe_doctor.classify import classify
+from qmoe_doctor.isolate import Event, EventKind, run_session
+from qmoe_doctor.plan import ScanOptions, ScanPlan, debug_rerun, plan_scan
+from qmoe_doctor.records import (
+    SCHEMA_VERSION,
+    Condition,
+    Diagnosis,
+    ErrorKind,
+    Evidence,
+    Outcome,
+    Phase,
+    Status,
+    to_jsonable,
+)
+
+
+class KernelRefError(Exception):
+    """The kernel under test could not be resolved in the probe child (import, signature)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionInfo:
+    label: str
+    gpu_of_ordinal: dict[int, int]  # child ordinal -> NVML index
+    cuda_visible_devices: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScanReport:
+    schema_version: int = SCHEMA_VERSION
+    tool_version: str = __version__
+    kernel: str
+    tier: str  # "gpu" or "cpu"
+    started: str  # ISO 8601, UTC
+    wall_s: float
+    gpus: tuple[int, ...]  # NVML indices scanned, in --gpus order
+    sessions: tuple[SessionInfo, ...]
+    outcomes: tuple[Outcome, ...]
+    diagnoses: tuple[Diagnosis, ...]
+    explanations: tuple[str, ...] = ()
+    unexplained: tuple[Evidence, ...] = ()
+    skipped: tuple[str, ...] = ()
+    log_dir: str = ""
+    inventory: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def healthy(self) -> bool:
+        return not self.diagnoses and not self.unexplained
+
+
+def group_names(plan: ScanPlan) -> dict[str, str]:
+    """Probe-id groups ("0->1") to report names ("GPU 0 -> GPU 1")."""
+    names: dict[str, str] = {}
+    for session in plan.sessions:
+        for spec in session.specs:
+            group = spec.probe_id.split("/", 1)[0]
+            if "->" in group:
+                a, b = group.split("->")
+                names[group] = f"GPU {a} -> GPU {b}"
+            else:
+                names[group] = group
+    return names
+
+
+def run_scan(
+    plan: ScanPlan,
+    *,
+    gpus: Sequence[int] = (),
+    log_dir: Path | None = None,
+    on_event: Callable[[Event], None] | None = None,
+    inventory: dict[str, Any] | None = None,
+) -> ScanReport:
+    """Run every session of the plan, then the follow-ups the results call for."""
+    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    t0 = time.perf_counter()
+    log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="qmoe-doctor-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+
+    def watch(event: Event) -> None:
+        if on_event is not None:
+            on_event(event)
+        out = event.outcome
+        if event.kind is EventKind.OUTCOME and out is not None and out.error_kind is ErrorKind.KERNEL_IMPORT:
+            raise KernelRefError(out.error_message or "the kernel could not be resolved")
+
+    outcomes: list[Outcome] = []
+    for session in plan.sessions:
+        outcomes += run_session(session.specs, base_env=session.env, log_dir=log_dir, on_event=watch)
+        # follow-up: a failing int32 boundary cell is re-run with TRITON_DEBUG=1 so the report
+        # can name the overflowing source line
+        followups = [
+            debug_rerun(o.spec)
+            for o in outcomes[-len(session.specs) :]
+            if o.spec.condition is Condition.INT32_BOUNDARY and o.status in (Status.WRONG, Status.ERROR)
+        ]
+        if followups:
+            outcomes += run_session(followups, base_env=session.env, log_dir=log_dir, on_event=watch)
+    result = classify(outcomes, kernel=plan.kernel, gpu_names=group_names(plan))
+    return ScanReport(
+        kernel=plan.kernel,
+        tier="gpu" if gpus else "cpu",
+        started=started,
+        wall_s=time.perf_counter() - t0,
+        gpus=tuple(gpus),
+        sessions=tuple(
+            SessionInfo(
+                label=s.label,
+                gpu_of_ordinal=dict(s.gpu_of_ordinal),
+                cuda_visible_devices=s.env.get("CUDA_VISIBLE_DEVICES"),
+            )
+            for s in plan.sessions
+        ),
+        outcomes=tuple(outcomes),
+        diagnoses=result.diagnoses,
+        explanations=result.explanations,
+        unexplained=result.unexplained,
+        skipped=plan.skipped,
+        log_dir=str(log_dir),
+        inventory=inventory or {},
+    )
+
+
+def all_spawn_failures(report: ScanReport) -> bool:
+    """Every probe died before its child was ready: the check itself could not run."""
+    return bool(report.outcomes) and all(
+        o.status is Status.ERROR and o.phase is Phase.SPAWN for o in report.outcomes
+    )
+
+
+def report_json(report: ScanReport) -> dict[str, Any]:
+    body = to_jsonable(report)
+    body["healthy"] = report.healthy
+    return body  # type: ignore[no-any-return]
+
+
+__all__ = [
+    "KernelRefError",
+    "ScanOptions",
+    "ScanReport",
+    "all_spawn_failures",
+    "plan_scan",
+    "report_json",
+    "run_scan",
+]

@@ -1,0 +1,417 @@
+"""The specimens (deliberately faulty kernels, one per cause) on the CPU tier.
+
+What the CPU can show: each specimen is right in the benign condition (one device, valid
+routing, a cached autotune config) and the faults that need no second GPU: unmasked_rows
+reading and writing past x and y when m_sizes sums past M, int32_offsets reading the wrong
+weights at expert 69 of a 5120x6144 stack, autotune_inplace wrong on the first call only.
+The placement specimens (unguarded, default_buffer, wrong_stream) only misbehave with two GPUs
+or CUDA streams: tests/gpu/test_specimens_gpu.py.
+
+Kernels run under TRITON_INTERPRET=1 with CPU tensors (conftest sets it without a GPU); on a
+GPU machine the in-process cases run on cuda:0 and the subprocess cases still on the CPU.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from qmoe_doctor.causes import CAUSES
+from qmoe_doctor.cli import app
+from qmoe_doctor.kernels import grouped_gemm
+from qmoe_doctor.kernels.grouped_gemm import interpreting, moe_grouped_gemm_torch
+from qmoe_doctor.records import Condition
+from qmoe_doctor.specimens import SPECIMEN_PACKAGE, SPECIMENS, get_specimen, kernel_ref
+
+NAMES = [s.name for s in SPECIMENS]
+
+# ||out - ref|| / ||ref|| against the float32 twin, per dtype (bfloat16 tl.dot is broken in
+# the interpreter: FINDINGS.md)
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3}
+
+
+def _module(name: str) -> ModuleType:
+    return importlib.import_module(f"{SPECIMEN_PACKAGE}.{get_specimen(name).module}")
+
+
+def _device() -> torch.device:
+    if interpreting():
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", 0)
+    pytest.skip("neither TRITON_INTERPRET=1 nor a CUDA device")
+
+
+def _rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30))
+
+
+def _child_env() -> dict[str, str]:
+    """A child that runs the interpreter on CPU tensors, whatever this machine has."""
+    env = dict(os.environ)
+    env["TRITON_INTERPRET"] = "1"
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def _run_child(script: str, *args: str, timeout: float = 240.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_child_env(),
+        check=False,
+    )
+
+
+def _last_json(stdout: str) -> dict[str, Any]:
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    assert lines, f"child wrote no JSON line; stdout:\n{stdout}"
+    return json.loads(lines[-1])
+
+
+# --------------------------------------------------------------------------------------------
+# Registry <-> modules
+# --------------------------------------------------------------------------------------------
+
+
+def test_registry_names_and_causes_are_unique_and_known() -> None:
+    assert len(set(NAMES)) == len(NAMES)
+    causes = [s.cause for s in SPECIMENS]
+    assert len(set(causes)) == len(causes), "one specimen per cause"
+    for spec in SPECIMENS:
+        assert spec.cause in CAUSES, spec
+        assert spec.misbehaves_under, spec
+        assert all(isinstance(c, Condition) for c in spec.misbehaves_under)
+        assert Condition.SINGLE not in spec.misbehaves_under  # the benign baseline
+        assert Condition.GUARDED not in spec.misbehaves_under
+
+
+def test_get_specimen_and_kernel_ref() -> None:
+    assert get_specimen("unguarded").cause == "missing-device-guard"
+    assert kernel_ref("unguarded") == "qmoe_doctor.kernels.specimens.unguarded:moe_grouped_gemm"
+    assert get_specimen("int32_offsets").kernel_option == "specimen:int32_offsets"
+    with pytest.raises(KeyError) as info:
+        get_specimen("nope")
+    for name in NAMES:  # the error lists what exists
+        assert name in str(info.value)
+
+
+def test_every_specimen_module_is_registered() -> None:
+    package = importlib.import_module(SPECIMEN_PACKAGE)
+    files = {
+        f.removesuffix(".py")
+        for f in os.listdir(os.path.dirname(package.__file__ or ""))
+        if f.endswith(".py") and not f.startswith("_")
+    }
+    assert files == {s.module for s in SPECIMENS}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_module_docstring_names_exactly_its_cause(name: str) -> None:
+    spec = get_specimen(name)
+    doc = _module(name).__doc__ or ""
+    named = {cause_id for cause_id in CAUSES if cause_id in doc}
+    assert named == {spec.cause}, f"{name} docstring names {sorted(named)}"
+    assert "misbehaves" in doc  # and says under which condition
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_entry_point_has_the_grouped_gemm_signature(name: str) -> None:
+    module, function = kernel_ref(name).split(":")
+    fn = getattr(importlib.import_module(module), function)
+    params = list(inspect.signature(fn).parameters.values())
+    assert [(p.name, p.kind) for p in params] == [
+        ("x", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        ("w", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        ("m_sizes", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        ("out_dtype", inspect.Parameter.KEYWORD_ONLY),
+    ]
+    assert params[3].default is None
+    correct = inspect.signature(grouped_gemm.moe_grouped_gemm).parameters
+    for p in params:  # the same parameters as the correct kernel, which only adds options
+        assert correct[p.name].kind == p.kind and correct[p.name].default == p.default
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_planted_change_is_marked(name: str) -> None:
+    assert "# PLANTED:" in inspect.getsource(_module(name))
+
+
+def _code_lines(kernel: Any) -> list[str]:
+    """Source lines of a (jit / autotuned) kernel without comments, blanks and its name."""
+    while hasattr(kernel, "fn"):
+        kernel = kernel.fn
+    lines = []
+    for line in inspect.getsource(kernel).splitlines():
+        code = line.split("#", 1)[0].strip()  # kernels hold no '#' inside strings
+        if code.startswith("def "):
+            code = "def KERNEL("
+        if code:
+            lines.append(code)
+    return lines
+
+
+# Specimens whose fault is inside the @triton.jit body: a copy of _grouped_gemm_kernel with
+# at most this many code lines changed (either side).
+COPIED_KERNELS = [
+    ("int32_offsets", "_grouped_gemm_kernel_int32", 1),  # the w_ptrs offset
+    ("unmasked_rows", "_grouped_gemm_kernel_unmasked", 1),  # the m_size clamp
+    ("autotune_inplace", "_grouped_gemm_kernel_acc", 2),  # the decorator, acc from y
+]
+
+
+@pytest.mark.parametrize(("name", "kernel_name", "max_changed"), COPIED_KERNELS)
+def test_copied_kernel_is_a_small_diff(name: str, kernel_name: str, max_changed: int) -> None:
+    ours = _code_lines(grouped_gemm._grouped_gemm_kernel)
+    theirs = _code_lines(getattr(_module(name), kernel_name))
+    changed = [
+        line
+        for line in difflib.unified_diff(ours, theirs, lineterm="", n=0)
+        if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    ]
+    assert changed, f"{name}: the copied kernel is identical to the correct one"
+    removed = [c for c in changed if c.startswith("-")]
+    added = [c for c in changed if c.startswith("+")]
+    assert max(len(removed), len(added)) <= max_changed, changed
+
+
+# --------------------------------------------------------------------------------------------
+# Benign condition: every specimen is right (so it misbehaves only under its condition)
+# --------------------------------------------------------------------------------------------
+
+# (M, [m_sizes], N, K, what the row covers); E = len(m_sizes)
+BENIGN_CASES = [
+    (40, [10, 0, 30], 36, 48, "an empty expert, partial row and column tiles"),
+    (37, [5, 13, 2, 17], 19, 23, "prime sizes, partial K tiles"),
+    (24, [0, 0, 24], 16, 32, "a single hot expert, the last one"),
+    (30, [4, 6, 0], 20, 16, "m_sizes sums below M: uncovered rows are zero"),
+]
+
+
+def _operands(
+    m: int, sizes: list[int], n: int, k: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(m * 1000 + n)
+    # x as a row slice with a storage offset, w as a strided view (not contiguous in K's owner)
+    x_big = torch.randn(m + 3, k, generator=gen)
+    w_big = torch.randn(len(sizes), n, k + 5, generator=gen)
+    x = x_big.to(device, dtype)[2 : 2 + m]
+    w = w_big.to(device, dtype)[:, :, 3 : 3 + k]
+    m_sizes = torch.tensor(sizes, dtype=torch.int32, device=device)
+    return x, w, m_sizes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("case", BENIGN_CASES, ids=[c[-1] for c in BENIGN_CASES])
+@pytest.mark.parametrize("name", NAMES)
+def test_specimen_is_right_in_the_benign_condition(
+    name: str, case: tuple[int, list[int], int, int, str], dtype: torch.dtype
+) -> None:
+    m, sizes, n, k, _ = case
+    device = _device()
+    x, w, m_sizes = _operands(m, sizes, n, k, dtype, device)
+    ref = moe_grouped_gemm_torch(x, w, m_sizes, out_dtype=torch.float32)
+    tri_fn = _module(name).moe_grouped_gemm
+    if name == "autotune_inplace":
+        tri_fn(x, w, m_sizes)  # the benign condition is a cached config: warm the key first
+    tri = tri_fn(x, w, m_sizes)
+    assert tri.device == x.device and tri.dtype == dtype and tri.shape == (m, n)
+    assert _rel_error(tri, ref) <= TOLERANCE[dtype], name
+
+
+# --------------------------------------------------------------------------------------------
+# Faults the CPU can show
+# --------------------------------------------------------------------------------------------
+
+# m_sizes sums past M. x is a view into a buffer whose trailing rows are a canary (2.0); y is
+# poisoned and padded the same way (the wrapper's torch.empty((M, N)) is handed a view into a
+# NaN buffer) so a write past y lands in rows we own and can read back, not in random heap.
+_OVER_ROUTED_CHILD = """
+    import importlib, json, sys
+    import torch
+    from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm_torch
+
+    module, function = sys.argv[1].split(":")
+    fn = getattr(importlib.import_module(module), function)
+    M, N, K, PAD = 24, 20, 16, 16
+    sizes = [8, 8, 8 + 10]  # sums to M + 10: ten rows past the end of x
+    gen = torch.Generator().manual_seed(0)
+    x_buf = torch.full((M + PAD, K), 2.0)  # rows M.. are the canary
+    x_buf[:M] = torch.randn(M, K, generator=gen)
+    x = x_buf[:M]
+    w = torch.randn(len(sizes), N, K, generator=gen)
+    m_sizes = torch.tensor(sizes, dtype=torch.int32)
+
+    y_bufs = []
+    real_empty = torch.empty
+
+    def padded_empty(*size, **kwargs):
+        shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+        if tuple(shape) != (M, N):
+            return real_empty(*size, **kwargs)
+        buf = torch.full((M + PAD, N), float("nan"), dtype=kwargs.get("dtype", torch.float32))
+        y_bufs.append(buf)
+        return buf[:M]
+
+    torch.empty = padded_empty
+    y = fn(x, w, m_sizes)
+    torch.empty = real_empty
+    (y_buf,) = y_bufs
+    past = y_buf[M:]
+    written_past = int((~torch.isnan(past)).any(dim=1).sum())
+    expect_past = x_buf[M : M + 10] @ w[2].T  # canary rows of x times the last expert
+    print(json.dumps({
+        "rel_error": float((y - moe_grouped_gemm_torch(x, w, m_sizes)).norm() / y.norm()),
+        "rows_written_past_y": written_past,
+        "past_rows_are_canary_products": bool(torch.allclose(past[:10], expect_past)),
+        "x_canary_intact": bool((x_buf[M:] == 2.0).all()),
+    }))
+"""
+
+
+def test_unmasked_rows_reads_and_writes_past_x_and_y_when_over_routed() -> None:
+    good = _run_child(_OVER_ROUTED_CHILD, "qmoe_doctor.kernels.grouped_gemm:moe_grouped_gemm")
+    assert good.returncode == 0, good.stderr[-2000:]
+    clean = _last_json(good.stdout)
+    assert clean["rows_written_past_y"] == 0  # the correct kernel clamps to M
+    assert clean["rel_error"] < 1e-5 and clean["x_canary_intact"]
+
+    bad = _run_child(_OVER_ROUTED_CHILD, kernel_ref("unmasked_rows"))
+    # Observed here (triton 3.9 interpreter): no crash, deterministic, since the padding keeps
+    # every stray access inside buffers the child owns. Rows M..M+9 of the padded y hold the
+    # canary rows of x times expert 2's weights: it read 10 rows past x and wrote 10 past y.
+    assert bad.returncode == 0, bad.stderr[-2000:]
+    fault = _last_json(bad.stdout)
+    assert fault["rows_written_past_y"] == 10
+    assert fault["past_rows_are_canary_products"]
+    assert fault["rel_error"] < 1e-5  # rows inside y are still right: the fault is outside
+
+
+# 70 experts with the per-expert stride of a 5120x6144 stack, as a strided view with tiny N, K:
+# 69 * 31,457,280 = 2,170,552,320 passes 2**31 - 1 and wraps to -2,124,414,976 in int32. The
+# view starts that many elements into its buffer, so the wrapped address is the buffer's start
+# (inside the allocation, as on the GPU), where we put a canary block of ones. Untouched pages
+# of the 8.7 GB (virtual) buffer are never committed.
+_STRIDE_WE = 5120 * 6144
+_HOT = 69
+
+
+def _int32_boundary_operands() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    e, n, k = _HOT + 1, 8, 16
+    wrap = 2**32 - _HOT * _STRIDE_WE
+    try:
+        buf = torch.empty(wrap + e * _STRIDE_WE, dtype=torch.float16)
+    except RuntimeError as exc:  # overcommit refused on a small machine
+        pytest.skip(f"cannot reserve 8.7 GB of virtual memory: {exc}")
+    w = buf.as_strided((e, n, k), (_STRIDE_WE, k, 1), storage_offset=wrap)
+    gen = torch.Generator().manual_seed(0)
+    for expert in range(e):
+        w[expert].copy_(torch.randn(n, k, generator=gen))
+    canary = buf[: n * k].view(n, k)
+    canary.fill_(1.0)
+    x = torch.randn(8, k, generator=gen).half()
+    m_sizes = torch.zeros(e, dtype=torch.int32)
+    m_sizes[_HOT] = 8  # every row on expert 69, the first whose offset wraps
+    return x, w, m_sizes, canary
+
+
+@pytest.mark.slow
+def test_int32_offsets_reads_the_wrapped_address_at_expert_69() -> None:
+    if not interpreting():
+        pytest.skip("CPU-tier test; the GPU version is in tests/gpu/test_specimens_gpu.py")
+    x, w, m_sizes, canary = _int32_boundary_operands()
+    ref = moe_grouped_gemm_torch(x, w, m_sizes, out_dtype=torch.float32)
+    assert _rel_error(grouped_gemm.moe_grouped_gemm(x, w, m_sizes), ref) <= TOLERANCE[torch.float16]
+    tri = _module("int32_offsets").moe_grouped_gemm(x, w, m_sizes)
+    assert _rel_error(tri, ref) > 0.5  # silently wrong, no error
+    wrapped = x.float() @ canary.float().T  # what it read: the block at the wrapped offset
+    assert _rel_error(tri, wrapped) <= TOLERANCE[torch.float16]
+
+
+_REPEAT_CALL_CHILD = """
+    import json
+    import torch
+    from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm_torch
+    from qmoe_doctor.kernels.specimens import autotune_inplace
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 48, generator=gen)
+    w = torch.randn(3, 36, 48, generator=gen)
+    m_sizes = torch.tensor([10, 0, 30], dtype=torch.int32)
+    ref = moe_grouped_gemm_torch(x, w, m_sizes)
+    errors, ratios = [], []
+    for _ in range(3):  # identical inputs each call, fresh process (first call per key)
+        y = autotune_inplace.moe_grouped_gemm(x, w, m_sizes)
+        errors.append(float((y - ref).norm() / ref.norm()))
+        ratios.append(float((y * ref).sum() / (ref * ref).sum()))
+    print(json.dumps({"rel_errors": errors, "scale": ratios}))
+"""
+
+
+def test_autotune_inplace_is_wrong_on_the_first_call_only() -> None:
+    out = _run_child(_REPEAT_CALL_CHILD)
+    assert out.returncode == 0, out.stderr[-2000:]
+    calls = _last_json(out.stdout)
+    first, *later = calls["rel_errors"]
+    assert first > 1.0, calls
+    assert all(e < 1e-5 for e in later), calls
+    # y = (runs) x the product: 2 configs x (1 warm-up + 3 timed) benchmark runs + the real one
+    assert round(calls["scale"][0]) == 2 * (1 + 3) + 1
+
+
+# --------------------------------------------------------------------------------------------
+# `qmoe-doctor specimens`
+# --------------------------------------------------------------------------------------------
+
+
+def test_specimens_command_lists_every_specimen() -> None:
+    result = CliRunner().invoke(app, ["specimens"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    for spec in SPECIMENS:
+        assert spec.kernel_option in result.output
+        assert spec.cause in result.output
+        assert spec.summary in result.output
+
+
+def test_specimens_command_json() -> None:
+    result = CliRunner().invoke(app, ["specimens", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["kind"] == "specimens" and isinstance(doc["schema_version"], int)
+    rows = {row["name"]: row for row in doc["specimens"]}
+    assert list(rows) == NAMES
+    for spec in SPECIMENS:
+        row = rows[spec.name]
+        assert row["cause"] == spec.cause
+        assert row["kernel"] == f"specimen:{spec.name}"
+        assert row["ref"] == kernel_ref(spec.name)
+        assert row["docs"] == f"docs/causes/{spec.cause}.md"
+        assert row["misbehaves_under"] == [c.value for c in spec.misbehaves_under]
+
+
+def test_registry_and_command_do_not_import_torch() -> None:
+    code = (
+        "import sys\n"
+        "import qmoe_doctor.specimens, qmoe_doctor.commands.specimens\n"
+        "from typer.testing import CliRunner\n"
+        "from qmoe_doctor.cli import app\n"
+        "assert CliRunner().invoke(app, ['specimens', '--json']).exit_code == 0\n"
+        "print('torch' in sys.modules, 'triton' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]
