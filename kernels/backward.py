@@ -230,19 +230,27 @@ def _grouped_gemm_dw_kernel(
         # buffer still cannot move the reads outside dy and x
         row_start = tl.minimum(tl.maximum(tl.load(bounds_ptr + expert), 0), M)
         row_end = tl.minimum(tl.maximum(tl.load(bounds_ptr + expert + 1), row_start), M)
+        rows_in_expert = (row_end - row_start).to(tl.int32)  # <= M
 
+        # row_start * stride_xm passes 2**31 for M*K > 2**31: row_start is int64 (bounds), so
+        # the product is formed in int64; within a chunk, offs_m * stride stays small
+        # dy tile read transposed: (BLOCK_N, BLOCK_M)
+        dy_ptrs = (
+            dy_ptr
+            + row_start * stride_dym
+            + offs_m[None, :] * stride_dym
+            + cols_n[:, None] * stride_dyn
+        )
+        x_ptrs = x_ptr + row_start * stride_xm + offs_m[:, None] * stride_xm + cols_k[None, :] * stride_xk
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        first_row = row_start
-        while first_row < row_end:
-            rows = first_row + offs_m  # int64: row * stride_xm passes 2**31 for M*K > 2**31
-            row_mask = rows < row_end
-            # dy tile loaded transposed: (BLOCK_N, BLOCK_M)
-            dy_ptrs = dy_ptr + rows[None, :] * stride_dym + cols_n[:, None] * stride_dyn
-            x_ptrs = x_ptr + rows[:, None] * stride_xm + cols_k[None, :] * stride_xk
+        # a counted `for` (not a while on row bounds) so that Triton software-pipelines it
+        for chunk in range(0, tl.cdiv(rows_in_expert, BLOCK_M)):
+            row_mask = (chunk * BLOCK_M + offs_m) < rows_in_expert
             a = tl.load(dy_ptrs, mask=n_mask[:, None] & row_mask[None, :], other=0.0)
             b = tl.load(x_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
             acc = tl.dot(a, b, acc)
-            first_row += BLOCK_M
+            dy_ptrs += BLOCK_M * stride_dym
+            x_ptrs += BLOCK_M * stride_xm
 
         # expert * stride_we passes 2**31 at expert 69 for 160 experts of 5120x6144
         dw_ptrs = (

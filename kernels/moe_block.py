@@ -105,6 +105,8 @@ class _SparseMoEBase(nn.Module):
 
     def reset_parameters(self) -> None:
         # scaled so activations keep unit size through both GEMMs (tests compare real numbers)
+        if self.gate_up_proj.is_meta:
+            return  # shapes only (a 480B-class stack planned without memory): nothing to fill
         with torch.no_grad():
             nn.init.normal_(self.gate.weight, std=self.shape.hidden**-0.5)
             nn.init.normal_(self.gate_up_proj, std=self.shape.hidden**-0.5)

@@ -335,6 +335,28 @@ def _over_routed(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
     return _call_and_check(ctx, kernel, x, w, over, ref, trap=trap)
 
 
+def _negative_sizes(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+    """A -1 sentinel in m_sizes (dropped tokens, padding): its rows moved to the next expert,
+    so the counts still sum to M + 1. A kernel that masks treats -1 as 0; one that trusts
+    m_sizes walks its row cursor backwards and shifts every later expert's rows."""
+    spec = ctx.spec
+    dev = _device(spec.device)
+    ctx.crumb(Phase.SETUP)
+    x, w, m_valid = make_operands(spec, dev)
+    sizes = m_valid.tolist()
+    j = max(0, len(sizes) // 2 - 1)
+    if len(sizes) < 2:
+        return _skip(ctx, "a sentinel needs two experts")
+    sizes[j + 1] += sizes[j] + 1
+    sizes[j] = -1
+    m_sizes = torch.tensor(sizes, dtype=m_valid.dtype, device=dev)
+    ctx.fact("sentinel_expert", j)
+    _register(ctx, x, w, m_sizes)
+    ref = reference(x, w, m_sizes)
+    trap = OutputTrap(_out_nbytes(spec), dev)
+    return _call_and_check(ctx, kernel, x, w, m_sizes, ref, trap=trap)
+
+
 def _repeat_call(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
     """First and second call of the process on identical inputs (autotuners run on the first)."""
     spec = ctx.spec
@@ -527,6 +549,7 @@ _RUNNERS: dict[Condition, Callable[[Any, Callable[..., Any]], dict[str, Any]]] =
     Condition.SINGLE: _single,
     Condition.SIDE_STREAM: _side_stream,
     Condition.OVER_ROUTED: _over_routed,
+    Condition.NEGATIVE_SIZES: _negative_sizes,
     Condition.REPEAT_CALL: _repeat_call,
     Condition.INT32_BOUNDARY: _int32_boundary,
     Condition.GUARDED: _guarded,

@@ -7,7 +7,8 @@ one JSON object per line, each written with one ``os.write`` and so flushed at o
 
 - ``{"type": "ready", "pid": ..., "python": "3.12.3", "t": ...}`` once, after start-up;
 - ``{"type": "crumb", "probe_id": ..., "phase": "launch", "t": ...}`` before each phase;
-- ``{"type": "outcome", "outcome": {...Outcome...}}`` when the probe ends, even by an exception.
+- ``{"type": "outcome", "outcome": {...Outcome...}}`` when the probe ends, even by an exception;
+- ``{"type": "protocol-error", "message": ...}`` for a spec line it cannot read (then it exits).
 
 After an outcome whose error kind poisons the process (``records.POISONING_KINDS``: an illegal
 access leaves the CUDA context unusable) the worker exits, and the parent starts a new one.
@@ -29,7 +30,7 @@ import traceback
 from collections.abc import Iterable
 from typing import Any
 
-from qmoe_doctor import errors, knobs
+from qmoe_doctor import __version__, errors, knobs
 from qmoe_doctor.records import (
     POISONING_KINDS,
     ErrorKind,
@@ -174,11 +175,25 @@ def classify(exc: BaseException, error_type: str, message: str) -> ErrorKind:
 def serve(spec_lines: Iterable[str], emit: Emit) -> None:
     """The worker loop: one spec line in, breadcrumbs and one outcome out. Returns at the end of
     input or after a poisoning outcome."""
-    emit({"type": "ready", "pid": os.getpid(), "python": sys.version.split()[0], "t": time.time()})
+    emit(
+        {
+            "type": "ready",
+            "pid": os.getpid(),
+            "python": sys.version.split()[0],
+            "qmoe_doctor": __version__,
+            "t": time.time(),
+        }
+    )
     for line in spec_lines:
         if not line.strip():
             continue
-        spec = from_json(ProbeSpec, line)
+        try:
+            spec = from_json(ProbeSpec, line)
+        except (TypeError, ValueError, KeyError) as exc:
+            # A spec this worker cannot read (a parent of another qmoe-doctor version): say so
+            # rather than die with a traceback the parent would classify as the probe's error.
+            emit({"type": "protocol-error", "message": f"cannot read the spec: {exc}"})
+            return
         outcome, poisoned = execute(spec, emit)
         emit({"type": "outcome", "outcome": to_jsonable(outcome)})
         if poisoned:
@@ -192,6 +207,7 @@ def main() -> None:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     raw_fd = os.environ.get(knobs.QMOE_RESULT_FD)
     result_fd = int(raw_fd) if raw_fd else os.dup(1)  # run by hand: protocol on stdout
+    os.set_inheritable(result_fd, False)  # programs a probe runs must not hold the pipe open
     # Specs arrive on the original stdin; the probe sees /dev/null there, so nothing it runs can
     # swallow a spec line.
     spec_in = os.fdopen(os.dup(0), "r", encoding="utf-8")

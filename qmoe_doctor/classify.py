@@ -291,13 +291,15 @@ def classify(
     # --- single-device rules: one condition against the SINGLE baseline of the same device ---
     single_rules = (
         (Condition.SIDE_STREAM, "wrong-device-stream", _side_stream_summary),
-        (Condition.OVER_ROUTED, "invalid-routing", _over_routed_summary),
+        (Condition.OVER_ROUTED, "invalid-routing", _routing_summary),
+        (Condition.NEGATIVE_SIZES, "invalid-routing", _routing_summary),
         (Condition.INT32_BOUNDARY, "int32-offset-overflow", _boundary_summary),
     )
     debug_runs = {o.probe_id.removesuffix("+debug"): o for o in outcomes if o.probe_id.endswith("+debug")}
+    by_cause: dict[str, tuple[list[Evidence], list[str], list[str]]] = {}
+    summaries: dict[str, str] = {}
     for cond, cause, summarize in single_rules:
-        evidence: list[Evidence] = []
-        places: list[str] = []
+        evidence, places, conds = by_cause.setdefault(cause, ([], [], []))
         for group in matrix.groups():
             base = matrix.get(group, Condition.SINGLE)
             cell = matrix.get(group, cond)
@@ -305,7 +307,10 @@ def classify(
                 continue
             if cell.outcome.error_kind is ErrorKind.OUT_OF_RESOURCES:
                 continue  # a launch-config fault, handled below
-            evidence += [_ev(base, "correct on the same device with the baseline condition"), _ev(cell)]
+            base_ev = _ev(base, "correct on the same device with the baseline condition")
+            if base_ev not in evidence:
+                evidence.append(base_ev)
+            evidence.append(_ev(cell))
             dbg = debug_runs.get(cell.outcome.probe_id)
             if dbg is not None:
                 evidence.append(
@@ -317,16 +322,21 @@ def classify(
                     )
                 )
             explained.add(cell.outcome.probe_id)
-            places.append(where(group))
+            if where(group) not in places:
+                places.append(where(group))
+            if cond.value not in conds:
+                conds.append(cond.value)
+            summaries[cause] = summarize(matrix, places)
+    for cause, (evidence, places, conds) in by_cause.items():
         if evidence:
             diagnoses.append(
                 Diagnosis(
                     cause=cause,
                     confidence=Confidence.HIGH,
-                    summary=summarize(matrix, places),
+                    summary=summaries[cause],
                     evidence=tuple(evidence),
                     where=tuple(places),
-                    repro=_repro(kernel, places, cond.value),
+                    repro=_repro(kernel, places, ",".join(conds)),
                 )
             )
 
@@ -401,10 +411,11 @@ def _side_stream_summary(matrix: Matrix, places: list[str]) -> str:
     )
 
 
-def _over_routed_summary(matrix: Matrix, places: list[str]) -> str:
+def _routing_summary(matrix: Matrix, places: list[str]) -> str:
     return (
-        "correct with m_sizes summing to M; with m_sizes summing past M the kernel reads and "
-        "writes outside x and y: it trusts m_sizes instead of masking rows by M"
+        "correct with valid m_sizes; with m_sizes summing past M or holding a -1 sentinel the "
+        "kernel computes the wrong rows or writes outside y: it trusts m_sizes instead of "
+        "clamping counts and masking rows by M"
     )
 
 

@@ -341,12 +341,9 @@ class _Session:
                 )
             except OSError as exc:
                 os.close(read_fd)
-                raise _SpawnError(
-                    kind=ErrorKind.OTHER,
-                    message=f"cannot start {self.python}: {exc}",
-                    tail="",
-                    exit_code=None,
-                ) from exc
+                text = f"cannot start {self.python}: {exc}"
+                self.emit(EventKind.WORKER_FAILED, worker=index, detail=text)
+                raise _SpawnError(kind=ErrorKind.OTHER, message=text, tail="", exit_code=None) from exc
             finally:
                 os.close(write_fd)
         worker = _Worker(index=index, proc=proc, result_fd=read_fd, log_path=log_path)
@@ -508,6 +505,18 @@ class _Session:
                 )
             elif message.get("type") == "outcome":
                 outcome = self._received(worker, spec, message, phase, log_start, start)
+            elif message.get("type") == "protocol-error":
+                self.retire(worker, f"worker {worker.index} could not read {spec.probe_id}")
+                outcome = self._synthesized(
+                    spec,
+                    phase=phase,
+                    kind=ErrorKind.OTHER,
+                    error_type="protocol",
+                    message=f"worker {worker.index}: {message.get('message')}",
+                    tail=read_tail(worker.log_path, log_start),
+                    wall_s=time.monotonic() - start,
+                    exit_code=None,
+                )
         outcome = dataclasses.replace(
             outcome,
             facts={

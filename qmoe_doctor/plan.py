@@ -47,10 +47,11 @@ SINGLE_ORDER = (
     Condition.SINGLE,
     Condition.SIDE_STREAM,
     Condition.OVER_ROUTED,
+    Condition.NEGATIVE_SIZES,
     Condition.INT32_BOUNDARY,
 )
 #: What the CPU tier (no GPU, TRITON_INTERPRET=1) can run.
-CPU_CONDITIONS = (Condition.REPEAT_CALL, Condition.SINGLE, Condition.OVER_ROUTED)
+CPU_CONDITIONS = (Condition.REPEAT_CALL, Condition.SINGLE, Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES)
 DEFAULT_CONDITIONS = frozenset(SINGLE_ORDER + PAIR_ORDER)
 
 
@@ -118,7 +119,7 @@ def _single_specs(
     for cond in order:
         if cond not in opts.conditions:
             continue
-        if cond is Condition.OVER_ROUTED:
+        if cond in (Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES):
             shape = CPU_SHAPE if cpu else over_routed_shape(opts)
             shape = replace(shape, routing="uniform")
         elif cond is Condition.INT32_BOUNDARY:

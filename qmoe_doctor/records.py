@@ -35,6 +35,7 @@ class Condition(StrEnum):
     SIDE_STREAM = "side-stream"  # caller's current stream is a side stream of the operand
     # device, with the producer of x still queued on it (behind a sleep)
     OVER_ROUTED = "over-routed"  # m_sizes sums past M (invalid routing); canaries around x and y
+    NEGATIVE_SIZES = "negative-sizes"  # a -1 sentinel count in m_sizes (invalid routing)
     REPEAT_CALL = "repeat-call"  # first and second call of a fresh process on identical inputs
     INT32_BOUNDARY = "int32-boundary"  # rows routed to the first expert whose offset passes 2**31
     OFFSETS = "offsets"  # operands as strided / offset views (params say which)

@@ -22,6 +22,7 @@ CONDITION_TEXT = {
     Condition.SINGLE: "single device",
     Condition.SIDE_STREAM: "producer on a side stream",
     Condition.OVER_ROUTED: "m_sizes sums past M",
+    Condition.NEGATIVE_SIZES: "-1 sentinel in m_sizes",
     Condition.INT32_BOUNDARY: "expert offset past 2**31",
     Condition.GUARDED: "guarded (b current)",
     Condition.UNTOUCHED: "a current, a untouched",

@@ -345,8 +345,10 @@ class SanitizerReport:
 
     @property
     def has_findings(self) -> bool:
-        return bool(self.errors) or bool(self.error_summary) or bool(
-            self.racecheck_summary and self.racecheck_summary.displayed
+        return (
+            bool(self.errors)
+            or bool(self.error_summary)
+            or bool(self.racecheck_summary and self.racecheck_summary.displayed)
         )
 
     @property
@@ -404,9 +406,7 @@ _C_DEVICE_FRAME = re.compile(r"^Device Frame:\s*(?P<rest>.+)$")
 _C_BACKTRACE = re.compile(r"^Saved host backtrace up to driver entry point(?: at (?P<at>.+))?")
 _C_HOST_FRAME = re.compile(r"^Host Frame:\s*(?P<rest>.*)$")
 _C_IN_MODULE = re.compile(r"^in (?P<module>\S.*)$")
-_C_RACE_AND = re.compile(
-    rf"^and (?P<access>\w+) access at (?P<loc>.+?)(?: \[(?P<n>{_NUM}) hazards?\])?\s*$"
-)
+_C_RACE_AND = re.compile(rf"^and (?P<access>\w+) access at (?P<loc>.+?)(?: \[(?P<n>{_NUM}) hazards?\])?\s*$")
 _HAZARD_COUNT = re.compile(rf"^(?P<loc>.+?) \[(?P<n>{_NUM}) hazards?\]\s*$")
 
 # "0xda0 in /path/fused_moe.py:175:fused_moe_kernel" (2022-2024) or "0x3b0 in kernel(args)"
@@ -493,7 +493,9 @@ def parse_location(text: str) -> CodeLocation:
         return CodeLocation(function=m.group("func").strip(), file=m.group("file"), line=int(m.group("line")))
     fl = _LOC_FILE_LINE_FUNC.match(text)
     if fl:
-        return CodeLocation(function=fl.group("func").strip(), file=fl.group("file"), line=int(fl.group("line")))
+        return CodeLocation(
+            function=fl.group("func").strip(), file=fl.group("file"), line=int(fl.group("line"))
+        )
     return CodeLocation(function=text)
 
 
@@ -501,8 +503,12 @@ def parse_host_frame(text: str) -> HostFrame:
     raw = text.strip()
     m = _HF_OLD.match(raw)
     if m:
-        return HostFrame(raw=raw, function=m.group("func").strip(), module=m.group("module"),
-                         offset=parse_int(m.group("off")))
+        return HostFrame(
+            raw=raw,
+            function=m.group("func").strip(),
+            module=m.group("module"),
+            offset=parse_int(m.group("off")),
+        )
     m = _HF_NEW.match(raw)
     if not m:
         return HostFrame(raw=raw, function=raw or None)
@@ -521,8 +527,9 @@ def parse_host_frame(text: str) -> HostFrame:
         if module is None and func and (func.startswith(("/", "./")) or ".so" in func) and " " not in func:
             # old "Host Frame:./qs [0x36feb]": the name is the module, the function is unknown
             module, func = func, None
-    return HostFrame(raw=raw, function=func, module=module, file=file, line=line,
-                     offset=parse_int(m.group("off")))
+    return HostFrame(
+        raw=raw, function=func, module=module, file=file, line=line, offset=parse_int(m.group("off"))
+    )
 
 
 @dataclass(slots=True)
@@ -532,7 +539,22 @@ class _Builder:
     category: Category
     message: str
     stream: str
-    fields: dict[str, object] = field(default_factory=dict)
+    space: str | None = None
+    access: str | None = None
+    size: int | None = None
+    location: CodeLocation | None = None
+    thread: tuple[int, int, int] | None = None
+    block: tuple[int, int, int] | None = None
+    address: int | None = None
+    out_of_bounds: bool = False
+    misaligned: bool = False
+    nearest: NearestAllocation | None = None
+    backtrace_at: str | None = None
+    severity: str | None = None
+    cuda_error: str | None = None
+    cuda_error_code: int | None = None
+    cuda_error_text: str | None = None
+    api_call: str | None = None
     device_frames: list[CodeLocation] = field(default_factory=list)
     host_frames: list[HostFrame] = field(default_factory=list)
     race_accesses: list[RaceAccess] = field(default_factory=list)
@@ -540,13 +562,10 @@ class _Builder:
     complete: bool = True
 
     def build(self) -> SanitizerError:
-        f = self.fields
-        location = f.get("location")
-        loc = location if isinstance(location, CodeLocation) else None
         if self.device_frames:
             kernel = self.device_frames[-1].function
-        elif loc is not None:
-            kernel = loc.function
+        elif self.location is not None:
+            kernel = self.location.function
         elif self.race_accesses:
             kernel = self.race_accesses[0].location.function
         else:
@@ -555,43 +574,29 @@ class _Builder:
             category=self.category,
             message=self.message,
             stream=self.stream,
-            space=_opt_str(f.get("space")),
-            access=_opt_str(f.get("access")),
-            size=_opt_int(f.get("size")),
-            location=loc,
+            space=self.space,
+            access=self.access,
+            size=self.size,
+            location=self.location,
             kernel=kernel,
-            thread=_opt_triple(f.get("thread")),
-            block=_opt_triple(f.get("block")),
-            address=_opt_int(f.get("address")),
-            out_of_bounds=bool(f.get("out_of_bounds", False)),
-            misaligned=bool(f.get("misaligned", False)),
-            nearest=f["nearest"] if isinstance(f.get("nearest"), NearestAllocation) else None,  # type: ignore[arg-type]
+            thread=self.thread,
+            block=self.block,
+            address=self.address,
+            out_of_bounds=self.out_of_bounds,
+            misaligned=self.misaligned,
+            nearest=self.nearest,
             device_frames=tuple(self.device_frames),
             host_frames=tuple(self.host_frames),
-            backtrace_at=_opt_str(f.get("backtrace_at")),
-            severity=_opt_str(f.get("severity")),
+            backtrace_at=self.backtrace_at,
+            severity=self.severity,
             race_accesses=tuple(self.race_accesses),
-            cuda_error=_opt_str(f.get("cuda_error")),
-            cuda_error_code=_opt_int(f.get("cuda_error_code")),
-            cuda_error_text=_opt_str(f.get("cuda_error_text")),
-            api_call=_opt_str(f.get("api_call")),
+            cuda_error=self.cuda_error,
+            cuda_error_code=self.cuda_error_code,
+            cuda_error_text=self.cuda_error_text,
+            api_call=self.api_call,
             complete=self.complete,
             extra=tuple(self.extra),
         )
-
-
-def _opt_str(v: object) -> str | None:
-    return v if isinstance(v, str) else None
-
-
-def _opt_int(v: object) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _opt_triple(v: object) -> tuple[int, int, int] | None:
-    if isinstance(v, tuple) and len(v) == 3 and all(isinstance(x, int) for x in v):
-        return (int(v[0]), int(v[1]), int(v[2]))
-    return None
 
 
 def _triple(text: str) -> tuple[int, int, int]:
@@ -604,78 +609,76 @@ def _stream_key(prefix: str) -> str:
 
 
 def _start_record(body: str, stream: str) -> _Builder | None:
-    m = _H_INVALID.match(body)
+    m = _H_INVALID.match(body) or _H_UNINIT.match(body)
     if m:
-        b = _Builder(category="invalid-access", message=body, stream=stream)
-        b.fields.update(space=m.group("space"), access=m.group("access"), size=parse_int(m.group("size")))
-        return b
-    m = _H_UNINIT.match(body)
-    if m:
-        b = _Builder(category="uninitialized", message=body, stream=stream)
-        b.fields.update(space=m.group("space"), access=m.group("access"), size=parse_int(m.group("size")))
-        return b
+        return _Builder(
+            category="invalid-access" if m.re is _H_INVALID else "uninitialized",
+            message=body,
+            stream=stream,
+            space=m.group("space"),
+            access=m.group("access"),
+            size=parse_int(m.group("size")),
+        )
     m = _H_RACE.match(body)
     if m:
-        b = _Builder(category="race", message=body, stream=stream)
-        b.fields["severity"] = m.group("sev").lower()
+        b = _Builder(category="race", message=body, stream=stream, severity=m.group("sev").lower())
         loc_text = m.group("loc")
         hz = _HAZARD_COUNT.match(loc_text)
-        hazards = parse_int(hz.group("n")) if hz else None
         if hz:
             loc_text = hz.group("loc")
         b.race_accesses.append(
-            RaceAccess(access=m.group("access").lower(), location=parse_location(loc_text), hazards=hazards)
+            RaceAccess(
+                access=m.group("access").lower(),
+                location=parse_location(loc_text),
+                hazards=parse_int(hz.group("n")) if hz else None,
+            )
         )
         return b
     m = _H_API.match(body)
     if m:
-        b = _Builder(category="api-error", message=body, stream=stream)
-        b.fields.update(
+        return _Builder(
+            category="api-error",
+            message=body,
+            stream=stream,
             cuda_error=m.group("err"),
             cuda_error_code=int(m.group("code")) if m.group("code") else None,
             cuda_error_text=m.group("text"),
             api_call=m.group("api"),
         )
-        return b
     m = _H_HOST_API.match(body)
     if m:
-        b = _Builder(category="api-memory", message=body, stream=stream)
-        b.fields["address"] = parse_int(m.group("addr"))
-        return b
+        return _Builder(
+            category="api-memory", message=body, stream=stream, address=parse_int(m.group("addr"))
+        )
     return None
 
 
 def _continue_record(b: _Builder, body: str) -> None:
-    f = b.fields
     m = _C_AT.match(body)
-    if m and "location" not in f:
-        f["location"] = parse_location(m.group("loc"))
+    if m and b.location is None:
+        b.location = parse_location(m.group("loc"))
         return
     m = _C_THREAD.match(body)
     if m:
-        f["thread"] = _triple(m.group("t"))
-        f["block"] = _triple(m.group("b"))
+        b.thread, b.block = _triple(m.group("t")), _triple(m.group("b"))
         return
     m = _C_ADDRESS.match(body)
-    if m and "address" not in f:
-        f["address"] = parse_int(m.group("addr"))
-        rest = m.group("rest")
-        f["out_of_bounds"] = "out of bounds" in rest
-        f["misaligned"] = "misaligned" in rest
+    if m and b.address is None:
+        b.address = parse_int(m.group("addr"))
+        b.out_of_bounds = "out of bounds" in m.group("rest")
+        b.misaligned = "misaligned" in m.group("rest")
         return
     m = _C_NEAREST.match(body)
     if m:
+        base, size = parse_int(m.group("base")), parse_int(m.group("size"))
         if m.group("inside"):
-            f["nearest"] = NearestAllocation(
-                relation="inside", distance=0, base=parse_int(m.group("base")), size=parse_int(m.group("size"))
-            )
+            b.nearest = NearestAllocation(relation="inside", distance=0, base=base, size=size)
         else:
-            rel = m.group("rel")
-            f["nearest"] = NearestAllocation(
-                relation="after" if rel == "after" else "before",
+            b.nearest = NearestAllocation(
+                relation="after" if m.group("rel") == "after" else "before",
                 distance=parse_int(m.group("dist")),
-                base=parse_int(m.group("base")),
-                size=parse_int(m.group("size")),
+                base=base,
+                size=size,
             )
         return
     m = _C_DEVICE_FRAME.match(body)
@@ -684,7 +687,7 @@ def _continue_record(b: _Builder, body: str) -> None:
         return
     m = _C_BACKTRACE.match(body)
     if m:
-        f["backtrace_at"] = (m.group("at") or "").strip() or None
+        b.backtrace_at = (m.group("at") or "").strip() or None
         return
     m = _C_HOST_FRAME.match(body)
     if m:
@@ -693,8 +696,14 @@ def _continue_record(b: _Builder, body: str) -> None:
     m = _C_IN_MODULE.match(body)
     if m and b.host_frames and b.host_frames[-1].module is None:
         last = b.host_frames[-1]
-        b.host_frames[-1] = HostFrame(raw=last.raw, function=last.function, module=m.group("module").strip(),
-                                      file=last.file, line=last.line, offset=last.offset)
+        b.host_frames[-1] = HostFrame(
+            raw=last.raw,
+            function=last.function,
+            module=m.group("module").strip(),
+            file=last.file,
+            line=last.line,
+            offset=last.offset,
+        )
         return
     m = _C_RACE_AND.match(body)
     if m and b.category == "race":
@@ -717,7 +726,9 @@ def _infer_tool(errors: Sequence[SanitizerError], saw_race_summary: bool) -> str
         return SanitizerTool.RACECHECK.value
     if "uninitialized" in cats:
         return SanitizerTool.INITCHECK.value
-    if any("barrier" in e.message.lower() or "sync" in e.message.lower() for e in errors if e.category == "other"):
+    if any(
+        "barrier" in e.message.lower() or "sync" in e.message.lower() for e in errors if e.category == "other"
+    ):
         return SanitizerTool.SYNCCHECK.value
     if cats & {"invalid-access", "api-error"}:
         return SanitizerTool.MEMCHECK.value
@@ -731,9 +742,15 @@ def group_errors(errors: Iterable[SanitizerError], *, max_addresses: int = 64) -
     for e in errors:
         loc = e.location
         key: tuple[object, ...] = (
-            e.category, e.kernel, e.space, e.access, e.size,
-            loc.pc if loc else None, loc.function if loc else None,
-            e.cuda_error, e.api_call,
+            e.category,
+            e.kernel,
+            e.space,
+            e.access,
+            e.size,
+            loc.pc if loc else None,
+            loc.function if loc else None,
+            e.cuda_error,
+            e.api_call,
             tuple((a.access, a.location.function, a.location.pc) for a in e.race_accesses),
         )
         if key not in members:
@@ -754,9 +771,17 @@ def group_errors(errors: Iterable[SanitizerError], *, max_addresses: int = 64) -
         first = ms[0]
         groups.append(
             ErrorGroup(
-                category=first.category, kernel=first.kernel, space=first.space, access=first.access,
-                size=first.size, location=first.location, count=len(ms), addresses=tuple(addrs),
-                distinct_addresses=len(seen), threads=len(threads), first=first,
+                category=first.category,
+                kernel=first.kernel,
+                space=first.space,
+                access=first.access,
+                size=first.size,
+                location=first.location,
+                count=len(ms),
+                addresses=tuple(addrs),
+                distinct_addresses=len(seen),
+                threads=len(threads),
+                first=first,
                 complete=all(e.complete for e in ms),
             )
         )
@@ -807,7 +832,11 @@ def parse_sanitizer_log(text: str) -> SanitizerReport:
         if not m:
             if line.strip():
                 program_lines += 1
-            vm = _VERSION_RE.search(line) if "Compute Sanitizer" in line or line.startswith("Version") else None
+            vm = (
+                _VERSION_RE.search(line)
+                if "Compute Sanitizer" in line or line.startswith("Version")
+                else None
+            )
             if vm:
                 version = vm.group(1)
             continue
@@ -834,7 +863,8 @@ def parse_sanitizer_log(text: str) -> SanitizerReport:
             if rm:
                 close(stream)
                 race_summary = RacecheckSummary(
-                    displayed=parse_int(rm.group("d")), errors=parse_int(rm.group("e")),
+                    displayed=parse_int(rm.group("d")),
+                    errors=parse_int(rm.group("e")),
                     warnings=parse_int(rm.group("w")),
                 )
                 continue
@@ -844,8 +874,16 @@ def parse_sanitizer_log(text: str) -> SanitizerReport:
                 open_records[stream] = new
                 seen_any_record = True
                 continue
-            if body.startswith(("Warning:", "This tool is deprecated", "Please use", "Target application",
-                                "Error: process", "LEAK SUMMARY")):
+            if body.startswith(
+                (
+                    "Warning:",
+                    "This tool is deprecated",
+                    "Please use",
+                    "Target application",
+                    "Error: process",
+                    "LEAK SUMMARY",
+                )
+            ):
                 close(stream)
                 notes.append(body)
                 continue
@@ -902,7 +940,9 @@ def parse_sanitizer_xml(path_or_text: str | os.PathLike[str]) -> SanitizerReport
     (``address``, ``size``, ``*Address``). Malformed or truncated XML is parsed as text.
     """
     if isinstance(path_or_text, os.PathLike) or (
-        isinstance(path_or_text, str) and "\n" not in path_or_text and not path_or_text.lstrip().startswith("<")
+        isinstance(path_or_text, str)
+        and "\n" not in path_or_text
+        and not path_or_text.lstrip().startswith("<")
     ):
         text = Path(path_or_text).read_text(encoding="utf-8", errors="replace")
     else:
@@ -910,20 +950,25 @@ def parse_sanitizer_xml(path_or_text: str | os.PathLike[str]) -> SanitizerReport
     try:
         root = ET.fromstring(text)
     except ET.ParseError:
-        stripped = re.sub(r"<[^>]+>", "\n", text)
-        return parse_sanitizer_log("\n".join(f"========= {ln.strip()}" for ln in stripped.splitlines() if ln.strip()) + "\n")
-    pseudo: list[str] = []
+        # truncated or not XML at all: read whatever record lines sit between the tags
+        return parse_sanitizer_log(_pseudo_log(re.sub(r"<[^>]+>", "\n", text).splitlines()))
+    lines: list[str] = []
     for elem in root.iter():
-        content = (elem.text or "").strip()
-        if not content:
+        lines.extend((elem.text or "").splitlines())
+    return parse_sanitizer_log(_pseudo_log(lines))
+
+
+def _pseudo_log(lines: Iterable[str]) -> str:
+    """Re-prefix bare record lines so the text parser reads them: headers and summaries at the
+    top level, everything else as a continuation."""
+    out: list[str] = []
+    for ln in lines:
+        ln = ln.strip()
+        if not ln:
             continue
-        for ln in content.splitlines():
-            ln = ln.strip()
-            if not ln:
-                continue
-            top = _start_record(ln, "") is not None or _ERROR_SUMMARY.match(ln) or _RACE_SUMMARY.match(ln)
-            pseudo.append(("========= " if top else "=========     ") + ln)
-    return parse_sanitizer_log("\n".join(pseudo) + "\n")
+        top = _start_record(ln, "") is not None or bool(_ERROR_SUMMARY.match(ln) or _RACE_SUMMARY.match(ln))
+        out.append(("========= " if top else "=========     ") + ln)
+    return "\n".join(out) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -931,10 +976,30 @@ def parse_sanitizer_xml(path_or_text: str | os.PathLike[str]) -> SanitizerReport
 # ---------------------------------------------------------------------------------------------
 
 _ITEMSIZE = {
-    "bool": 1, "uint8": 1, "int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1,
-    "float8_e5m2fnuz": 1, "int16": 2, "uint16": 2, "float16": 2, "half": 2, "bfloat16": 2,
-    "int32": 4, "uint32": 4, "float32": 4, "float": 4, "int64": 8, "uint64": 8, "float64": 8,
-    "double": 8, "long": 8, "int": 4, "complex64": 8, "complex128": 16,
+    "bool": 1,
+    "uint8": 1,
+    "int8": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1,
+    "int16": 2,
+    "uint16": 2,
+    "float16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "int32": 4,
+    "uint32": 4,
+    "float32": 4,
+    "float": 4,
+    "int64": 8,
+    "uint64": 8,
+    "float64": 8,
+    "double": 8,
+    "long": 8,
+    "int": 4,
+    "complex64": 8,
+    "complex128": 16,
 }
 _DTYPE_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
 
@@ -1007,8 +1072,16 @@ def _match(address: int, t: TensorInfo, device: str) -> TensorMatch:
         row = offset // (t.strides[0] * size)
     elif len(t.shape) == 1:
         row = offset // size  # element index
-    return TensorMatch(device=device, tensor=t.name, description=describe_tensor(t), relation=relation,
-                       distance=distance, offset=offset, row=row, expert=expert)
+    return TensorMatch(
+        device=device,
+        tensor=t.name,
+        description=describe_tensor(t),
+        relation=relation,
+        distance=distance,
+        offset=offset,
+        row=row,
+        expert=expert,
+    )
 
 
 def _nearest_on_device(address: int, tensors: Sequence[TensorInfo], device: str) -> TensorMatch | None:
@@ -1017,7 +1090,10 @@ def _nearest_on_device(address: int, tensors: Sequence[TensorInfo], device: str)
         if t.nbytes <= 0:
             continue
         m = _match(address, t, device)
-        if best is None or (m.relation == "inside", -m.distance) > (best.relation == "inside", -best.distance):
+        if best is None or (m.relation == "inside", -m.distance) > (
+            best.relation == "inside",
+            -best.distance,
+        ):
             best = m
     return best
 
@@ -1088,7 +1164,13 @@ def attribute_address(
         if inside and reported_out_of_bounds:
             others = [d for d in tensor_tables if d not in inside]
             measured = sanitizer_device if sanitizer_device and sanitizer_device not in inside else None
-            if measured or others:
+            if sanitizer_device in inside:
+                sentences.append(
+                    f"compute-sanitizer measured it against an allocation on {sanitizer_device}, the device "
+                    "that holds the tensor: a freed or unmapped block (expandable segments) fits better than "
+                    "a cross-GPU read."
+                )
+            elif measured or others:
                 cross = True
                 dev_list = ", ".join(inside)
                 ran_on = measured or (others[0] if len(others) == 1 else "another GPU")
@@ -1098,9 +1180,16 @@ def attribute_address(
                     f"{dev_list} memory (compute-sanitizer reports a cross-GPU dereference as plain "
                     "out-of-bounds, measured against the wrong device's allocation)."
                 )
-    return Attribution(address=address, access=access, kernel=kernel, matches=tuple(matches),
-                       inside_devices=inside, sanitizer_device=sanitizer_device, cross_device=cross,
-                       sentences=tuple(sentences))
+    return Attribution(
+        address=address,
+        access=access,
+        kernel=kernel,
+        matches=tuple(matches),
+        inside_devices=inside,
+        sanitizer_device=sanitizer_device,
+        cross_device=cross,
+        sentences=tuple(sentences),
+    )
 
 
 def attribute(
@@ -1120,7 +1209,11 @@ def attribute(
             member = next((m for m in report.errors if m.address == addr and m.kernel == g.kernel), e)
             out.append(
                 attribute_address(
-                    addr, tensor_tables, access=access, kernel=g.kernel, nearest=member.nearest,
+                    addr,
+                    tensor_tables,
+                    access=access,
+                    kernel=g.kernel,
+                    nearest=member.nearest,
                     reported_out_of_bounds=member.out_of_bounds or member.category == "invalid-access",
                 )
             )

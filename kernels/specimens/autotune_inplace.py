@@ -142,9 +142,11 @@ def _grouped_gemm_kernel_acc(
     row_start = 0  # first row of the current expert
     for expert in range(E + 1):
         if expert < E:
-            m_size = tl.load(m_sizes_ptr + expert).to(tl.int32)
-            # mask by M: negative counts become 0, counts past the last row stop at M
-            m_size = tl.minimum(tl.maximum(m_size, 0), tl.maximum(M - row_start, 0))
+            m_size = tl.load(m_sizes_ptr + expert)
+            # mask by M: negative counts become 0, counts past the last row stop at M. Clamp
+            # in the loaded width, then narrow: an int64 count past 2**31 (a stale value in a
+            # recycled block) would otherwise truncate to an arbitrary int32.
+            m_size = tl.minimum(tl.maximum(m_size, 0), tl.maximum(M - row_start, 0)).to(tl.int32)
         else:
             m_size = tl.maximum(M - row_start, 0)  # rows no expert covers: written as zeros
         num_tiles = tl.cdiv(m_size, BLOCK_M) * num_n_tiles

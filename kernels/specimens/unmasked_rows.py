@@ -64,9 +64,10 @@ def _grouped_gemm_kernel_unmasked(
     row_start = 0  # first row of the current expert
     for expert in range(E + 1):
         if expert < E:
+            m_size = tl.load(m_sizes_ptr + expert)
             # PLANTED: m_size is trusted as loaded; grouped_gemm.py clamps it to
             # [0, M - row_start] here, so rows past M are never read or written
-            m_size = tl.load(m_sizes_ptr + expert).to(tl.int32)
+            m_size = m_size.to(tl.int32)
         else:
             m_size = tl.maximum(M - row_start, 0)  # rows no expert covers: written as zeros
         num_tiles = tl.cdiv(m_size, BLOCK_M) * num_n_tiles

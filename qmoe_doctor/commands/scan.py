@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -62,16 +61,16 @@ def check_kernel_ref(ref: str) -> None:
 
 def scan_command(
     kernel: str = typer.Option("builtin", "--kernel", "-k", help=KERNEL_HELP),
-    gpus: Optional[str] = typer.Option(
+    gpus: str | None = typer.Option(
         None, "--gpus", help="NVML / nvidia-smi GPU indices, e.g. 0,1 (default: all). The report says which CUDA ordinal each became."
     ),
     preset: str = typer.Option("qwen3-30b-a3b", "--preset", help=f"Shape preset: {', '.join(PRESETS)}."),
     rows: int = typer.Option(4096, "--rows", min=1, help="Rows (tokens x top-k) of the main cells."),
-    only: Optional[str] = typer.Option(None, "--only", help="Comma-separated conditions to run (default: all)."),
+    only: str | None = typer.Option(None, "--only", help="Comma-separated conditions to run (default: all)."),
     cpu: bool = typer.Option(False, "--cpu", help="Run the CPU tier (Triton interpreter) even when GPUs exist."),
     json_out: bool = typer.Option(False, "--json", help="Write the versioned JSON report to stdout."),
-    save: Optional[Path] = typer.Option(None, "--save", help="Also write the JSON report to this file."),
-    log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="Where probe workers write their logs (default: a temp dir)."),
+    save: Path | None = typer.Option(None, "--save", help="Also write the JSON report to this file."),
+    log_dir: Path | None = typer.Option(None, "--log-dir", help="Where probe workers write their logs (default: a temp dir)."),
     timeout: float = typer.Option(knobs.DEFAULT_PROBE_TIMEOUT_S, "--timeout", min=1.0, help="Seconds each probe may take."),
 ) -> None:
     """Run the kernel under controlled placements, peer-access states and stream orderings,

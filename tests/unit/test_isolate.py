@@ -257,6 +257,15 @@ def test_sessions_sharing_a_log_dir_do_not_overwrite_logs(tmp_path: Path) -> Non
     assert logs == ["worker-001.log", "worker-002.log"]
 
 
+def test_unreadable_spec_is_a_protocol_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import qmoe_doctor.isolate as isolate
+
+    monkeypatch.setattr(isolate, "to_json", lambda _spec: '{"probe_id": "a", "condition": "no-such"}')
+    (outcome,) = session([ok("a")], tmp_path)
+    assert (outcome.error_kind, outcome.error_type) == (ErrorKind.OTHER, "protocol")
+    assert "cannot read the spec" in (outcome.error_message or "")
+
+
 def test_run_one(tmp_path: Path) -> None:
     outcome = run_one(ok("solo"), log_dir=tmp_path)
     assert outcome.status is Status.PASS and outcome.facts["worker.index"] == 1
@@ -266,7 +275,11 @@ def test_run_one(tmp_path: Path) -> None:
 
 
 def test_missing_python_binary(tmp_path: Path) -> None:
-    out = session([ok("a"), ok("b")], tmp_path, python=str(tmp_path / "no-such-python"))
+    events: list[Event] = []
+    out = session(
+        [ok("a"), ok("b")], tmp_path, python=str(tmp_path / "no-such-python"), on_event=events.append
+    )
+    assert sum(e.kind is EventKind.WORKER_FAILED for e in events) == 2  # a, and its one retry
     for o in out:
         assert (o.status, o.phase, o.error_kind, o.error_type) == (
             Status.ERROR,

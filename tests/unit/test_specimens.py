@@ -26,12 +26,12 @@ from typing import Any
 
 import pytest
 import torch
+from qmoe_doctor.kernels import grouped_gemm
+from qmoe_doctor.kernels.grouped_gemm import interpreting, moe_grouped_gemm_torch
 from typer.testing import CliRunner
 
 from qmoe_doctor.causes import CAUSES
 from qmoe_doctor.cli import app
-from qmoe_doctor.kernels import grouped_gemm
-from qmoe_doctor.kernels.grouped_gemm import interpreting, moe_grouped_gemm_torch
 from qmoe_doctor.records import Condition
 from qmoe_doctor.specimens import SPECIMEN_PACKAGE, SPECIMENS, get_specimen, kernel_ref
 
@@ -277,7 +277,7 @@ _OVER_ROUTED_CHILD = """
     print(json.dumps({
         "rel_error": float((y - moe_grouped_gemm_torch(x, w, m_sizes)).norm() / y.norm()),
         "rows_written_past_y": written_past,
-        "past_rows_are_canary_products": bool(torch.allclose(past[:10], expect_past)),
+        "past_rows_are_canary_products": bool(torch.allclose(past[:10], expect_past, rtol=1e-4, atol=1e-4)),
         "x_canary_intact": bool((x_buf[M:] == 2.0).all()),
     }))
 """
