@@ -20,7 +20,6 @@ from typing import Any, Protocol
 import torch
 import triton
 import triton.language as tl
-
 from qmoe_doctor.kernels.grouped_gemm import (
     GemmConfig,
     _clamped_sizes,
@@ -236,10 +235,7 @@ def _grouped_gemm_dw_kernel(
         # the product is formed in int64; within a chunk, offs_m * stride stays small
         # dy tile read transposed: (BLOCK_N, BLOCK_M)
         dy_ptrs = (
-            dy_ptr
-            + row_start * stride_dym
-            + offs_m[None, :] * stride_dym
-            + cols_n[:, None] * stride_dyn
+            dy_ptr + row_start * stride_dym + offs_m[None, :] * stride_dym + cols_n[:, None] * stride_dyn
         )
         x_ptrs = x_ptr + row_start * stride_xm + offs_m[:, None] * stride_xm + cols_k[None, :] * stride_xk
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -345,17 +341,19 @@ def moe_grouped_gemm_dw_torch(
     check_routing: bool = False,
     config: GemmConfig | None = None,
 ) -> torch.Tensor:
-    """The slow, obvious twin: a loop over experts in float32, same clamping of m_sizes."""
+    """The slow, obvious twin: a loop over experts in float32 (float64 for float64 operands),
+    same clamping of m_sizes."""
     del config  # accepted for signature parity
     m = dy.shape[0]
     if check_routing:
         check_routing_sizes(m_sizes, m)
     e = m_sizes.shape[0]
-    dw = torch.zeros((e, dy.shape[1], x.shape[1]), device=x.device, dtype=torch.float32)
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    dw = torch.zeros((e, dy.shape[1], x.shape[1]), device=x.device, dtype=acc)
     row = 0
     for expert, size in enumerate(_clamped_sizes(m_sizes, m)):
         if size:
-            dw[expert] = dy[row : row + size].float().T @ x[row : row + size].float()
+            dw[expert] = dy[row : row + size].to(acc).T @ x[row : row + size].to(acc)
         row += size
     return dw.to(out_dtype or x.dtype)
 

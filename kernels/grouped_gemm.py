@@ -349,17 +349,19 @@ def moe_grouped_gemm_torch(
     check_routing: bool = False,
     config: GemmConfig | None = None,
 ) -> torch.Tensor:
-    """The slow, obvious twin: a loop over experts in float32, same masking semantics."""
+    """The slow, obvious twin: a loop over experts in float32 (float64 for float64 operands,
+    so it can be the float64 reference of the tests), same masking semantics."""
     del config  # accepted for signature parity
     if check_routing:
         check_routing_sizes(m_sizes, x.shape[0])
     m = x.shape[0]
     n = w.shape[1]
-    y = torch.zeros((m, n), device=x.device, dtype=torch.float32)
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    y = torch.zeros((m, n), device=x.device, dtype=acc)
     row = 0
     for expert, size in enumerate(_clamped_sizes(m_sizes, m)):
         if size:
-            y[row : row + size] = x[row : row + size].float() @ w[expert].float().T
+            y[row : row + size] = x[row : row + size].to(acc) @ w[expert].to(acc).T
         row += size
     return y.to(out_dtype or x.dtype)
 

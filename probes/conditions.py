@@ -218,18 +218,6 @@ def _time_calls(fn: Callable[[], Any], repeats: int = TIMING_REPEATS) -> float:
     return statistics.median(times)
 
 
-def _peak_alloc_on(ordinal: int, fn: Callable[[], Any]) -> tuple[Any, int]:
-    """Run fn and return (its result, bytes the caching allocator handed out on ``ordinal``
-    during the call beyond what was allocated before)."""
-    before = torch.cuda.memory_allocated(ordinal)
-    torch.cuda.reset_peak_memory_stats(ordinal)
-    try:
-        result = fn()
-    finally:
-        grown = torch.cuda.max_memory_allocated(ordinal) - before
-    return result, grown
-
-
 def _call_and_check(
     ctx: Any,
     kernel: Callable[..., Any],
@@ -244,8 +232,13 @@ def _call_and_check(
     ctx.crumb(Phase.LAUNCH)
     _CALLED.add(ctx.spec.kernel)
     if watch_alloc_on is not None:
-        y, grown = _peak_alloc_on(watch_alloc_on, lambda: kernel(x, w, m_sizes))
-        ctx.fact("alloc_on_current_bytes", int(grown))
+        before = torch.cuda.memory_allocated(watch_alloc_on)
+        torch.cuda.reset_peak_memory_stats(watch_alloc_on)
+        try:
+            y = kernel(x, w, m_sizes)
+        finally:  # recorded when the call raises too: the allocation is the evidence
+            grown = torch.cuda.max_memory_allocated(watch_alloc_on) - before
+            ctx.fact("alloc_on_current_bytes", int(grown))
     else:
         y = kernel(x, w, m_sizes)
     ctx.crumb(Phase.SYNC)
@@ -256,6 +249,36 @@ def _call_and_check(
         if hits:
             fields["canary_hits"] = tuple(hits)
             fields["status"] = Status.WRONG
+    return fields
+
+
+def _with_baseline(
+    ctx: Any,
+    kernel: Callable[..., Any],
+    x: torch.Tensor,
+    w: torch.Tensor,
+    m_valid: torch.Tensor,
+    run_variant: Callable[[], dict[str, Any]],
+) -> dict[str, Any]:
+    """Call the kernel on the same operands with valid routing first, then the variant: the
+    two calls differ in exactly one condition, so the cell is its own differential.
+
+    A baseline that already fails (an autotuner's first call for a new shape, say) makes the
+    cell fail too, with ``baseline_ok`` False so the classifier does not blame the variant.
+    """
+    ref = reference(x, w, m_valid)
+    _CALLED.add(ctx.spec.kernel)
+    y = kernel(x, w, m_valid)
+    sync_all()
+    base = compare(ctx, y, ref, x.device)
+    del y
+    ctx.fact("baseline_ok", base["status"] == Status.PASS)
+    ctx.fact("baseline_rel_error", base.get("rel_error"))
+    fields = run_variant()
+    ctx.fact("variant_ok", fields["status"] == Status.PASS)
+    if base["status"] != Status.PASS and fields["status"] == Status.PASS:
+        ctx.note("the baseline call (valid routing, same shape) was wrong; the variant call was right")
+        fields["status"] = Status.WRONG
     return fields
 
 
@@ -330,9 +353,13 @@ def _over_routed(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
     ctx.fact("m_sizes_sum", int(over.sum()))
     ctx.fact("rows", spec.shape.m)
     _register(ctx, x, w, over)
-    ref = reference(x, w, over)  # the twin clamps at M: rows past M do not exist
-    trap = OutputTrap(_out_nbytes(spec), dev)
-    return _call_and_check(ctx, kernel, x, w, over, ref, trap=trap)
+
+    def variant() -> dict[str, Any]:
+        ref = reference(x, w, over)  # the twin clamps at M: rows past M do not exist
+        trap = OutputTrap(_out_nbytes(spec), dev)
+        return _call_and_check(ctx, kernel, x, w, over, ref, trap=trap)
+
+    return _with_baseline(ctx, kernel, x, w, m_sizes, variant)
 
 
 def _negative_sizes(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
@@ -352,9 +379,13 @@ def _negative_sizes(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
     m_sizes = torch.tensor(sizes, dtype=m_valid.dtype, device=dev)
     ctx.fact("sentinel_expert", j)
     _register(ctx, x, w, m_sizes)
-    ref = reference(x, w, m_sizes)
-    trap = OutputTrap(_out_nbytes(spec), dev)
-    return _call_and_check(ctx, kernel, x, w, m_sizes, ref, trap=trap)
+
+    def variant() -> dict[str, Any]:
+        ref = reference(x, w, m_sizes)
+        trap = OutputTrap(_out_nbytes(spec), dev)
+        return _call_and_check(ctx, kernel, x, w, m_sizes, ref, trap=trap)
+
+    return _with_baseline(ctx, kernel, x, w, m_valid, variant)
 
 
 def _repeat_call(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
@@ -399,15 +430,22 @@ def _int32_boundary(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
     x = torch.randn((s.m, s.k), device=dev, generator=gen).to(dtype)
     w = torch.empty((s.e, s.n, s.k), device=dev, dtype=dtype)
     hot = s.e - 1  # the planner sizes E so that the last expert is the first wrapping one
-    w[:hot].fill_(float("nan"))  # a wrapped pointer that lands in another expert reads NaN
-    w[hot] = (torch.randn((s.n, s.k), device=dev, generator=gen) / math.sqrt(s.k)).to(dtype)
+    w[1:hot].fill_(float("nan"))  # a wrapped pointer that lands in another expert reads NaN
+    for expert in (0, hot):  # expert 0: the baseline (offset 0); hot: the first wrapping one
+        w[expert] = (torch.randn((s.n, s.k), device=dev, generator=gen) / math.sqrt(s.k)).to(dtype)
+    m_base = torch.zeros(s.e, dtype=torch.int32, device=dev)
+    m_base[0] = s.m
     m_sizes = torch.zeros(s.e, dtype=torch.int32, device=dev)
     m_sizes[hot] = s.m
     ctx.fact("expert", hot)
     ctx.fact("expert_offset_elements", hot * s.n * s.k)
     _register(ctx, x, w, m_sizes)
-    ref = (x.float() @ w[hot].float().T).float()
-    return _call_and_check(ctx, kernel, x, w, m_sizes, ref)
+
+    def variant() -> dict[str, Any]:
+        ref = (x.float() @ w[hot].float().T).float()
+        return _call_and_check(ctx, kernel, x, w, m_sizes, ref)
+
+    return _with_baseline(ctx, kernel, x, w, m_base, variant)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -191,16 +191,32 @@ def classify(
             continue
         off = [
             matrix.get(group, c)
-            for c in (Condition.NO_PEER, Condition.PEER, Condition.PRODUCER_RACE, Condition.SIZES_RACE)
+            for c in (
+                Condition.UNTOUCHED,
+                Condition.NO_PEER,
+                Condition.PEER,
+                Condition.PRODUCER_RACE,
+                Condition.SIZES_RACE,
+            )
         ]
         off_cells = [c for c in off if c is not None and c.label != "skipped"]
         allocs = [c for c in off_cells if _alloc_on_current(c) > 0 or _wrong_device_output(c)]
         bad = [c for c in off_cells if c.failed or c.label == "slow"]
-        if allocs and bad:
+        peer_cell = matrix.get(group, Condition.PEER)
+        # With peer access a->b on, every pointer on b passes Triton's launch check: a pointer
+        # that still fails it lives on another device (the current one).
+        foreign_pointer = (
+            peer_cell is not None and peer_cell.outcome.error_kind is ErrorKind.POINTER_INACCESSIBLE
+        )
+        if (allocs or foreign_pointer) and bad:
             buffer_ev.append(_ev(base, "correct with the operand device current"))
             for c in bad:
-                extra = f"; the call allocated {_alloc_on_current(c):,} bytes on the current device"
-                buffer_ev.append(_ev(c, _describe(c) + (extra if _alloc_on_current(c) else "")))
+                extra = ""
+                if _alloc_on_current(c):
+                    extra = f"; the call allocated {_alloc_on_current(c):,} bytes on the current device"
+                elif c is peer_cell and foreign_pointer:
+                    extra = "; peer access a->b is on, so the rejected pointer is not on b"
+                buffer_ev.append(_ev(c, _describe(c) + extra))
                 explained.add(c.outcome.probe_id)
             buffer_where.append(where(group))
             continue
@@ -242,9 +258,14 @@ def classify(
                 + ". Any earlier use of that device (a copy, a tensor, set_device) breaks it."
             )
     if guard_ev:
-        strong = any(e.label == "slow" for e in guard_ev) and any(
-            e.label == str(ErrorKind.POINTER_INACCESSIBLE) for e in guard_ev
+        # Two independent signatures of a launch on the current device: the pointer check fails
+        # without peer access, and with peer access the kernel runs remotely or races.
+        pointer = any(e.label == str(ErrorKind.POINTER_INACCESSIBLE) for e in guard_ev)
+        remote_or_race = any(
+            e.label == "slow" or e.condition in (Condition.PRODUCER_RACE, Condition.SIZES_RACE)
+            for e in guard_ev
         )
+        strong = pointer and remote_or_race
         diagnoses.append(
             Diagnosis(
                 cause="missing-device-guard",
@@ -301,16 +322,30 @@ def classify(
     for cond, cause, summarize in single_rules:
         evidence, places, conds = by_cause.setdefault(cause, ([], [], []))
         for group in matrix.groups():
-            base = matrix.get(group, Condition.SINGLE)
             cell = matrix.get(group, cond)
-            if base is None or cell is None or not base.ok or not cell.failed:
+            if cell is None or not cell.failed:
                 continue
             if cell.outcome.error_kind is ErrorKind.OUT_OF_RESOURCES:
                 continue  # a launch-config fault, handled below
-            base_ev = _ev(base, "correct on the same device with the baseline condition")
-            if base_ev not in evidence:
-                evidence.append(base_ev)
-            evidence.append(_ev(cell))
+            facts = cell.outcome.facts
+            if "baseline_ok" in facts:
+                # the probe called the kernel on the same operands with valid routing first
+                if not facts["baseline_ok"]:
+                    continue
+                base_err = facts.get("baseline_rel_error")
+                evidence.append(
+                    _ev(cell, "same operands, valid routing, same process: correct"
+                        + (f" (rel. error {base_err:.3g})" if isinstance(base_err, float) else ""))
+                )
+                evidence.append(_ev(cell))
+            else:
+                base = matrix.get(group, Condition.SINGLE)
+                if base is None or not base.ok:
+                    continue
+                base_ev = _ev(base, "correct on the same device with the baseline condition")
+                if base_ev not in evidence:
+                    evidence.append(base_ev)
+                evidence.append(_ev(cell))
             dbg = debug_runs.get(cell.outcome.probe_id)
             if dbg is not None:
                 evidence.append(
@@ -357,6 +392,16 @@ def classify(
             explained.add(cell.outcome.probe_id)
             rerun_where.append(where(group))
     if ev_rerun:
+        # Cells whose in-probe baseline (the first call for a new shape in that process) was
+        # wrong while the next call was right show the same first-call failure.
+        for c in matrix.cells.values():
+            facts = c.outcome.facts
+            if c.failed and facts.get("baseline_ok") is False and facts.get("variant_ok") is True:
+                ev_rerun.append(
+                    _ev(c, "first call for this shape in the process wrong "
+                        f"(rel. error {facts.get('baseline_rel_error')}), the next call right")
+                )
+                explained.add(c.outcome.probe_id)
         diagnoses.append(
             Diagnosis(
                 cause="autotune-inplace-rerun",

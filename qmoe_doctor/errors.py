@@ -24,11 +24,15 @@ _TEXT_PATTERNS: tuple[tuple[ErrorKind, re.Pattern[str]], ...] = (
     # cudaErrorIllegalAddress / CUDA_ERROR_ILLEGAL_ADDRESS (driver and runtime enum names)
     # "misaligned address" (cudaErrorMisalignedAddress) is the same fault class: a global access
     # the MMU refused, sticky for the context.
+    # "CUDA error: unspecified launch failure" (cudaErrorLaunchFailure) is what a kernel that
+    # memcheck stopped at a bad access reports (recorded under compute-sanitizer 2025.3 on H200:
+    # tests/fixtures/recorded/h200x2-run1/sanitizer/memcheck-unmasked-overrouted-nocache.stdout).
     (
         ErrorKind.ILLEGAL_ADDRESS,
         re.compile(
             r"illegal memory access|cudaErrorIllegalAddress|CUDA_ERROR_ILLEGAL_ADDRESS"
-            r"|misaligned address|cudaErrorMisalignedAddress|CUDA_ERROR_MISALIGNED_ADDRESS",
+            r"|misaligned address|cudaErrorMisalignedAddress|CUDA_ERROR_MISALIGNED_ADDRESS"
+            r"|unspecified launch failure|cudaErrorLaunchFailure|CUDA_ERROR_LAUNCH_FAILED",
             re.IGNORECASE,
         ),
     ),
@@ -39,7 +43,9 @@ _TEXT_PATTERNS: tuple[tuple[ErrorKind, re.Pattern[str]], ...] = (
     (
         ErrorKind.DEVICE_ASSERT,
         re.compile(
-            r"device-side assert|cudaErrorAssert\b|CUDA_ERROR_ASSERT\b"
+            # "device-side assert triggered", never torch's boilerplate "Compile with
+            # `TORCH_USE_CUDA_DSA` to enable device-side assertions." that follows every CUDA error
+            r"device-side assert triggered|cudaErrorAssert\b|CUDA_ERROR_ASSERT\b"
             r"|int32 overflow detected|Assertion [`'\"].*[`'\"] failed",
             re.IGNORECASE,
         ),

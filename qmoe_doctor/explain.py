@@ -411,7 +411,7 @@ def _sanitizer_fits(report: SanitizerReport, kernel: str, gpus: str) -> tuple[li
             if n is not None and n.relation == "after" and n.distance < _FAR:
                 add(
                     "invalid-routing",
-                    f"the access lands {_bytes(n.distance)} past the end of a {_bytes(n.size)} allocation: a "
+                    f"the access lands {_bytes(n.distance)} past the end of a {n.size:,}-byte allocation: a "
                     "row or expert just past a tensor, what m_sizes summing past M or an expert id >= E give",
                     _repro(gpus, kernel, "over-routed"),
                 )
@@ -775,15 +775,11 @@ def explain_text(text: str, *, source: str = "<text>") -> Explanation:
             )
         for note in report.notes:
             caveats.append(f"compute-sanitizer: {note}")
-        if report.groups:
-            groups_kernel = next((g for g in report.groups if g.location and g.location.file), None)
-            if (
-                groups_kernel is not None
-                and kernel_spec == "path.py:fn"
-                and groups_kernel.location is not None
-            ):
-                launched = short_function_name(groups_kernel.kernel or "?")
-                kernel_spec = f"{groups_kernel.location.file}:<the wrapper that launches {launched}>"
+        located = next((g for g in report.groups if g.location and g.location.file), None)
+        if located is not None and located.location is not None and kernel_spec == "path.py:fn":
+            launched = short_function_name(located.kernel or "?")
+            kernel_spec = f"{located.location.file}:fn"
+            caveats.append(f"in the commands, replace fn with the Python function that launches {launched}")
         s_fits, s_caveats = _sanitizer_fits(report, kernel_spec, gpus)
         fits += s_fits
         caveats += s_caveats

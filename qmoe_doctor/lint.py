@@ -308,11 +308,11 @@ _MAX_CONTEXT_FILES = 64  # bounds the reading of imported files that were not as
 _EXTERNAL_ROOTS = frozenset({"torch", "triton", "numpy", "typer", "rich", "pytest", "__future__"})
 
 
-def _import_candidates(path: Path, tree: ast.Module) -> Iterator[Path]:
+def _import_candidates(path: Path, nodes: Iterable[ast.AST]) -> Iterator[Path]:
     """Files that the imports of ``path`` may name, found next to it or in its parent folders:
     ``from .grouped_gemm import f`` or ``from pkg.kernels.grouped_gemm import f``."""
     here = path.parent
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.ImportFrom):
             modules = [node.module or ""]
             if node.module is None or node.level:
@@ -349,7 +349,7 @@ def _context_modules(modules: Sequence[_Module], linted: set[str]) -> list[_Modu
     out: list[_Module] = []
     seen = set(linted)
     for m in modules:
-        for cand in _import_candidates(Path(m.path), m.tree):
+        for cand in _import_candidates(Path(m.path), m.nodes):
             name = cand.as_posix()
             if name in seen or not cand.is_file():
                 continue
@@ -484,12 +484,17 @@ class _Module:
         self.tree = tree
         self.lines = lines
         self.stem = Path(path).stem
+        if self.stem == "__init__":
+            self.stem = Path(path).parent.name  # a package is imported by its folder's name
+        self.nodes: list[ast.AST] = list(ast.walk(tree))
+        self.calls: list[ast.Call] = [n for n in self.nodes if isinstance(n, ast.Call)]
         self.parents: dict[ast.AST, ast.AST] = {}
-        for node in ast.walk(tree):
+        for node in self.nodes:
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
+        self._shallow: dict[ast.AST, list[ast.AST]] = {}
         self.aliases: dict[str, str] = {"tl": "triton.language"}  # the universal convention
-        for node in ast.walk(tree):
+        for node in self.nodes:
             if isinstance(node, ast.Import):
                 for a in node.names:
                     if a.asname:
@@ -506,7 +511,7 @@ class _Module:
         self.imports_triton = any(
             (isinstance(n, ast.Import) and any(a.name.split(".")[0] == "triton" for a in n.names))
             or (isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "triton")
-            for n in ast.walk(tree)
+            for n in self.nodes
         )
         # module-level single-name assignments (constants such as DEVICE = "cuda")
         self.consts: dict[str, ast.expr] = {}
@@ -519,8 +524,11 @@ class _Module:
                 self.consts[stmt.targets[0].id] = stmt.value
             elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value:
                 self.consts[stmt.target.id] = stmt.value
+        self.defined: set[str] = {
+            n.name for n in tree.body if isinstance(n, (*_FUNC_TYPES, ast.ClassDef))
+        } | set(self.consts)
         self.jit_defs: dict[str, FuncDef] = {}
-        for node in ast.walk(tree):
+        for node in self.nodes:
             if isinstance(node, _FUNC_TYPES) and any(self.is_jit_decorator(d) for d in node.decorator_list):
                 self.jit_defs[node.name] = node
         self.kernels: set[str] = set(self.jit_defs)
@@ -592,11 +600,17 @@ class _Module:
                 return True
         return False
 
+    def shallow(self, scope: ast.AST) -> list[ast.AST]:
+        """The nodes of a function (or the module) outside its nested functions and classes."""
+        if scope not in self._shallow:
+            self._shallow[scope] = list(_walk_shallow(scope))
+        return self._shallow[scope]
+
     def local_value(self, name: ast.Name) -> ast.expr | None:
         """The value last assigned to ``name`` in its function (or module) before its use."""
         scope: ast.AST = self.func_of(name) or self.tree
         best: tuple[int, ast.expr] | None = None
-        for node in _walk_shallow(scope):
+        for node in self.shallow(scope):
             if isinstance(node, ast.Assign) and node.lineno < name.lineno:
                 if any(isinstance(t, ast.Name) and t.id == name.id for t in node.targets):
                     if best is None or node.lineno >= best[0]:
@@ -669,9 +683,7 @@ class _Project:
         self.launches: dict[_Module, list[ast.Call]] = {}
         for m in self.modules:
             found: list[ast.Call] = []
-            for node in ast.walk(m.tree):
-                if not isinstance(node, ast.Call):
-                    continue
+            for node in m.calls:
                 callee = node.func.id if isinstance(node.func, ast.Name) else None
                 if isinstance(node.func, ast.Attribute):
                     callee = node.func.attr
@@ -681,6 +693,7 @@ class _Project:
                     found.append(node)
             self.launches[m] = found
         self._callers_memo: dict[ast.AST, bool] = {}
+        self._launching: set[str] | None = None
         self.findings: list[LintFinding] = []
 
     # --- kernels and launches ---
@@ -754,7 +767,7 @@ class _Project:
     def sets_device_before(self, m: _Module, node: ast.AST) -> bool:
         scope: ast.AST = m.func_of(node) or m.tree
         line = getattr(node, "lineno", 0)
-        for n in _walk_shallow(scope):
+        for n in m.shallow(scope):
             if isinstance(n, ast.Call) and n.lineno < line:
                 name = m.canon(n.func) or ""
                 if name in ("torch.cuda.set_device", "torch.accelerator.set_device_index"):
@@ -770,19 +783,48 @@ class _Project:
         return func is not None and self.callers_guarded(m, func, visiting)
 
     def callers(self, m: _Module, func: FuncDef) -> list[tuple[_Module, ast.Call]]:
+        """Calls that may reach ``func``, resolved through imports: a bare name in its own
+        module or imported from a module of its name; ``mod.func(...)`` through a module alias;
+        any ``obj.func(...)`` for a method."""
+        is_method = isinstance(m.parents.get(func), ast.ClassDef)
         out = []
         for cm, call in self.calls_by_name.get(func.name, []):
             if cm is m and any(a is func for a in m.ancestors(call)):
                 continue  # recursion
-            out.append((cm, call))
+            if self.may_call(m, func, is_method, cm, call):
+                out.append((cm, call))
         return out
+
+    def may_call(self, m: _Module, func: FuncDef, is_method: bool, cm: _Module, call: ast.Call) -> bool:
+        if isinstance(call.func, ast.Attribute):
+            if is_method:
+                return True
+            base = cm.canon(call.func.value) or ""
+            return self.names_module(base, m, func.name)
+        if is_method:
+            return False
+        if cm is m:
+            return call.func.id not in cm.aliases if isinstance(call.func, ast.Name) else False
+        full = cm.aliases.get(call.func.id) if isinstance(call.func, ast.Name) else None
+        if full is None:
+            return False  # a local name of another module
+        return self.names_module(full.rpartition(".")[0], m, func.name)
+
+    def names_module(self, module: str, m: _Module, name: str) -> bool:
+        """Whether the dotted ``module`` may be ``m``: its last part is ``m``'s name, or no
+        module of that name here defines ``name`` (a package re-export, an unread file)."""
+        stem = module.rsplit(".", 1)[-1]
+        if stem == m.stem:
+            return True
+        same = [o for o in self.modules if o.stem == stem]
+        return not any(name in o.defined for o in same)
 
     def callers_guarded(self, m: _Module, func: FuncDef, visiting: frozenset[ast.AST]) -> bool:
         if func in visiting:
             return False
         if not visiting and func in self._callers_memo:
             return self._callers_memo[func]
-        calls = self.callers(m, func)
+        calls = [(cm, c) for cm, c in self.callers(m, func) if not cm.exempt(c)]
         inner = visiting | {func}
         result = bool(calls) and all(self.guarded(cm, c, inner) for cm, c in calls)
         if not visiting:
@@ -868,8 +910,8 @@ class _Project:
         func = m.func_of(node)
         if func is None or func in visiting:
             return [(m, node)]
-        calls = self.callers(m, func)
-        if not calls:
+        calls = [(cm, c) for cm, c in self.callers(m, func) if not cm.exempt(c)]
+        if not calls:  # a public entry point (tests and demos do not count as callers)
             return [(m, node)]
         out: list[tuple[_Module, ast.AST]] = []
         for cm, call in calls:
@@ -919,8 +961,8 @@ class _Project:
     # ---------------------------------------------------------------------------------------
 
     def check_stream_without_device(self, m: _Module) -> None:
-        for node in ast.walk(m.tree):
-            if not isinstance(node, ast.Call) or m.exempt(node):
+        for node in m.calls:
+            if m.exempt(node):
                 continue
             name = m.canon(node.func) or ""
             if name == "torch.cuda.current_stream":
@@ -971,7 +1013,7 @@ class _Project:
         if isinstance(parent, ast.Assign):
             names = {t.id for t in parent.targets if isinstance(t, ast.Name)}
             scope: ast.AST = m.func_of(stream_call) or m.tree
-            refs += [n for n in _walk_shallow(scope) if isinstance(n, ast.Name) and n.id in names]
+            refs += [n for n in m.shallow(scope) if isinstance(n, ast.Name) and n.id in names]
         for ref in refs:
             for anc in m.ancestors(ref):
                 if isinstance(anc, ast.Call) and self.kernel_name(m, anc) is not None:
@@ -1018,20 +1060,19 @@ class _Project:
         return False
 
     def function_launches(self, name: str) -> bool:
-        for m, calls in self.launches.items():
-            for c in calls:
-                func = m.func_of(c)
-                if func is not None and func.name == name:
-                    return True
-        return False
+        if self._launching is None:
+            self._launching = {
+                func.name for m, calls in self.launches.items() for c in calls if (func := m.func_of(c))
+            }
+        return name in self._launching
 
     # ---------------------------------------------------------------------------------------
     # cached-device-property
     # ---------------------------------------------------------------------------------------
 
     def check_cached_device_property(self, m: _Module) -> None:
-        for node in ast.walk(m.tree):
-            if not isinstance(node, ast.Call) or _last(m.canon(node.func)) != "get_device_properties":
+        for node in m.calls:
+            if _last(m.canon(node.func)) != "get_device_properties":
                 continue
             device = _arg(node, 0, "device")
             if device is None or _is_none(device):
@@ -1071,7 +1112,7 @@ class _Project:
 
     @staticmethod
     def stored_in_global(m: _Module, node: ast.AST, func: FuncDef) -> bool:
-        declared = {name for n in _walk_shallow(func) if isinstance(n, ast.Global) for name in n.names}
+        declared = {name for n in m.shallow(func) if isinstance(n, ast.Global) for name in n.names}
         if not declared:
             return False
         for anc in m.ancestors(node):
@@ -1131,9 +1172,7 @@ class _Project:
 
     def check_default_device_alloc(self, m: _Module) -> None:
         wrappers: dict[ast.AST, bool] = {}
-        for node in ast.walk(m.tree):
-            if not isinstance(node, ast.Call):
-                continue
+        for node in m.calls:
             func = m.func_of(node)
             if func is None or m.exempt(node):
                 continue
@@ -1348,6 +1387,7 @@ _JOIN_ORDER = {_Kind.NONE: 0, _Kind.WIDE: 1, _Kind.LOCAL: 2, _Kind.INDEX: 3}
 class _Val:
     kind: _Kind = _Kind.NONE
     origin: str = ""  # for INDEX: where the index comes from
+    via: frozenset[int] = frozenset()  # reportable products this value was computed from
 
 
 _NONE = _Val()
@@ -1355,21 +1395,27 @@ _WIDE = _Val(_Kind.WIDE)
 _LOCAL = _Val(_Kind.LOCAL)
 
 
+def _with_via(v: _Val, via: frozenset[int]) -> _Val:
+    return v if via <= v.via else _Val(v.kind, v.origin, v.via | via)
+
+
 def _combine(a: _Val, b: _Val) -> _Val:
     """Value of an arithmetic result: int64 promotes, otherwise the most global operand wins."""
     if _Kind.WIDE in (a.kind, b.kind):
         return _WIDE
-    return a if _JOIN_ORDER[a.kind] >= _JOIN_ORDER[b.kind] else b
+    return _with_via(a if _JOIN_ORDER[a.kind] >= _JOIN_ORDER[b.kind] else b, a.via | b.via)
 
 
 def _join(a: _Val, b: _Val) -> _Val:
     """Value after two control-flow paths meet: the riskier one."""
-    return a if _JOIN_ORDER[a.kind] >= _JOIN_ORDER[b.kind] else b
+    return _with_via(a if _JOIN_ORDER[a.kind] >= _JOIN_ORDER[b.kind] else b, a.via | b.via)
 
 
 # Last token of a stride name for the dimensions whose offsets stay within one row or one matrix
 # of the tensor (k, n, d, columns): index * these cannot pass 2**31 unless one expert's matrix does.
-_INNER_DIMS = frozenset({"k", "n", "d", "col", "cols", "column", "columns", "inner", "last", "1", "2"})
+_INNER_DIMS = frozenset(
+    {"k", "n", "d", "h", "i", "c", "col", "cols", "column", "columns", "inner", "last", "hidden", "1", "2"}
+)
 _SIZE_NAMES = frozenset(
     {
         "k",
@@ -1416,11 +1462,13 @@ def _stride_is_outer(name: str) -> bool | None:
     if not tokens:
         return True  # a bare `stride`: assume the row stride
     last = tokens[-1]
-    if last in _INNER_DIMS:
-        return False
-    if after and len(tokens) == 1 and 2 <= len(last) <= 3 and last[-1] in "knd":
-        return False  # stride_xk, stride_wn, stride_bsn: tensor letter(s) + column dimension
-    return True
+    if after and len(tokens) == 1 and last not in _INNER_DIMS:
+        # compact stride_<tensor><dim>: stride_xm, stride_we, stride_bse (outer); stride_xk,
+        # stride_wn, stride_bsn (columns)
+        return not (2 <= len(last) <= 3 and last[-1] in "knd")
+    # the last token names the dimension: stride_x_T, stride_pre_TK, stride_w_E, x_row_stride
+    # (outer); stride_x_H, stride_w_N, col_stride (columns)
+    return last not in _INNER_DIMS
 
 
 def _big_multiplier(expr: ast.expr) -> str | None:
@@ -1429,8 +1477,11 @@ def _big_multiplier(expr: ast.expr) -> str | None:
         outer = _stride_is_outer(n.id)
         if outer:
             return f"the stride `{n.id}`"
+        low = n.id.lower()
         if outer is None and (
-            n.id in ("K", "N", "D", "H") or (n.id.lower() in _SIZE_NAMES and len(n.id) > 1)
+            n.id in ("K", "N", "D", "H")
+            or (low in _SIZE_NAMES and len(n.id) > 1)
+            or (low.endswith("_dim") and not low.startswith("block"))
         ):
             return f"the row length `{n.id}`"
     return None
@@ -1461,6 +1512,10 @@ class _Int32Flow:
         self.project = project
         self.env: dict[str, _Val] = {}
         args = [*func.args.posonlyargs, *func.args.args, *func.args.kwonlyargs]
+        # products to report, by node; a product that only feeds a larger one is superseded by it
+        # (expert * N, then (expert * N + n) * K: the second is the offset that overflows)
+        self.candidates: dict[ast.AST, tuple[ast.AST, str, str]] = {}
+        self.superseded: set[int] = set()
         # pointers documented as int64 (`bounds_ptr,  # (E + 1,) int64 row bounds`): loads are int64
         self.int64_ptrs: set[str] = set()
         for a in args:
@@ -1474,6 +1529,9 @@ class _Int32Flow:
 
     def run(self) -> None:
         self.block(self.func.body)
+        for cid, (node, message, fix) in enumerate(self.candidates.values()):
+            if cid not in self.superseded:
+                self.project.add(self.m, node, Rule.INT32_OFFSET, message, fix)
 
     # --- statements ---
 
@@ -1532,10 +1590,13 @@ class _Int32Flow:
         elif isinstance(s, ast.AugAssign):
             cur = self.expr(s.target)
             val = self.expr(s.value)
+            out = _combine(cur, val)
             if isinstance(s.op, ast.Mult):
-                self.product(s, s.target, s.value, cur, val)
+                cid = self.product(s, s.target, s.value, cur, val)
+                if cid is not None:
+                    out = _with_via(out, frozenset({cid}))
             if isinstance(s.target, ast.Name):
-                self.env[s.target.id] = _combine(cur, val)
+                self.env[s.target.id] = out
         elif isinstance(s, ast.If):
             self.expr(s.test)
             self.branches(s.body, s.orelse)
@@ -1591,9 +1652,12 @@ class _Int32Flow:
         if isinstance(e, ast.BinOp):
             left = self.expr(e.left)
             right = self.expr(e.right)
+            out = _combine(left, right)
             if isinstance(e.op, ast.Mult):
-                self.product(e, e.left, e.right, left, right)
-            return _combine(left, right)
+                cid = self.product(e, e.left, e.right, left, right)
+                if cid is not None:
+                    out = _with_via(out, frozenset({cid}))
+            return out
         if isinstance(e, ast.IfExp):
             self.expr(e.test)
             return _join(self.expr(e.body), self.expr(e.orelse))
@@ -1640,7 +1704,9 @@ class _Int32Flow:
             out = _combine(out, v)
         return out
 
-    def product(self, node: ast.AST, left: ast.expr, right: ast.expr, lv: _Val, rv: _Val) -> None:
+    def product(self, node: ast.AST, left: ast.expr, right: ast.expr, lv: _Val, rv: _Val) -> int | None:
+        """Record ``left * right`` when it is a global index times a stride or row length in
+        int32; returns its candidate id."""
         for idx, iv, other, ov in ((left, lv, right, rv), (right, rv, left, lv)):
             if iv.kind is not _Kind.INDEX or ov.kind is _Kind.WIDE:
                 continue
@@ -1652,12 +1718,14 @@ class _Int32Flow:
             idx_src = _src(idx)
             cast = f"({idx_src})" if not isinstance(idx, (ast.Name, ast.Subscript, ast.Call)) else idx_src
             shown = _src(node) if isinstance(node, ast.expr) else f"{_src(left)} *= {_src(right)}"
-            self.project.add(
-                self.m,
-                node,
-                Rule.INT32_OFFSET,
+            message = (
                 f"`{shown}` is formed in int32: `{idx_src}` is a global index (from {iv.origin}) "
-                f"and {why} makes the product pass 2**31 - 1 on large tensors",
-                f"{cast}.to(tl.int64) * {_src(other)}  # cast the index where the product is formed",
+                f"and {why} makes the product pass 2**31 - 1 on large tensors"
             )
-            return
+            fix = f"{cast}.to(tl.int64) * {_src(other)}  # cast the index where the product is formed"
+            if node not in self.candidates:
+                self.candidates[node] = (node, message, fix)
+            cid = list(self.candidates).index(node)
+            self.superseded |= (iv.via | ov.via) - {cid}
+            return cid
+        return None

@@ -202,6 +202,12 @@ def plan_scan(kernel: str, gpus: Sequence[PlannedGpu], opts: ScanOptions | None 
                         shape=main_shape(opts),
                         seed=opts.seed,
                         timeout_s=opts.timeout_s,
+                        # A launch from an untouched device loads the kernel in the operand
+                        # device's context and Triton caches that handle under the untouched
+                        # device: every later launch from that device, once touched, fails with
+                        # "invalid resource handle" (measured on 2x H200, run 1). So this cell
+                        # gets a child of its own.
+                        fresh_process=cond is Condition.UNTOUCHED,
                     )
                 )
             sessions.append(

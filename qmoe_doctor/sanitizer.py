@@ -368,8 +368,9 @@ class SanitizerReport:
 _NUM = r"\d[\d,]*"
 _HEX = r"0x[0-9a-fA-F]+"
 
-# A sanitizer line: optional prefix (a rank tag, a log timestamp, indentation), nine '=', body.
-_LINE_RE = re.compile(r"^(?P<prefix>[^=]{0,120}?)={9}(?!=)(?P<body>.*)$")
+# A sanitizer line: optional prefix (a rank tag, a worker tag such as "(VllmWorker rank=2 pid=7)",
+# a log timestamp, indentation), then exactly nine '=' (pytest's longer rules are not ours), body.
+_LINE_RE = re.compile(r"^(?P<prefix>.{0,160}?)(?<!=)={9}(?!=)(?P<body>.*)$")
 # Log-collector timestamps vary from line to line and must not split one process into many.
 _TIMESTAMP_RE = re.compile(
     r"\d{4}-\d\d-\d\d[T ][\d:.,]+(?:Z|[+-]\d\d:?\d\d)?(?:\s+(?:stdout|stderr)\s+[FP])?"
@@ -821,6 +822,7 @@ def parse_sanitizer_log(text: str) -> SanitizerReport:
     program_lines = 0
     starts_mid = False
     seen_any_record = False
+    summarized: set[str] = set()  # streams whose summary line was seen
 
     def close(stream: str) -> None:
         b = open_records.pop(stream, None)
@@ -857,15 +859,18 @@ def parse_sanitizer_log(text: str) -> SanitizerReport:
             sm = _ERROR_SUMMARY.match(body)
             if sm:
                 close(stream)
+                summarized.add(stream)
                 error_summary = (error_summary or 0) + parse_int(sm.group("n"))
                 continue
             rm = _RACE_SUMMARY.match(body)
             if rm:
                 close(stream)
+                summarized.add(stream)
+                prev = race_summary or RacecheckSummary(displayed=0, errors=0, warnings=0)
                 race_summary = RacecheckSummary(
-                    displayed=parse_int(rm.group("d")),
-                    errors=parse_int(rm.group("e")),
-                    warnings=parse_int(rm.group("w")),
+                    displayed=prev.displayed + parse_int(rm.group("d")),
+                    errors=prev.errors + parse_int(rm.group("e")),
+                    warnings=prev.warnings + parse_int(rm.group("w")),
                 )
                 continue
             new = _start_record(body, stream)
@@ -902,9 +907,8 @@ def parse_sanitizer_log(text: str) -> SanitizerReport:
 
     truncated = error_summary is None and race_summary is None
     for stream in list(open_records):
-        b = open_records[stream]
-        if truncated or partial is not None:
-            b.complete = False
+        if stream not in summarized or partial is not None:
+            open_records[stream].complete = False  # the log ended inside this record
         close(stream)
     errors = tuple(done)
     return SanitizerReport(

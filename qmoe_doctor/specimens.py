@@ -86,9 +86,9 @@ SPECIMENS: tuple[SpecimenInfo, ...] = (
         cause="invalid-routing",
         module="unmasked_rows",
         function="moe_grouped_gemm",
-        summary="trusts m_sizes: no clamp of the row counts to M",
-        trigger="sum(m_sizes) > M: reads past x, writes past y",
-        misbehaves_under=(Condition.OVER_ROUTED,),
+        summary="trusts m_sizes: no clamp of the row counts to [0, M - row_start]",
+        trigger="sum(m_sizes) > M (reads past x, writes past y) or a -1 sentinel (rows shift)",
+        misbehaves_under=(Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES),
     ),
     SpecimenInfo(
         name="autotune_inplace",

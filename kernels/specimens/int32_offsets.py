@@ -5,9 +5,10 @@ the ``tl.cast(expert, tl.int64)`` of ``grouped_gemm.py`` is dropped on the exper
 only there; every other offset is as in the correct kernel).
 
 When it misbehaves: once ``expert * N * K`` (for a contiguous ``w``) passes ``2**31 - 1``
-elements. The product wraps to a negative offset, so the kernel reads another expert's weights,
-or memory before ``w``: silently wrong results with no error (e.g. 160 experts of 5120 x 6144,
-rows routed to expert 69 or later: 69 * 31,457,280 = 2,170,552,320 > 2**31 - 1). Under
+elements, and only for rows routed to such experts. For 160 experts of 5120 x 6144 (the first
+wrapping expert is 69: 69 * 31,457,280 = 2,170,552,320 > 2**31 - 1), experts 69 to 136 wrap to
+a negative offset (memory before ``w``: another tensor, or an illegal address) and experts 137
+to 159 wrap back inside ``w`` (another expert's weights: silently wrong, 0 sanitizer errors). Under
 ``TRITON_DEBUG=1`` Triton's overflow check turns it into a device-side assert naming the line.
 Below the boundary (every small shape) it is identical to ``grouped_gemm.moe_grouped_gemm``.
 """

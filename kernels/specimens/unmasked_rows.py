@@ -3,11 +3,16 @@
 What it does wrong: the kernel trusts ``m_sizes``: the clamp of each expert's row count to
 ``[0, M - row_start]`` is gone, so row masks come from the routing alone, never from M.
 
-When it misbehaves: only when ``m_sizes`` does not describe x's rows, i.e. it sums past M (or
-holds negative counts): the last experts' tiles read rows past the end of ``x`` and write rows
-past the end of ``y``. On a GPU the caching allocator usually hides it (the rows land inside a
-pooled segment: no error, neighbouring tensors corrupted); under the CPU interpreter there is no
-bounds check at all. With ``sum(m_sizes) == M`` it is identical to
+When it misbehaves: only when ``m_sizes`` does not describe x's rows:
+
+* it sums past M: the last experts' tiles read rows past the end of ``x`` and write rows past
+  the end of ``y``. On a GPU the caching allocator usually hides it (the rows land inside a
+  pooled segment: no error, neighbouring tensors corrupted); under the CPU interpreter there is
+  no bounds check at all;
+* it holds a negative count (a -1 sentinel for dropped tokens): the row cursor walks backwards,
+  so every later expert's rows shift by one and rows of other experts are overwritten.
+
+With counts that are non-negative and sum to at most M it is identical to
 ``grouped_gemm.moe_grouped_gemm``.
 """
 

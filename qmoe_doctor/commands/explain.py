@@ -5,6 +5,7 @@ A skin over :func:`qmoe_doctor.explain.explain_text`: read, call, render, exit.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -54,8 +55,6 @@ def explain_command(
 
 def _read(file: Path) -> str:
     if str(file) == "-":
-        import sys
-
         return sys.stdin.read()
     if file.is_dir():
         raise ValueError("is a directory")
@@ -70,7 +69,7 @@ def _render(e: Explanation) -> None:
     kinds = {"sanitizer-log": "compute-sanitizer log", "traceback": "traceback", "both": "log and traceback"}
     title = Text(f"{e.source} ", style="bold")
     title.append(f"({kinds[e.input_kind]})", style="dim")
-    out.print(title)
+    out.print(title, soft_wrap=True)
     out.print(Text(e.headline, style="bold red" if e.findings else "bold green"))
     if e.error_kind is not None:
         out.print(Text(f"error kind: {e.error_kind}", style="dim"))

@@ -48,7 +48,7 @@ def lint_command(
             ignore=parse_rules(ignore.split(",")) if ignore else None,
         )
     except ValueError as exc:
-        err.print(Text(f"error: {exc}", style="red"))
+        err.print(Text(f"error: {exc}", style="red"), soft_wrap=True)
         raise typer.Exit(ExitCode.USAGE) from None
     if not report.rules:
         err.print(Text("error: --select/--ignore leave no rule to run", style="red"))
@@ -61,9 +61,9 @@ def lint_command(
     else:
         _render_table(report)
     for error in report.errors:
-        err.print(Text(f"error: {error.as_line()}", style="red"))
+        err.print(Text(f"error: {error.as_line()}", style="red"), soft_wrap=True)
         if error.source:
-            err.print(Text(f"    {error.source}", style="dim"))
+            err.print(Text(f"    {error.source}", style="dim"), soft_wrap=True)
 
     if report.errors:
         raise typer.Exit(ExitCode.USAGE)
@@ -84,7 +84,7 @@ def _render_plain(report: LintReport) -> None:
     out = stdout_console()
     for finding in report.findings:
         out.print(Text(finding.as_line()), soft_wrap=True)
-    out.print(Text(_summary(report)))
+    out.print(Text(_summary(report)), soft_wrap=True)
 
 
 def _render_table(report: LintReport) -> None:
@@ -104,5 +104,5 @@ def _render_table(report: LintReport) -> None:
         out.print(table)
     if report.findings:
         docs = sorted({f"docs/causes/{f.cause}.md" for f in report.findings})
-        out.print(Text("More on each cause: " + ", ".join(docs), style="dim"))
-    out.print(Text(_summary(report), style="bold" if report.findings else "green"))
+        out.print(Text("More on each cause: " + ", ".join(docs), style="dim"), soft_wrap=True)
+    out.print(Text(_summary(report), style="bold" if report.findings else "green"), soft_wrap=True)

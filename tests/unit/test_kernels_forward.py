@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-
 from qmoe_doctor.kernels.grouped_gemm import (
     GemmConfig,
     grid_size,
@@ -243,3 +242,36 @@ def test_twin_matches_row_by_row_definition() -> None:
     expert_of_row = [1] * 7 + [2] * 5
     want = torch.stack([x[r] @ w[expert_of_row[r]].T for r in range(12)])
     assert torch.allclose(moe_grouped_gemm_torch(x, w, m_sizes), want)
+
+
+# --------------------------------------------------------------------------------------------
+# The benchmark script's CPU smoke run (it benchmarks these kernels; it lives in benchmarks/).
+# --------------------------------------------------------------------------------------------
+
+
+def test_bench_kernels_tiny_runs(tmp_path) -> None:
+    """``--tiny`` runs every row in the interpreter, prints the table and writes the JSON."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "bench.json"
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_kernels", "--tiny", "--json-out", str(out)],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "no speed claims" in proc.stdout
+    report = json.loads(out.read_text())
+    assert report["schema_version"] == 1 and report["timed"] is False
+    rows = {(r["op"], r["impl"]): r for r in report["rows"]}
+    for op in ("forward", "dx", "dw"):
+        for impl in ("qmoe", "torch._grouped_mm", "per-expert loop", "dense (same FLOPs)"):
+            assert (op, impl) in rows, (op, impl)
+        assert rows[(op, "qmoe")]["rel_err"] < TOLERANCE[torch.float32].gemm
+    assert rows[("block-forward", "qmoe MoEBlock")]["rel_err"] < TOLERANCE[torch.float32].block
+    assert not [r for r in report["rows"] if r["impl"].startswith("qmoe") and r["note"]]

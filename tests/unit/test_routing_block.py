@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from test_kernels_forward import assert_close
-
 from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm_torch
 from qmoe_doctor.kernels.moe_block import MoEBlock, MoEBlockTorch, resolve_shape
 from qmoe_doctor.kernels.routing import Routing, sort_by_expert, sort_by_expert_torch
+from test_kernels_forward import assert_close
+
 from qmoe_doctor.presets import PRESETS, MoEShape
 
 # --------------------------------------------------------------------------------------------
@@ -129,7 +129,8 @@ ROUTING_MARGIN = 0.05  # logit gap kept between the k-th and (k+1)-th expert of 
 
 def make_block_inputs(case: BlockCase, device: torch.device | str = "cpu") -> tuple[MoEBlock, torch.Tensor]:
     """A block in case.dtype and hidden states whose top-k choice is the same in every dtype:
-    tokens whose k-th and (k+1)-th router logits are closer than ROUTING_MARGIN are dropped."""
+    tokens whose k-th and (k+1)-th router logits (exact, from the case.dtype values) are
+    closer than ROUTING_MARGIN are dropped."""
     torch.manual_seed(0)
     block = MoEBlock(case.shape, device=device, dtype=torch.float32)
     s = case.shape
@@ -139,11 +140,13 @@ def make_block_inputs(case: BlockCase, device: torch.device | str = "cpu") -> tu
         with torch.no_grad():
             block.gate.weight[case.hot_expert] += 4 * direction
         cand += direction
+    block = block.to(case.dtype)
+    cand = cand.to(case.dtype)
     logits = (cand.double() @ block.gate.weight.double().T).sort(dim=-1, descending=True).values
     if s.top_k < s.num_experts:
         cand = cand[(logits[:, s.top_k - 1] - logits[:, s.top_k]) > ROUTING_MARGIN]
     assert cand.shape[0] >= case.tokens
-    return block.to(case.dtype), cand[: case.tokens].to(case.dtype)
+    return block, cand[: case.tokens]
 
 
 def twin_of(block: MoEBlock, dtype: torch.dtype = torch.float64) -> MoEBlockTorch:

@@ -77,10 +77,14 @@ def _run_child(script: str, *args: str, timeout: float = 240.0) -> subprocess.Co
     )
 
 
-def _last_json(stdout: str) -> dict[str, Any]:
+def _json_lines(stdout: str) -> list[str]:
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
     assert lines, f"child wrote no JSON line; stdout:\n{stdout}"
-    return json.loads(lines[-1])
+    return lines
+
+
+def _last_json(stdout: str) -> dict[str, Any]:
+    return json.loads(_json_lines(stdout)[-1])
 
 
 # --------------------------------------------------------------------------------------------
@@ -245,8 +249,6 @@ _OVER_ROUTED_CHILD = """
     import torch
     from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm_torch
 
-    module, function = sys.argv[1].split(":")
-    fn = getattr(importlib.import_module(module), function)
     M, N, K, PAD = 24, 20, 16, 16
     sizes = [8, 8, 8 + 10]  # sums to M + 10: ten rows past the end of x
     gen = torch.Generator().manual_seed(0)
@@ -255,50 +257,74 @@ _OVER_ROUTED_CHILD = """
     x = x_buf[:M]
     w = torch.randn(len(sizes), N, K, generator=gen)
     m_sizes = torch.tensor(sizes, dtype=torch.int32)
-
-    y_bufs = []
+    ref = moe_grouped_gemm_torch(x, w, m_sizes)
     real_empty = torch.empty
 
-    def padded_empty(*size, **kwargs):
-        shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
-        if tuple(shape) != (M, N):
-            return real_empty(*size, **kwargs)
-        buf = torch.full((M + PAD, N), float("nan"), dtype=kwargs.get("dtype", torch.float32))
-        y_bufs.append(buf)
-        return buf[:M]
+    for ref_name in sys.argv[1:]:
+        module, function = ref_name.split(":")
+        fn = getattr(importlib.import_module(module), function)
+        y_bufs = []
 
-    torch.empty = padded_empty
-    y = fn(x, w, m_sizes)
-    torch.empty = real_empty
-    (y_buf,) = y_bufs
-    past = y_buf[M:]
-    written_past = int((~torch.isnan(past)).any(dim=1).sum())
-    expect_past = x_buf[M : M + 10] @ w[2].T  # canary rows of x times the last expert
-    print(json.dumps({
-        "rel_error": float((y - moe_grouped_gemm_torch(x, w, m_sizes)).norm() / y.norm()),
-        "rows_written_past_y": written_past,
-        "past_rows_are_canary_products": bool(torch.allclose(past[:10], expect_past, rtol=1e-4, atol=1e-4)),
-        "x_canary_intact": bool((x_buf[M:] == 2.0).all()),
-    }))
+        def padded_empty(*size, **kwargs):
+            shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+            if tuple(shape) != (M, N):
+                return real_empty(*size, **kwargs)
+            buf = torch.full((M + PAD, N), float("nan"), dtype=kwargs.get("dtype", torch.float32))
+            y_bufs.append(buf)
+            return buf[:M]
+
+        torch.empty = padded_empty
+        try:
+            y = fn(x, w, m_sizes)
+        finally:
+            torch.empty = real_empty
+        (y_buf,) = y_bufs
+        past = y_buf[M:]
+        expect_past = x_buf[M : M + 10] @ w[2].T  # canary rows of x times the last expert
+        print(json.dumps({
+            "kernel": ref_name,
+            "rel_error": float((y - ref).norm() / ref.norm()),
+            "rows_written_past_y": int((~torch.isnan(past)).any(dim=1).sum()),
+            "past_rows_are_canary_products": bool(
+                torch.allclose(past[:10], expect_past, rtol=1e-4, atol=1e-4)
+            ),
+            "x_canary_intact": bool((x_buf[M:] == 2.0).all()),
+        }), flush=True)
 """
 
 
 def test_unmasked_rows_reads_and_writes_past_x_and_y_when_over_routed() -> None:
-    good = _run_child(_OVER_ROUTED_CHILD, "qmoe_doctor.kernels.grouped_gemm:moe_grouped_gemm")
-    assert good.returncode == 0, good.stderr[-2000:]
-    clean = _last_json(good.stdout)
+    correct = "qmoe_doctor.kernels.grouped_gemm:moe_grouped_gemm"
+    out = _run_child(_OVER_ROUTED_CHILD, correct, kernel_ref("unmasked_rows"))
+    # Observed here (triton 3.9 interpreter): no crash, deterministic, since the padding keeps
+    # every stray access inside buffers the child owns.
+    assert out.returncode == 0, out.stderr[-2000:]
+    runs = {doc["kernel"]: doc for doc in map(json.loads, _json_lines(out.stdout))}
+    clean, fault = runs[correct], runs[kernel_ref("unmasked_rows")]
     assert clean["rows_written_past_y"] == 0  # the correct kernel clamps to M
     assert clean["rel_error"] < 1e-5 and clean["x_canary_intact"]
-
-    bad = _run_child(_OVER_ROUTED_CHILD, kernel_ref("unmasked_rows"))
-    # Observed here (triton 3.9 interpreter): no crash, deterministic, since the padding keeps
-    # every stray access inside buffers the child owns. Rows M..M+9 of the padded y hold the
-    # canary rows of x times expert 2's weights: it read 10 rows past x and wrote 10 past y.
-    assert bad.returncode == 0, bad.stderr[-2000:]
-    fault = _last_json(bad.stdout)
+    # Rows M..M+9 of the padded y hold x's canary rows times expert 2's weights: the specimen
+    # read 10 rows past x and wrote 10 rows past y; the rows inside y are still right.
     assert fault["rows_written_past_y"] == 10
     assert fault["past_rows_are_canary_products"]
-    assert fault["rel_error"] < 1e-5  # rows inside y are still right: the fault is outside
+    assert fault["rel_error"] < 1e-5
+
+
+def test_unmasked_rows_shifts_rows_after_a_negative_sentinel() -> None:
+    # the probes' negative-sizes case: expert 1's rows moved to expert 2 and its count set to
+    # -1, so the counts still sum to M + 1 (in bounds here: the cursor never goes below row 0)
+    device = _device()
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(40, 16, generator=gen).to(device)
+    w = torch.randn(4, 12, 16, generator=gen).to(device)
+    m_sizes = torch.tensor([10, -1, 8 + 9 + 1, 12], dtype=torch.int32, device=device)
+    ref = moe_grouped_gemm_torch(x, w, m_sizes)  # -1 counts as 0
+    assert _rel_error(grouped_gemm.moe_grouped_gemm(x, w, m_sizes), ref) <= TOLERANCE[torch.float32]
+    tri = _module("unmasked_rows").moe_grouped_gemm(x, w, m_sizes)
+    bad_rows = ((tri - ref).abs().amax(dim=1) > 1e-4).nonzero().flatten().tolist()
+    # observed: row 9 overwritten by expert 2 (cursor one row back), row 27 at the 2 -> 3
+    # boundary, and row 39 zeroed by the uncovered-rows walk (the cursor ends at M - 1)
+    assert bad_rows == [9, 27, 39]
 
 
 # 70 experts with the per-expert stride of a 5120x6144 stack, as a strided view with tiny N, K:

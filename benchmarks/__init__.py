@@ -1,0 +1,1 @@
+"""Benchmarks (scripts, not installed): run `python -m benchmarks.bench_kernels --help`."""

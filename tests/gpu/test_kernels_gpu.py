@@ -1,0 +1,325 @@
+"""The kernel case tables again, on CUDA in bfloat16, plus what only a GPU can show.
+
+* every forward / dx / dw / block case of tests/unit in bf16 against a float64 reference,
+  with the outputs poisoned inside CANARY buffers;
+* offsets just under and just over 2**31 elements (expert * stride_we, row * stride_xm);
+* a moderately large shape (M=4096, E=128, N=768, K=2048: the FINDINGS shape);
+* ``multigpu``: operands on cuda:1 while cuda:0 is current (and touched), including x still
+  being written on cuda:1's stream: our kernels launch on the operands' device and stream.
+
+Run on a GPU machine: ``python -m pytest tests/gpu -q`` (skipped without GPUs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+UNIT = Path(__file__).resolve().parents[1] / "unit"
+if str(UNIT) not in sys.path:  # the case tables and tolerances live with the CPU tests
+    sys.path.insert(0, str(UNIT))
+
+import test_kernels_backward as bwd  # noqa: E402
+import test_kernels_forward as fwd  # noqa: E402
+import test_routing_block as blk  # noqa: E402
+
+from qmoe_doctor.kernels.backward import (  # noqa: E402
+    dw_grid_size,
+    launch_grouped_gemm_dw,
+    moe_grouped_gemm_dw,
+    moe_grouped_gemm_dw_torch,
+    moe_grouped_gemm_dx,
+    moe_grouped_gemm_dx_torch,
+    pick_dw_config,
+    row_bounds,
+)
+from qmoe_doctor.kernels.grouped_gemm import (  # noqa: E402
+    grid_size,
+    launch_grouped_gemm,
+    moe_grouped_gemm,
+    moe_grouped_gemm_torch,
+    pick_config,
+)
+from qmoe_doctor.kernels.moe_block import MoEBlock  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+BF16 = torch.bfloat16
+CUDA = "cuda:0"
+
+
+def _dw_operands(case: bwd.DwCase, dtype: torch.dtype, device: str) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(3)
+    dy = torch.randn(case.m, case.n, generator=gen).to(device, dtype)
+    x = torch.randn(case.m, case.k, generator=gen).to(device, dtype)
+    return fwd.make_view(dy, case.dy_view), fwd.make_view(x, case.x_view), case.m_sizes().to(device)
+
+
+# --------------------------------------------------------------------------------------------
+# The CPU case tables, bf16 on cuda:0.
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", fwd.CASES, ids=fwd.case_id)
+def test_forward_bf16(case: fwd.GemmCase) -> None:
+    x, w, m_sizes = fwd.make_operands(case, BF16, CUDA)
+    tri = moe_grouped_gemm(x, w, m_sizes, config=case.config)
+    fwd.assert_close(tri, moe_grouped_gemm_torch(x.double(), w.double(), m_sizes), BF16)
+    assert (tri[case.covered_rows() :] == 0).all()
+
+    y, buf, inside = fwd.poisoned_output((case.m, case.n), BF16, CUDA)
+    cfg = case.config or pick_config(case.m, case.n, case.k, case.e, x.device, x.dtype)
+    launch_grouped_gemm(x, w, y, m_sizes, cfg, grid_size(case.m, case.n, case.e, cfg, x.device))
+    fwd.assert_close(y, moe_grouped_gemm_torch(x.double(), w.double(), m_sizes), BF16)
+    fwd.assert_canary_intact(buf, inside)
+
+
+@pytest.mark.parametrize("case", fwd.CASES, ids=fwd.case_id)
+def test_dx_bf16(case: fwd.GemmCase) -> None:
+    dy, w, m_sizes = fwd.make_operands(case, BF16, CUDA, n_first=True)
+    tri = moe_grouped_gemm_dx(dy, w, m_sizes, config=case.config)
+    fwd.assert_close(tri, moe_grouped_gemm_dx_torch(dy.double(), w.double(), m_sizes), BF16)
+    assert (tri[case.covered_rows() :] == 0).all()
+
+
+@pytest.mark.parametrize("case", bwd.DW_CASES, ids=lambda c: c.edge)
+def test_dw_bf16(case: bwd.DwCase) -> None:
+    dy, x, m_sizes = _dw_operands(case, BF16, CUDA)
+    ref = moe_grouped_gemm_dw_torch(dy.double(), x.double(), m_sizes)
+    fwd.assert_close(moe_grouped_gemm_dw(dy, x, m_sizes, config=case.config), ref, BF16)
+
+    dw, buf, inside = fwd.poisoned_output((case.e, case.n, case.k), BF16, CUDA)
+    cfg = case.config or pick_dw_config(case.n, case.k, x.device, x.dtype)
+    bounds = row_bounds(m_sizes, case.m)
+    launch_grouped_gemm_dw(dy, x, dw, bounds, cfg, dw_grid_size(case.e, case.n, case.k, cfg, x.device))
+    fwd.assert_close(dw, ref, BF16)
+    fwd.assert_canary_intact(buf, inside)
+
+
+GPU_BLOCK_CASES = [dataclasses.replace(c, dtype=BF16) for c in blk.BLOCK_CASES if c.dtype == torch.float32]
+
+
+@pytest.mark.parametrize("case", GPU_BLOCK_CASES, ids=lambda c: c.edge)
+def test_block_bf16_forward_and_grads(case: blk.BlockCase) -> None:
+    block, hidden = blk.make_block_inputs(case, CUDA)
+    _check_block(block, hidden, case)
+
+
+def _check_block(block: MoEBlock, hidden: torch.Tensor, case: blk.BlockCase) -> None:
+    twin = blk.twin_of(block)
+    x = hidden.clone().requires_grad_(True)
+    x64 = hidden.double().requires_grad_(True)
+    out, logits = block(x)
+    ref, ref_logits = twin(x64)
+    assert out.device == hidden.device
+    fwd.assert_close(out, ref, case.dtype, kind="block")
+    fwd.assert_close(logits, ref_logits, case.dtype, kind="block")
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.device)
+    (out.float() * grad).sum().backward()
+    (ref * grad.double()).sum().backward()
+    fwd.assert_close(x.grad, x64.grad, case.dtype, kind="block")
+    ref_params = dict(twin.named_parameters())
+    for name, p in block.named_parameters():
+        fwd.assert_close(p.grad, ref_params[name].grad, case.dtype, kind="block")
+
+
+# --------------------------------------------------------------------------------------------
+# Offsets at the int32 boundary: the one element that matters sits just under / just over
+# 2**31 elements from the base pointer (4 GiB of bf16 per test).
+# --------------------------------------------------------------------------------------------
+
+I32 = 2**31
+SMALL_N, SMALL_K, ROWS = 64, 64, 48
+
+
+@pytest.mark.parametrize(
+    "stride_we",
+    [
+        pytest.param(I32 - SMALL_N * SMALL_K, id="expert-1-ends-just-under-2**31"),
+        pytest.param(I32, id="expert-1-starts-at-2**31"),
+        pytest.param(I32 + 16 * SMALL_K, id="expert-1-just-over-2**31"),
+    ],
+)
+def test_expert_offset_at_int32_boundary(stride_we: int) -> None:
+    """w (2, N, K) whose expert 1 lies ~2**31 elements from expert 0; all rows to expert 1,
+    then half and half. forward, dx and dw (dw written through the same strided layout)."""
+    nk = SMALL_N * SMALL_K
+    buf = torch.zeros(stride_we + nk, dtype=BF16, device=CUDA)
+    w = buf.as_strided((2, SMALL_N, SMALL_K), (stride_we, SMALL_K, 1))
+    gen = torch.Generator(device=CUDA).manual_seed(0)
+    w[0].copy_(torch.randn(SMALL_N, SMALL_K, device=CUDA, generator=gen))
+    w[1].copy_(torch.randn(SMALL_N, SMALL_K, device=CUDA, generator=gen))
+    x = torch.randn(ROWS, SMALL_K, device=CUDA, generator=gen).to(BF16)
+    dy = torch.randn(ROWS, SMALL_N, device=CUDA, generator=gen).to(BF16)
+    for sizes in ((0, ROWS), (ROWS // 2, ROWS // 2)):
+        m_sizes = torch.tensor(sizes, dtype=torch.int32, device=CUDA)
+        fwd.assert_close(moe_grouped_gemm(x, w, m_sizes), moe_grouped_gemm_torch(x.double(), w.double(), m_sizes), BF16)
+        fwd.assert_close(
+            moe_grouped_gemm_dx(dy, w, m_sizes), moe_grouped_gemm_dx_torch(dy.double(), w.double(), m_sizes), BF16
+        )
+        dw = w  # the same layout: expert 1's gradient is written ~2**31 elements in
+        dw.fill_(float("nan"))
+        cfg = pick_dw_config(SMALL_N, SMALL_K, x.device, x.dtype)
+        launch_grouped_gemm_dw(
+            dy, x, dw, row_bounds(m_sizes, ROWS), cfg, dw_grid_size(2, SMALL_N, SMALL_K, cfg, x.device)
+        )
+        ref = moe_grouped_gemm_dw_torch(dy.double(), x.double(), m_sizes)
+        fwd.assert_close(dw[1], ref[1], BF16)
+        if sizes[0]:
+            fwd.assert_close(dw[0], ref[0], BF16)
+        else:
+            assert (dw[0] == 0).all()
+        w[0].copy_(torch.randn(SMALL_N, SMALL_K, device=CUDA, generator=gen))
+        w[1].copy_(torch.randn(SMALL_N, SMALL_K, device=CUDA, generator=gen))
+    del buf
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize(
+    "last_row_offset",
+    [pytest.param(I32 - 2 * SMALL_K, id="last-row-just-under-2**31"), pytest.param(I32 + 16, id="last-row-just-over-2**31")],
+)
+def test_row_offset_at_int32_boundary(last_row_offset: int) -> None:
+    """x and dy (4, K) with a row stride so wide that row 3 starts ~2**31 elements in."""
+    rows = 4
+    stride = -(-last_row_offset // (rows - 1) // 16) * 16  # row 3 at >= last_row_offset
+    if last_row_offset < I32:
+        stride = (last_row_offset // (rows - 1)) // 16 * 16
+    buf = torch.zeros(stride * (rows - 1) + SMALL_K, dtype=BF16, device=CUDA)
+    x = buf.as_strided((rows, SMALL_K), (stride, 1))
+    gen = torch.Generator(device=CUDA).manual_seed(1)
+    for r in range(rows):
+        x[r].copy_(torch.randn(SMALL_K, device=CUDA, generator=gen))
+    assert ((rows - 1) * stride >= I32) == (last_row_offset >= I32)
+    w = torch.randn(2, SMALL_N, SMALL_K, device=CUDA, generator=gen).to(BF16)
+    dy = torch.randn(rows, SMALL_N, device=CUDA, generator=gen).to(BF16)
+    m_sizes = torch.tensor([1, 3], dtype=torch.int32, device=CUDA)
+    fwd.assert_close(moe_grouped_gemm(x, w, m_sizes), moe_grouped_gemm_torch(x.double(), w.double(), m_sizes), BF16)
+    fwd.assert_close(
+        moe_grouped_gemm_dw(dy, x, m_sizes), moe_grouped_gemm_dw_torch(dy.double(), x.double(), m_sizes), BF16
+    )
+    dy_wide = x[:, : SMALL_N] if SMALL_N <= SMALL_K else None  # dx reads dy through the wide stride
+    assert dy_wide is not None
+    fwd.assert_close(
+        moe_grouped_gemm_dx(dy_wide, w, m_sizes), moe_grouped_gemm_dx_torch(dy_wide.double(), w.double(), m_sizes), BF16
+    )
+    del buf, x
+    torch.cuda.empty_cache()
+
+
+# --------------------------------------------------------------------------------------------
+# A moderately large shape (the FINDINGS measurement shape).
+# --------------------------------------------------------------------------------------------
+
+
+def test_large_shape_forward_dx_dw() -> None:
+    m, e, n, k = 4096, 128, 768, 2048
+    gen = torch.Generator(device=CUDA).manual_seed(0)
+    ids = torch.rand(m // 8, e, device=CUDA, generator=gen).topk(8, dim=-1).indices
+    m_sizes = torch.bincount(ids.flatten(), minlength=e).to(torch.int32)
+    x = torch.randn(m, k, device=CUDA, generator=gen).to(BF16)
+    dy = torch.randn(m, n, device=CUDA, generator=gen).to(BF16)
+    w = (torch.randn(e, n, k, device=CUDA, generator=gen) / k**0.5).to(BF16)
+    # float32 reference (float64 at this size is slow on some GPUs); bf16 tolerance is 5x looser
+    fwd.assert_close(moe_grouped_gemm(x, w, m_sizes), moe_grouped_gemm_torch(x.float(), w.float(), m_sizes), BF16)
+    fwd.assert_close(
+        moe_grouped_gemm_dx(dy, w, m_sizes), moe_grouped_gemm_dx_torch(dy.float(), w.float(), m_sizes), BF16
+    )
+    fwd.assert_close(
+        moe_grouped_gemm_dw(dy, x, m_sizes), moe_grouped_gemm_dw_torch(dy.float(), x.float(), m_sizes), BF16
+    )
+
+
+def test_mixed_devices_cuda_and_cpu_refused() -> None:
+    with pytest.raises(ValueError, match="different devices.*w on cpu"):
+        moe_grouped_gemm(torch.randn(8, 16, device=CUDA), torch.randn(2, 8, 16), torch.tensor([4, 4], device=CUDA))
+    with pytest.raises(ValueError, match="different devices.*m_sizes on cpu"):
+        moe_grouped_gemm_dw(torch.randn(8, 8, device=CUDA), torch.randn(8, 16, device=CUDA), torch.tensor([4, 4]))
+
+
+# --------------------------------------------------------------------------------------------
+# Two GPUs: operands on cuda:1, cuda:0 current and touched.
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.multigpu
+def test_operands_on_cuda1_with_cuda0_current() -> None:
+    torch.zeros(1, device="cuda:0")  # cuda:0 has a context: an unguarded launch would fault here
+    case = next(c for c in fwd.CASES if c.edge == "prime-mnk")
+    dev = "cuda:1"
+    x, w, m_sizes = fwd.make_operands(case, BF16, dev)
+    dy = torch.randn(case.m, case.n, device=dev).to(BF16)
+    with torch.cuda.device(0):
+        y = moe_grouped_gemm(x, w, m_sizes)
+        dx = moe_grouped_gemm_dx(dy, w, m_sizes)
+        dw = moe_grouped_gemm_dw(dy, x, m_sizes)
+        for t in (y, dx, dw):
+            assert t.device == torch.device(dev)
+        fwd.assert_close(y, moe_grouped_gemm_torch(x.double(), w.double(), m_sizes), BF16)
+        fwd.assert_close(dx, moe_grouped_gemm_dx_torch(dy.double(), w.double(), m_sizes), BF16)
+        fwd.assert_close(dw, moe_grouped_gemm_dw_torch(dy.double(), x.double(), m_sizes), BF16)
+        block_case = dataclasses.replace(blk.BLOCK_CASES[0], dtype=BF16)
+        block, hidden = blk.make_block_inputs(block_case, dev)
+        _check_block(block, hidden, block_case)
+
+
+@pytest.mark.multigpu
+def test_cuda1_kernel_ordered_after_producer_on_cuda1_stream() -> None:
+    """x is still being written on cuda:1's stream (behind a long sleep) when we are called
+    with cuda:0 current and peer access 0->1 enabled: launched on cuda:1's current stream, our
+    kernel runs after the producer. An unguarded launch here reads half-written x
+    (FINDINGS: relative error 0.50, no exception)."""
+    torch.zeros(1, device="cuda:0").to("cuda:1")  # one copy 0->1, as device_map pipelines do
+    case = next(c for c in fwd.CASES if c.edge == "balanced")
+    dev = torch.device("cuda:1")
+    _, w, m_sizes = fwd.make_operands(case, BF16, dev)
+    src = torch.randn(case.m, case.k, device=dev).to(BF16)
+    x = torch.zeros_like(src)
+    with torch.cuda.device(dev):
+        torch.cuda._sleep(2_000_000_000)  # ~1 s on cuda:1's current stream
+        x.copy_(src)  # the producer, queued behind the sleep
+    with torch.cuda.device(0):
+        y = moe_grouped_gemm(x, w, m_sizes)
+    fwd.assert_close(y, moe_grouped_gemm_torch(src.double(), w.double(), m_sizes), BF16)
+
+
+@pytest.mark.multigpu
+def test_mixed_gpus_refused() -> None:
+    with pytest.raises(ValueError, match="different devices"):
+        moe_grouped_gemm(
+            torch.randn(8, 16, device="cuda:0"), torch.randn(2, 8, 16, device="cuda:1"), torch.tensor([4, 4], device="cuda:0")
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# The benchmark script on a GPU, at a small shape (it must run; the numbers are not checked).
+# --------------------------------------------------------------------------------------------
+
+
+def test_bench_kernels_runs_on_gpu(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = ["--m", "1024", "--e", "8", "--n", "256", "--k", "256", "--json-out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_kernels", *args],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    report = json.loads(out.read_text())
+    assert report["timed"] is True
+    ours = [r for r in report["rows"] if r["impl"] == "qmoe"]
+    assert len(ours) == 3 and all(r["tflops"] and r["rel_err"] < fwd.TOLERANCE[BF16].gemm for r in ours)

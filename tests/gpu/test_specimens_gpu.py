@@ -1,0 +1,312 @@
+"""The specimens on real GPUs: each misbehaves exactly as its docstring says, the correct kernel
+stays right under the same condition.
+
+Every scenario runs in a fresh child process (peer access, contexts and the autotuner's cache
+are per-process state that a previous case would leave behind). The child prints one JSON line
+per kernel call and flushes it before the next, so a call that poisons the CUDA context still
+leaves the earlier results. Pair scenarios follow FINDINGS.md: operands on cuda:1, cuda:0
+current.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+
+from qmoe_doctor import knobs
+from qmoe_doctor.specimens import kernel_ref
+
+CORRECT = "qmoe_doctor.kernels.grouped_gemm:moe_grouped_gemm"
+TOL_BF16 = 1e-2  # ||out - ref|| / ||ref|| against the float32 twin; 1.7e-3 measured on H200
+POINTER_CHECK = "cannot be accessed from Triton"  # Triton's launch-time pointer check
+
+_CHILD = r"""
+import importlib, json, math, sys, time
+import torch
+from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm_torch
+
+SCENARIO = sys.argv[1]
+KERNELS = json.loads(sys.argv[2])  # [[label, "module:function"], ...]
+CYCLES = 2_000_000_000  # torch.cuda._sleep: about 1 s on an H100/H200, a kernel here takes < 10 ms
+
+
+def load(ref):
+    module, function = ref.split(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def emit(**fields):
+    print(json.dumps(fields), flush=True)
+
+
+def operands(device, m=4096, e=128, n=768, k=2048, sizes=None, seed=0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(m, k, device=device, dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(e, n, k, device=device, dtype=torch.bfloat16, generator=gen)
+    if sizes is None:  # random routing: every expert gets some rows, some get none
+        picks = torch.randint(e, (m,), generator=torch.Generator().manual_seed(seed))
+        sizes = torch.bincount(picks, minlength=e)
+    m_sizes = torch.as_tensor(sizes, dtype=torch.int32).to(device)
+    return x, w, m_sizes
+
+
+def rel_error(y, x, w, m_sizes):
+    # compare on the CPU: a cross-device copy would itself enable peer access
+    ref = moe_grouped_gemm_torch(x, w, m_sizes, out_dtype=torch.float32).cpu()
+    err = float((y.float().cpu() - ref).norm() / ref.norm())
+    return err if math.isfinite(err) else float("inf")
+
+
+def sync(*devices):
+    for d in devices:
+        torch.cuda.synchronize(d)
+
+
+def call(label, fn, x, w, m_sizes, devices, **extra):
+    try:
+        y = fn(x, w, m_sizes)
+        sync(*devices)
+    except Exception as exc:  # noqa: BLE001 - the error is the observation
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        emit(kernel=label, error=f"{type(exc).__name__}: {first}", **extra)
+        return None
+    emit(kernel=label, error=None, device=str(y.device), rel=rel_error(y, x, w, m_sizes), **extra)
+    return y
+
+
+def timed(fn, x, w, m_sizes, devices, reps=10):
+    fn(x, w, m_sizes)  # compile and warm up
+    sync(*devices)
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn(x, w, m_sizes)
+    sync(*devices)
+    return (time.perf_counter() - start) / reps * 1e3
+
+
+if SCENARIO == "untouched":  # cuda:0 current (the default) but never touched: no context on it
+    x, w, m_sizes = operands("cuda:1")
+    for label, ref in KERNELS:
+        call(label, load(ref), x, w, m_sizes, (1,))
+
+elif SCENARIO in ("no-peer", "peer", "peer-both"):
+    torch.cuda.set_device(0)
+    torch.zeros(1, device="cuda:0")  # cuda:0's context exists
+    x, w, m_sizes = operands("cuda:1")
+    if SCENARIO in ("peer", "peer-both"):
+        torch.ones(4, device="cuda:0").to("cuda:1")  # enables peer access 0 -> 1
+    if SCENARIO == "peer-both":
+        torch.ones(4, device="cuda:1").to("cuda:0")  # and 1 -> 0
+    sync(0, 1)
+    for label, ref in KERNELS:
+        call(label, load(ref), x, w, m_sizes, (0, 1))
+
+elif SCENARIO == "peer-timing":  # FINDINGS: 12x slower unguarded at M=16384, N=1536
+    torch.cuda.set_device(0)
+    torch.ones(4, device="cuda:0").to("cuda:1")
+    x, w, m_sizes = operands("cuda:1", m=16384, e=128, n=1536, k=2048)
+    for label, ref in KERNELS:
+        fn = load(ref)
+        y = call(label, fn, x, w, m_sizes, (0, 1))
+        if y is not None:
+            emit(kernel=label, ms=timed(fn, x, w, m_sizes, (0, 1)))
+
+elif SCENARIO == "producer-race":  # x still being written on cuda:1's stream
+    torch.cuda.set_device(0)
+    torch.ones(4, device="cuda:0").to("cuda:1")
+    x, w, m_sizes = operands("cuda:1")
+    src = x.clone()
+    for label, ref in KERNELS:
+        x.fill_(float("nan"))  # stale contents: what an unordered reader sees
+        sync(1)
+        with torch.cuda.device(1):  # the producer, on cuda:1's current stream
+            torch.cuda._sleep(CYCLES)
+            x.copy_(src)
+        call(label, load(ref), x, w, m_sizes, (0, 1))
+
+elif SCENARIO == "side-stream":  # one device: the caller's current stream is a side stream
+    dev = torch.cuda.device_count() - 1
+    torch.cuda.set_device(dev)
+    x, w, m_sizes = operands(f"cuda:{dev}")
+    src = x.clone()
+    side = torch.cuda.Stream(device=dev)
+    for label, ref in KERNELS:
+        x.fill_(float("nan"))
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(CYCLES)
+            x.copy_(src)  # the producer, still queued behind the sleep
+            call(label, load(ref), x, w, m_sizes, (dev,))
+
+elif SCENARIO.startswith("int32:"):  # "int32:E:FIRST_HOT": rows on experts FIRST_HOT.. E-1
+    _, e, first_hot = SCENARIO.split(":")
+    e, first_hot = int(e), int(first_hot)
+    n, k, m = 5120, 6144, 256
+    need = e * n * k * 2 + (2 << 30)
+    free, _ = torch.cuda.mem_get_info(0)
+    if free < need:
+        emit(kernel="*", skipped=f"needs {need / 2**30:.1f} GiB free on cuda:0, has {free / 2**30:.1f}")
+        sys.exit(0)
+    sizes = [0] * e
+    hot = list(range(first_hot, e))
+    for i in range(m):
+        sizes[hot[i % len(hot)]] += 1
+    x, w, m_sizes = operands("cuda:0", m=m, e=e, n=n, k=k, sizes=sizes)
+    for label, ref in KERNELS:  # the correct one first: a wrapped read may poison the context
+        call(label, load(ref), x, w, m_sizes, (0,))
+
+elif SCENARIO == "repeat-call":  # fresh process: the first call for an autotune key
+    x, w, m_sizes = operands("cuda:0", m=2048, e=16, n=512, k=1024)
+    for label, ref in KERNELS:
+        fn = load(ref)
+        for i in range(3):
+            call(label, fn, x, w, m_sizes, (0,), call_index=i)
+
+else:
+    raise SystemExit(f"unknown scenario {SCENARIO}")
+"""
+
+
+def _run(scenario: str, **kernels: str) -> dict[str, list[dict[str, Any]]]:
+    """Run one scenario in a fresh child; results per kernel label, in call order."""
+    env = {k: v for k, v in os.environ.items() if k != knobs.TRITON_INTERPRET}
+    env.update(knobs.NVLS_OFF)
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_CHILD), scenario, json.dumps(list(kernels.items()))],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
+    )
+    results: dict[str, list[dict[str, Any]]] = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("{"):
+            doc = json.loads(line)
+            if "skipped" in doc:
+                pytest.skip(doc["skipped"])
+            results.setdefault(doc["kernel"], []).append(doc)
+    missing = [label for label in kernels if label not in results]
+    assert not missing, f"no result for {missing}; rc={out.returncode}\nstderr:\n{out.stderr[-3000:]}"
+    return results
+
+
+def _right(doc: dict[str, Any], device: str | None = None) -> bool:
+    return doc["error"] is None and doc["rel"] <= TOL_BF16 and (device is None or doc["device"] == device)
+
+
+def _wrong(doc: dict[str, Any]) -> bool:
+    return doc["error"] is None and not doc["rel"] <= TOL_BF16  # inf (NaN read) counts as wrong
+
+
+def _pointer_error(doc: dict[str, Any]) -> bool:
+    return doc["error"] is not None and doc["error"].startswith("ValueError") and POINTER_CHECK in doc["error"]
+
+
+# --------------------------------------------------------------------------------------------
+# Placement: operands on cuda:1, cuda:0 current
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.multigpu
+def test_no_peer_access_unguarded_and_default_buffer_fail_the_pointer_check() -> None:
+    r = _run(
+        "no-peer",
+        correct=CORRECT,
+        unguarded=kernel_ref("unguarded"),
+        default_buffer=kernel_ref("default_buffer"),
+    )
+    assert _right(r["correct"][0], "cuda:1")
+    assert _pointer_error(r["unguarded"][0]), r["unguarded"]  # x (argument 0) on cuda:1
+    assert _pointer_error(r["default_buffer"][0]), r["default_buffer"]  # y (argument 2) on cuda:0
+
+
+@pytest.mark.multigpu
+def test_untouched_current_device_unguarded_works_by_accident_default_buffer_does_not() -> None:
+    # FINDINGS: with no context on cuda:0 the unguarded launch runs in cuda:1's context. The
+    # default buffer creates cuda:0's context itself, so it fails even here: the two differ.
+    unguarded = _run("untouched", unguarded=kernel_ref("unguarded"))
+    assert _right(unguarded["unguarded"][0], "cuda:1"), unguarded
+    default_buffer = _run("untouched", default_buffer=kernel_ref("default_buffer"))
+    doc = default_buffer["default_buffer"][0]
+    assert doc["error"] is not None or doc["device"] != "cuda:1", doc
+
+
+@pytest.mark.multigpu
+def test_peer_access_unguarded_is_right_but_remote_and_slow() -> None:
+    r = _run("peer-timing", correct=CORRECT, unguarded=kernel_ref("unguarded"))
+    correct_call, correct_time = r["correct"]
+    unguarded_call, unguarded_time = r["unguarded"]
+    assert _right(correct_call, "cuda:1")
+    assert _right(unguarded_call, "cuda:1"), unguarded_call  # numbers right: peer reads
+    ratio = unguarded_time["ms"] / correct_time["ms"]
+    assert ratio >= knobs.SLOW_FACTOR, f"unguarded only {ratio:.1f}x slower than guarded"
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("scenario", ["peer", "peer-both"])
+def test_default_buffer_errors_or_returns_y_on_the_wrong_device(scenario: str) -> None:
+    r = _run(scenario, correct=CORRECT, default_buffer=kernel_ref("default_buffer"))
+    assert _right(r["correct"][0], "cuda:1")
+    doc = r["default_buffer"][0]
+    if scenario == "peer":  # only 0 -> 1 is on; the kernel runs on cuda:1 and writes cuda:0
+        assert _pointer_error(doc), doc
+    else:  # 1 -> 0 on too: y written remotely and returned on cuda:0
+        assert doc["error"] is not None or doc["device"] == "cuda:0", doc
+
+
+@pytest.mark.multigpu
+def test_unguarded_reads_stale_input_under_a_pending_producer() -> None:
+    r = _run("producer-race", correct=CORRECT, unguarded=kernel_ref("unguarded"))
+    assert _right(r["correct"][0], "cuda:1")  # launched on cuda:1's stream, after the producer
+    doc = r["unguarded"][0]  # on cuda:0's stream, unordered: reads the NaN x (or faults)
+    assert _wrong(doc) or doc["error"] is not None, doc
+
+
+# --------------------------------------------------------------------------------------------
+# One GPU
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_wrong_stream_reads_stale_input_behind_a_side_stream_producer() -> None:
+    r = _run("side-stream", correct=CORRECT, wrong_stream=kernel_ref("wrong_stream"))
+    assert _right(r["correct"][0])  # on the caller's side stream: after the producer
+    assert _wrong(r["wrong_stream"][0]), r["wrong_stream"]  # on the default stream: before it
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        # FINDINGS' case: rows on the last 8 of 160 experts of 5120x6144 (10 GB): the wrapped
+        # offset lands inside w, silently wrong (rel. error 1.41 measured)
+        pytest.param("int32:160:152", id="160-experts-last-8"),
+        # the first wrapping expert: 69 * 5120 * 6144 > 2**31 - 1 (4.4 GB): the wrapped offset
+        # points 4.2 GB before w, so the read may also fault instead of returning garbage
+        pytest.param("int32:70:69", id="70-experts-expert-69"),
+    ],
+)
+def test_int32_offsets_is_wrong_past_the_boundary(scenario: str) -> None:
+    r = _run(scenario, correct=CORRECT, int32_offsets=kernel_ref("int32_offsets"))
+    assert _right(r["correct"][0], "cuda:0")
+    doc = r["int32_offsets"][0]
+    if scenario == "int32:160:152":
+        assert _wrong(doc), doc
+    else:
+        assert _wrong(doc) or doc["error"] is not None, doc
+
+
+@pytest.mark.gpu
+def test_autotune_inplace_is_wrong_on_the_first_call_only() -> None:
+    r = _run("repeat-call", correct=CORRECT, autotune_inplace=kernel_ref("autotune_inplace"))
+    assert all(_right(doc) for doc in r["correct"])
+    first, *later = r["autotune_inplace"]
+    assert _wrong(first), first
+    assert all(_right(doc) for doc in later), later
