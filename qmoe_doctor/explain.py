@@ -285,10 +285,7 @@ def _kernel_spec(frames: Sequence[PyFrame]) -> str:
             caller = frames[i - 1]
             if not _TRITON_LAUNCH.search(caller.file) and caller.file.endswith(".py"):
                 return f"{caller.file}:{caller.function}"
-    users = [f for f in frames if f.user and f.file.endswith(".py")]
-    if users:
-        return f"{users[-1].file}:{users[-1].function}"
-    return "path.py:fn"
+    return "path.py:fn"  # the launch is not in the traceback (an asynchronous error surfaced later)
 
 
 def _gpus(text: str) -> str:
@@ -365,14 +362,29 @@ def _address_fact(e: SanitizerError) -> str | None:
     )
 
 
+# Python files of Triton's and torch's launch path. compute-sanitizer 2025.x prints Python host
+# frames innermost first with a bare file name ("__call__ in driver.py:713", "run in jit.py:744"),
+# so user code is told apart by position: the frames outside the last of these.
+_LAUNCH_PATH_FILES = frozenset(
+    {"driver.py", "jit.py", "autotuner.py", "compiler.py", "_contextlib.py", "module.py", "function.py"}
+)
+
+
 def _user_host_frames(errors: Sequence[SanitizerError]) -> list[str]:
     out: list[str] = []
     for e in errors:
-        for h in e.host_frames:
-            if h.file and is_user_path(h.file):
-                s = f"{h.file}:{h.line}" + (f" in {h.function}" if h.function else "")
-                if s not in out:
-                    out.append(s)
+        frames = [h for h in e.host_frames if h.file]
+        last_lib = max(
+            (i for i, h in enumerate(frames) if (h.file or "").rsplit("/", 1)[-1] in _LAUNCH_PATH_FILES),
+            default=-1,
+        )
+        for i, h in enumerate(frames):
+            file = h.file or ""
+            if i <= last_lib or not is_user_path(file):
+                continue
+            s = f"{file}:{h.line}" + (f" in {h.function}" if h.function else "")
+            if s not in out:
+                out.append(s)
     return out
 
 
@@ -719,6 +731,21 @@ def explain_text(text: str, *, source: str = "<text>") -> Explanation:
                 kernel_name = m.group("jit") or m.group("inductor")
                 facts.append(f"Triton kernel launched: {kernel_name} (from {_frame_str(f)})")
                 break
+        launched_here = any(_TRITON_LAUNCH.search(f.file) for f in frames)
+        if (
+            error_kind in (ErrorKind.ILLEGAL_ADDRESS, ErrorKind.DEVICE_ASSERT)
+            and frames
+            and not launched_here
+        ):
+            caveats.append(
+                "the error surfaced at a later CUDA call (kernel errors are asynchronous): these frames show "
+                "where it was noticed, not the launch; CUDA_LAUNCH_BLOCKING=1 makes it surface at the launch"
+            )
+        if assert_site is not None and kernel_spec == "path.py:fn" and tb.asserts[0].file:
+            kernel_spec = f"{tb.asserts[0].file}:fn"
+            caveats.append(
+                "in the commands, replace fn with the Python function that launches the asserting kernel"
+            )
         if tb.truncated:
             caveats.append(
                 "the traceback is cut before its exception line: the error itself is not in the text"
@@ -834,6 +861,8 @@ def _headline(
     clean: bool,
 ) -> str:
     in_kernel = f" in {kernel}" if kernel else ""
+    if clean and report is not None and report.error_summary is None:
+        return "compute-sanitizer reported no hazards (RACECHECK SUMMARY: 0 hazards displayed)"
     if clean:
         return "compute-sanitizer reported no errors (ERROR SUMMARY: 0 errors)"
     names = {

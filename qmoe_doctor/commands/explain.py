@@ -5,6 +5,7 @@ A skin over :func:`qmoe_doctor.explain.explain_text`: read, call, render, exit.
 
 from __future__ import annotations
 
+import gzip
 import sys
 from pathlib import Path
 
@@ -21,7 +22,8 @@ _MAX_BYTES = 64 * 2**20  # a sanitizer log of 3,000 records is ~3 MB; beyond thi
 def explain_command(
     file: Path = typer.Argument(
         ...,
-        help="A saved compute-sanitizer log (text), a Python traceback, or a file with both. '-' reads stdin.",
+        help="A saved compute-sanitizer log (text), a Python traceback, or a file with both; gzip is read "
+        "too. '-' reads stdin.",
         show_default=False,
     ),
     json_out: bool = typer.Option(False, "--json", help="Write the explanation as one JSON document."),
@@ -37,7 +39,7 @@ def explain_command(
     err = stderr_console()
     try:
         text = _read(file)
-    except (OSError, UnicodeError, ValueError) as exc:
+    except (OSError, UnicodeError, ValueError, EOFError) as exc:
         err.print(Text(f"error: cannot read {file}: {exc}", style="red"))
         raise typer.Exit(ExitCode.USAGE) from None
     try:
@@ -61,6 +63,8 @@ def _read(file: Path) -> str:
     if file.stat().st_size > _MAX_BYTES:
         raise ValueError(f"larger than {_MAX_BYTES // 2**20} MiB; pass the first records only")
     data = file.read_bytes()
+    if data[:2] == b"\x1f\x8b":  # gzip: a device assert prints one line per thread, logs get big
+        data = gzip.decompress(data)[:_MAX_BYTES]
     return data.decode("utf-8", errors="replace")
 
 

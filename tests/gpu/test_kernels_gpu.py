@@ -13,6 +13,7 @@ Run on a GPU machine: ``python -m pytest tests/gpu -q`` (skipped without GPUs).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -20,16 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-UNIT = Path(__file__).resolve().parents[1] / "unit"
-if str(UNIT) not in sys.path:  # the case tables and tolerances live with the CPU tests
-    sys.path.insert(0, str(UNIT))
-
-import test_kernels_backward as bwd  # noqa: E402
-import test_kernels_forward as fwd  # noqa: E402
-import test_routing_block as blk  # noqa: E402
-
-from qmoe_doctor.kernels.backward import (  # noqa: E402
+from qmoe_doctor.kernels.backward import (
     dw_grid_size,
     launch_grouped_gemm_dw,
     moe_grouped_gemm_dw,
@@ -39,14 +31,22 @@ from qmoe_doctor.kernels.backward import (  # noqa: E402
     pick_dw_config,
     row_bounds,
 )
-from qmoe_doctor.kernels.grouped_gemm import (  # noqa: E402
+from qmoe_doctor.kernels.grouped_gemm import (
     grid_size,
     launch_grouped_gemm,
     moe_grouped_gemm,
     moe_grouped_gemm_torch,
     pick_config,
 )
-from qmoe_doctor.kernels.moe_block import MoEBlock  # noqa: E402
+from qmoe_doctor.kernels.moe_block import MoEBlock
+
+UNIT = Path(__file__).resolve().parents[1] / "unit"
+if str(UNIT) not in sys.path:  # the case tables and tolerances live with the CPU tests
+    sys.path.insert(0, str(UNIT))
+
+import test_kernels_backward as bwd  # noqa: E402
+import test_kernels_forward as fwd  # noqa: E402
+import test_routing_block as blk  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -181,35 +181,35 @@ def test_expert_offset_at_int32_boundary(stride_we: int) -> None:
     torch.cuda.empty_cache()
 
 
+ROW_STRIDE_UNDER = (I32 - SMALL_K) // 3 // 16 * 16  # row 3 ends before element 2**31
+ROW_STRIDE_OVER = -(-I32 // 3 // 16) * 16  # row 3 starts past element 2**31
+
+
 @pytest.mark.parametrize(
-    "last_row_offset",
-    [pytest.param(I32 - 2 * SMALL_K, id="last-row-just-under-2**31"), pytest.param(I32 + 16, id="last-row-just-over-2**31")],
+    "stride",
+    [pytest.param(ROW_STRIDE_UNDER, id="row-3-just-under-2**31"), pytest.param(ROW_STRIDE_OVER, id="row-3-just-over-2**31")],
 )
-def test_row_offset_at_int32_boundary(last_row_offset: int) -> None:
-    """x and dy (4, K) with a row stride so wide that row 3 starts ~2**31 elements in."""
+def test_row_offset_at_int32_boundary(stride: int) -> None:
+    """A (4, 64) operand whose row stride is so wide that row 3 sits ~2**31 elements in, used
+    as x (forward, dw) and as dy (dx, dw: N = K = 64 here)."""
     rows = 4
-    stride = -(-last_row_offset // (rows - 1) // 16) * 16  # row 3 at >= last_row_offset
-    if last_row_offset < I32:
-        stride = (last_row_offset // (rows - 1)) // 16 * 16
-    buf = torch.zeros(stride * (rows - 1) + SMALL_K, dtype=BF16, device=CUDA)
-    x = buf.as_strided((rows, SMALL_K), (stride, 1))
+    assert (3 * stride >= I32) == (stride == ROW_STRIDE_OVER)
+    buf = torch.zeros(3 * stride + SMALL_K, dtype=BF16, device=CUDA)
+    wide = buf.as_strided((rows, SMALL_K), (stride, 1))
     gen = torch.Generator(device=CUDA).manual_seed(1)
     for r in range(rows):
-        x[r].copy_(torch.randn(SMALL_K, device=CUDA, generator=gen))
-    assert ((rows - 1) * stride >= I32) == (last_row_offset >= I32)
+        wide[r].copy_(torch.randn(SMALL_K, device=CUDA, generator=gen))
     w = torch.randn(2, SMALL_N, SMALL_K, device=CUDA, generator=gen).to(BF16)
-    dy = torch.randn(rows, SMALL_N, device=CUDA, generator=gen).to(BF16)
     m_sizes = torch.tensor([1, 3], dtype=torch.int32, device=CUDA)
-    fwd.assert_close(moe_grouped_gemm(x, w, m_sizes), moe_grouped_gemm_torch(x.double(), w.double(), m_sizes), BF16)
+    wide64 = wide.double()
+    fwd.assert_close(moe_grouped_gemm(wide, w, m_sizes), moe_grouped_gemm_torch(wide64, w.double(), m_sizes), BF16)
     fwd.assert_close(
-        moe_grouped_gemm_dw(dy, x, m_sizes), moe_grouped_gemm_dw_torch(dy.double(), x.double(), m_sizes), BF16
+        moe_grouped_gemm_dx(wide, w, m_sizes), moe_grouped_gemm_dx_torch(wide64, w.double(), m_sizes), BF16
     )
-    dy_wide = x[:, : SMALL_N] if SMALL_N <= SMALL_K else None  # dx reads dy through the wide stride
-    assert dy_wide is not None
     fwd.assert_close(
-        moe_grouped_gemm_dx(dy_wide, w, m_sizes), moe_grouped_gemm_dx_torch(dy_wide.double(), w.double(), m_sizes), BF16
+        moe_grouped_gemm_dw(wide, wide, m_sizes), moe_grouped_gemm_dw_torch(wide64, wide64, m_sizes), BF16
     )
-    del buf, x
+    del buf, wide
     torch.cuda.empty_cache()
 
 
@@ -317,8 +317,6 @@ def test_bench_kernels_runs_on_gpu(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    import json
-
     report = json.loads(out.read_text())
     assert report["timed"] is True
     ours = [r for r in report["rows"] if r["impl"] == "qmoe"]

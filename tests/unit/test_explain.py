@@ -20,6 +20,7 @@ from qmoe_doctor.explain import NothingToExplain, explain_text, parse_traceback
 from qmoe_doctor.records import ErrorKind
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+RECORDED = FIXTURES / "recorded" / "h200x2-run1" / "sanitizer"  # ours: 2x H200, compute-sanitizer 2025.3.1
 LOGS = sorted((FIXTURES / "sanitizer").glob("*.log"))
 TRACEBACKS = sorted((FIXTURES / "tracebacks").glob("*.txt"))
 runner = CliRunner()
@@ -191,10 +192,7 @@ def test_file_with_both_log_and_traceback() -> None:
 
 
 def test_clean_summary_is_not_a_finding() -> None:
-    # The summary line's format as quoted in shared/FINDINGS.md (compute-sanitizer 2025.3.1);
-    # to be replaced by the lead's recorded clean run.
-    text = log("sglang_2599_fused_moe_memcheck.log").splitlines()[0] + "\n========= ERROR SUMMARY: 0 errors\n"
-    e = explain_text(text)
+    e = explain_text((RECORDED / "memcheck-builtin-clean.log").read_text(encoding="utf-8"))
     assert not e.findings and e.fits == ()
     assert e.headline.startswith("compute-sanitizer reported no errors")
     assert any("cannot see races across streams or GPUs" in c for c in e.caveats)
@@ -243,12 +241,52 @@ def test_cli_json_fields() -> None:
     assert doc["sanitizer"]["groups"][0]["count"] == 1
 
 
-def test_cli_clean_run_exits_0(tmp_path: Path) -> None:
-    f = tmp_path / "clean.log"
-    f.write_text("========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n")  # FINDINGS.md format
-    result = run(str(f))
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("memcheck-builtin-clean.log", "no errors"),
+        ("memcheck-unmasked-overrouted-cached.log", "no errors"),
+        ("racecheck-builtin-clean.log", "no hazards"),
+    ],
+)
+def test_cli_clean_runs_exit_0(name: str, says: str) -> None:
+    result = run(str(RECORDED / name))
     assert result.exit_code == 0, result.output
-    assert "no errors" in result.stdout
+    assert says in result.stdout
+
+
+def test_cli_recorded_int32_assert_gzipped() -> None:
+    result = run(str(RECORDED / "traceback-int32-debug.stderr.gz"), "--json")
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    assert doc["error_kind"] == "device-assert"
+    assert doc["assert_site"] == "/work/main/kernels/specimens/int32_offsets.py:102"
+    assert doc["fits"][0]["cause"] == "int32-offset-overflow"
+    assert doc["next_steps"][0].endswith(
+        "--kernel /work/main/kernels/specimens/int32_offsets.py:fn --condition int32-boundary"
+    )
+    assert any("asynchronous" in c for c in doc["caveats"])
+
+
+@pytest.mark.parametrize(
+    ("name", "arg"), [("traceback-unguarded-nopeer.stderr", 0), ("traceback-default-buffer-peer.stderr", 2)]
+)
+def test_recorded_pointer_check_failures(name: str, arg: int) -> None:
+    e = explain_text((RECORDED / name).read_text(encoding="utf-8"))
+    assert e.error_kind is ErrorKind.POINTER_INACCESSIBLE and e.pointer_argument == arg
+    assert e.kernel == "_grouped_gemm_kernel"
+    assert e.next_steps[0] == (
+        "qmoe-doctor repro --gpus 0,1 --kernel /work/main/kernels/grouped_gemm.py:launch_grouped_gemm"
+        " --condition no-peer"
+    )
+
+
+def test_recorded_sanitizer_log_user_frames_skip_the_launch_path() -> None:
+    e = explain_text((RECORDED / "memcheck-unmasked-far-overrouted.log").read_text(encoding="utf-8"))
+    assert e.user_frames[0] == "_common.py:35 in launch_kernel"
+    assert "unmasked_rows.py:29 in moe_grouped_gemm" in e.user_frames
+    assert not any(f.startswith(("driver.py", "jit.py")) for f in e.user_frames)
+    assert [f.cause for f in e.fits] == ["invalid-routing", "cross-device-stream-race"]
 
 
 def test_cli_both_in_one_file(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ TOLERANCE: dict[torch.dtype, Tol] = {
     torch.bfloat16: Tol(gemm=1e-2, block=2e-2),  # 1.7e-3 measured on H200 at M=4096, E=128
 }
 
-CANARY = -777.0  # written around outputs; must be there after the run
+CANARY = -768.0  # written around outputs; must be there after the run (exact in bf16 and fp16)
 CPU_DTYPES = (torch.float32, torch.float16)  # bf16 tl.dot is garbage in the interpreter
 
 

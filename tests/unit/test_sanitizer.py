@@ -666,3 +666,49 @@ def test_attribute_a_real_report_before_a_weight_stack() -> None:
     assert (m.relation, m.distance) == ("before", 1_241_911_296)
     assert m.expert is not None and m.expert < 0
     assert "int32 product that wrapped negative" in a.sentences[0]
+
+
+# --- our own recordings (compute-sanitizer 2025.3.1 on 2x H200, tests/fixtures/recorded/) -------
+
+RECORDED = FIXTURES / "recorded" / "h200x2-run1" / "sanitizer"
+
+
+def recorded(name: str) -> SanitizerReport:
+    return parse_sanitizer_log((RECORDED / name).read_text(encoding="utf-8"))
+
+
+def test_recorded_over_routed_run_with_print_limit_and_python_frames() -> None:
+    r = recorded("memcheck-unmasked-far-overrouted.log")
+    assert r.error_summary == 2667 and r.errors_not_printed == 2617  # 50 printed
+    assert len(r.errors) == 50 and all(e.complete for e in r.errors) and not r.truncated
+    (g,) = r.groups
+    assert g.count == 50 and g.distinct_addresses == 50 and g.kernel == "_grouped_gemm_kernel_unmasked"
+    assert g.location is not None and (g.location.file, g.location.line) == ("unmasked_rows.py", 111)
+    e = r.errors[0]
+    assert (e.access, e.size) == ("write", 16)
+    assert e.nearest == NearestAllocation(relation="after", distance=129_937, base=0x7F8B00A55400, size=112)
+    frames = [(h.function, h.file, h.line) for h in e.host_frames if h.file]
+    assert frames[:3] == [("__call__", "driver.py", 713), ("run", "jit.py", 744), ("<lambda>", "jit.py", 370)]
+    assert ("moe_grouped_gemm", "unmasked_rows.py", 29) in frames
+    assert e.host_frames[0].function == "launch"
+    assert e.host_frames[0].module == "__triton_launcher.cpython-312-x86_64-linux-gnu.so"
+
+
+def test_recorded_one_byte_past_an_allocation_without_caching() -> None:
+    r = recorded("memcheck-unmasked-overrouted-nocache.log")
+    assert r.error_summary == 450 and r.errors_not_printed == 400
+    assert r.errors[0].nearest is not None
+    assert (r.errors[0].nearest.relation, r.errors[0].nearest.distance) == ("after", 1)
+
+
+@pytest.mark.parametrize(
+    ("name", "tool"),
+    [
+        ("memcheck-builtin-clean.log", None),
+        ("memcheck-unmasked-overrouted-cached.log", None),  # the caching allocator hid the writes
+        ("racecheck-builtin-clean.log", "racecheck"),
+    ],
+)
+def test_recorded_clean_runs(name: str, tool: str | None) -> None:
+    r = recorded(name)
+    assert r.clean and not r.has_findings and r.tool == tool

@@ -1,0 +1,119 @@
+"""`qmoe-doctor scan` end to end on the CPU tier (real child processes, Triton interpreter)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from qmoe_doctor.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # no NVML on CI machines; make that explicit so a dev box with a GPU still tests the CPU tier
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+
+def test_scan_builtin_cpu_tier_is_healthy(tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    result = runner.invoke(app, ["scan", "--cpu", "--save", str(out), "--log-dir", str(tmp_path / "logs")])
+    assert result.exit_code == 0, result.output
+    assert "healthy" in result.output
+    report = json.loads(out.read_text())
+    assert report["healthy"] is True and report["tier"] == "cpu"
+    assert {o["spec"]["condition"] for o in report["outcomes"]} == {
+        "repeat-call", "single", "over-routed", "negative-sizes",
+    }
+    assert all(o["status"] == "pass" for o in report["outcomes"])
+
+
+def test_scan_json_is_versioned(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["scan", "--cpu", "--json", "--only", "single", "--log-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["kind"] == "scan" and doc["schema_version"] == 1
+    assert doc["diagnoses"] == [] and len(doc["outcomes"]) == 1
+
+
+def test_scan_specimen_unmasked_rows_names_invalid_routing(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, ["scan", "--cpu", "--kernel", "specimen:unmasked_rows", "--only", "single,negative-sizes",
+              "--json", "--log-dir", str(tmp_path)],
+    )
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.stdout)
+    assert [d["cause"] for d in doc["diagnoses"]] == ["invalid-routing"]
+
+
+def test_scan_user_kernel_from_a_file(tmp_path: Path) -> None:
+    src = tmp_path / "mykernel.py"
+    src.write_text(
+        "from qmoe_doctor.kernels import moe_grouped_gemm\n"
+        "def fused(x, w, m_sizes):\n"
+        "    return moe_grouped_gemm(x, w, m_sizes)\n"
+    )
+    result = runner.invoke(app, ["scan", "--cpu", "--kernel", f"{src}:fused", "--only", "single", "--log-dir", str(tmp_path / "l")])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--kernel", "nosuchfile.py:fn"], "does not exist"),
+        (["--kernel", "specimen:nope"], "nope"),
+        (["--kernel", "no_colon_here"], "module:function"),
+        (["--only", "bogus"], "unknown condition"),
+        (["--preset", "gpt5"], "unknown preset"),
+    ],
+)
+def test_scan_bad_input_is_a_usage_error(args: list[str], needle: str) -> None:
+    result = runner.invoke(app, ["scan", "--cpu", *args])
+    assert result.exit_code == 2
+    assert needle in result.output
+
+
+def test_scan_kernel_that_fails_to_import_gets_a_paragraph_not_a_traceback(tmp_path: Path) -> None:
+    src = tmp_path / "broken.py"
+    src.write_text("import not_a_real_module_qmoe\n\ndef fn(x, w, m):\n    return x\n")
+    result = runner.invoke(app, ["scan", "--cpu", "--kernel", f"{src}:fn", "--log-dir", str(tmp_path / "l")])
+    assert result.exit_code == 2
+    assert "could not be used" in result.output and "not_a_real_module_qmoe" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_scan_kernel_with_wrong_signature(tmp_path: Path) -> None:
+    src = tmp_path / "sig.py"
+    src.write_text("def fn(x):\n    return x\n")
+    result = runner.invoke(app, ["scan", "--cpu", "--kernel", f"{src}:fn", "--log-dir", str(tmp_path / "l")])
+    assert result.exit_code == 2
+    assert "fn(x, w, m_sizes)" in result.output
+
+
+def test_gpus_without_gpus_is_a_usage_error() -> None:
+    result = runner.invoke(app, ["scan", "--gpus", "0,1"])
+    assert result.exit_code == 2
+    assert "no GPU" in result.output
+
+
+def test_parent_never_imports_torch() -> None:
+    code = (
+        "import sys\n"
+        "import qmoe_doctor.cli, qmoe_doctor.scan, qmoe_doctor.classify, qmoe_doctor.plan\n"
+        "import qmoe_doctor.isolate, qmoe_doctor.render, qmoe_doctor.inventory\n"
+        "bad = [m for m in ('torch', 'triton') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_version_and_help() -> None:
+    assert runner.invoke(app, ["--version"]).output.startswith("qmoe-doctor ")
+    help_text = runner.invoke(app, ["scan", "--help"]).output
+    assert "--gpus" in help_text and "Exit codes" in help_text
