@@ -42,23 +42,25 @@ def resolve_shape(
     norm_topk_prob: bool | None = None,
 ) -> MoEShape:
     """A preset (object or name) with explicit sizes overriding it, or explicit sizes alone."""
-    given = {
-        "num_experts": num_experts,
-        "top_k": top_k,
-        "hidden": hidden,
-        "intermediate": intermediate,
-        "norm_topk_prob": norm_topk_prob,
-    }
-    given = {key: value for key, value in given.items() if value is not None}
     if isinstance(shape, str):
         shape = get_preset(shape)
     if shape is None:
-        missing = [key for key in ("num_experts", "top_k", "hidden", "intermediate") if key not in given]
+        sizes = {"num_experts": num_experts, "top_k": top_k, "hidden": hidden, "intermediate": intermediate}
+        missing = [key for key, value in sizes.items() if value is None]
         if missing:
             raise ValueError(f"give a MoEShape (or preset name) or all of the sizes; missing: {missing}")
-        shape = MoEShape(name="custom", **given)  # type: ignore[arg-type]
-    elif given:
-        shape = dataclasses.replace(shape, name=f"{shape.name}-custom", **given)
+        shape = MoEShape(name="custom", num_experts=0, top_k=0, hidden=0, intermediate=0)
+    overridden = dataclasses.replace(
+        shape,
+        num_experts=shape.num_experts if num_experts is None else num_experts,
+        top_k=shape.top_k if top_k is None else top_k,
+        hidden=shape.hidden if hidden is None else hidden,
+        intermediate=shape.intermediate if intermediate is None else intermediate,
+        norm_topk_prob=shape.norm_topk_prob if norm_topk_prob is None else norm_topk_prob,
+    )
+    if overridden != shape and shape.name != "custom":
+        overridden = dataclasses.replace(overridden, name=f"{shape.name}-custom")
+    shape = overridden
     for key in ("num_experts", "top_k", "hidden", "intermediate"):
         if getattr(shape, key) <= 0:
             raise ValueError(f"{key} must be positive, got {getattr(shape, key)}")
@@ -95,12 +97,15 @@ class _SparseMoEBase(nn.Module):
         self.num_experts = s.num_experts
         self.top_k = s.top_k
         self.norm_topk_prob = s.norm_topk_prob
-        factory = {"device": device, "dtype": dtype}
-        self.gate = nn.Linear(s.hidden, s.num_experts, bias=False, **factory)  # type: ignore[arg-type]
+        self.gate = nn.Linear(s.hidden, s.num_experts, bias=False, device=device, dtype=dtype)
         # (E, 2*I, H): rows [0, I) are gate_proj, rows [I, 2I) are up_proj of each expert
-        self.gate_up_proj = nn.Parameter(torch.empty(s.num_experts, 2 * s.intermediate, s.hidden, **factory))  # type: ignore[arg-type]
+        self.gate_up_proj = nn.Parameter(
+            torch.empty(s.num_experts, 2 * s.intermediate, s.hidden, device=device, dtype=dtype)
+        )
         # (E, H, I)
-        self.down_proj = nn.Parameter(torch.empty(s.num_experts, s.hidden, s.intermediate, **factory))  # type: ignore[arg-type]
+        self.down_proj = nn.Parameter(
+            torch.empty(s.num_experts, s.hidden, s.intermediate, device=device, dtype=dtype)
+        )
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -388,6 +388,85 @@ def _negative_sizes(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
     return _with_baseline(ctx, kernel, x, w, m_valid, variant)
 
 
+# Offset / stride variants: (what the operands are, what edge it covers). Each is compared with
+# the twin on the same values; the kernel must handle any strides and any storage offset.
+OFFSET_VARIANTS: dict[str, str] = {
+    "storage-offset-1": "x and w start 1 element into their buffers (breaks 16-byte alignment)",
+    "storage-offset-8": "x and w start 8 elements (16 bytes) into their buffers",
+    "padded-rows": "x rows padded: row stride K + 24 (a slice of a wider buffer)",
+    "transposed-w": "w is a transposed view of an (E, K, N) buffer (non-contiguous)",
+    "empty-experts": "every other expert gets no rows",
+    "hot-expert": "all rows on one expert",
+    "last-expert": "all rows on the last expert",
+    "m-not-multiple": "M = 4093, not a multiple of any tile",
+}
+
+
+def _view_into(t: torch.Tensor, offset: int) -> torch.Tensor:
+    """The same values as ``t``, as a view starting ``offset`` elements into a larger buffer."""
+    buf = torch.full((t.numel() + offset + 64,), float("nan"), dtype=t.dtype, device=t.device)
+    view = buf[offset : offset + t.numel()].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+def _offsets(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+    spec = ctx.spec
+    variant = str(spec.params.get("variant", ""))
+    if variant not in OFFSET_VARIANTS:
+        return _skip(ctx, f"unknown offset variant {variant!r}; known: {', '.join(OFFSET_VARIANTS)}")
+    dev = _device(spec.device)
+    ctx.crumb(Phase.SETUP)
+    x, w, m_sizes = make_operands(spec, dev)
+    ctx.fact("variant", variant)
+    ctx.note(OFFSET_VARIANTS[variant])
+    if variant.startswith("storage-offset-"):
+        off = int(variant.rsplit("-", 1)[1])
+        x, w = _view_into(x, off), _view_into(w, off)
+    elif variant == "padded-rows":
+        wide = torch.full((x.shape[0], x.shape[1] + 24), float("nan"), dtype=x.dtype, device=dev)
+        wide[:, : x.shape[1]] = x
+        x = wide[:, : x.shape[1]]
+    elif variant == "transposed-w":
+        w = w.transpose(1, 2).contiguous().transpose(1, 2)
+    ctx.fact("x_strides", list(x.stride()))
+    ctx.fact("w_strides", list(w.stride()))
+    _register(ctx, x, w, m_sizes)
+    ref = reference(x, w, m_sizes)
+    trap = OutputTrap(_out_nbytes(spec), dev)
+    return _call_and_check(ctx, kernel, x, w, m_sizes, ref, trap=trap)
+
+
+def _launch_config(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+    """The kernel with one pinned launch config (kernels that take ``config=GemmConfig``)."""
+    import inspect
+
+    spec = ctx.spec
+    try:
+        accepts = "config" in inspect.signature(kernel).parameters
+    except (TypeError, ValueError):
+        accepts = False
+    if not accepts:
+        return _skip(ctx, "the kernel takes no config= argument: its launch configs cannot be pinned")
+    from qmoe_doctor.kernels.grouped_gemm import GemmConfig
+
+    p = spec.params
+    cfg = GemmConfig(int(p["block_m"]), int(p["block_n"]), int(p["block_k"]), int(p["num_warps"]), int(p["num_stages"]))
+    dev = _device(spec.device)
+    ctx.crumb(Phase.SETUP)
+    itemsize = torch.empty((), dtype=_DTYPES[spec.shape.dtype]).element_size()
+    ctx.fact("config", f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}")
+    ctx.fact("smem_bytes_estimate", cfg.smem_bytes(itemsize))
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        ctx.fact("smem_limit_bytes", int(getattr(props, "shared_memory_per_block_optin", 0)))
+        ctx.fact("regs_per_block_limit", int(getattr(props, "regs_per_block", 0) or 0))
+    x, w, m_sizes = make_operands(spec, dev)
+    _register(ctx, x, w, m_sizes)
+    ref = reference(x, w, m_sizes)
+    return _call_and_check(ctx, lambda a, b, c: kernel(a, b, c, config=cfg), x, w, m_sizes, ref)
+
+
 def _repeat_call(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
     """First and second call of the process on identical inputs (autotuners run on the first)."""
     spec = ctx.spec
@@ -588,6 +667,8 @@ _RUNNERS: dict[Condition, Callable[[Any, Callable[..., Any]], dict[str, Any]]] =
     Condition.SIDE_STREAM: _side_stream,
     Condition.OVER_ROUTED: _over_routed,
     Condition.NEGATIVE_SIZES: _negative_sizes,
+    Condition.OFFSETS: _offsets,
+    Condition.LAUNCH_CONFIG: _launch_config,
     Condition.REPEAT_CALL: _repeat_call,
     Condition.INT32_BOUNDARY: _int32_boundary,
     Condition.GUARDED: _guarded,

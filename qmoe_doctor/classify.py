@@ -63,19 +63,27 @@ class Cell:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Matrix:
-    """Outcomes keyed by (group, condition). A group is a pair ("0->1") or a device ("GPU 1",
-    "CPU"): the part of the probe id before the slash."""
+    """Outcomes keyed by (group, condition, variant). A group is a pair ("0->1") or a device
+    ("GPU 1", "CPU"): the part of the probe id before the slash. A variant tells apart several
+    cells of one condition (offset sweeps, launch configs); it is "" otherwise."""
 
-    cells: dict[tuple[str, Condition], Cell] = field(default_factory=dict)
+    cells: dict[tuple[str, Condition, str], Cell] = field(default_factory=dict)
 
-    def get(self, group: str, cond: Condition) -> Cell | None:
-        return self.cells.get((group, cond))
+    def get(self, group: str, cond: Condition, variant: str = "") -> Cell | None:
+        return self.cells.get((group, cond, variant))
 
     def groups(self) -> list[str]:
         seen: dict[str, None] = {}
-        for group, _ in self.cells:
+        for group, _, _ in self.cells:
             seen.setdefault(group, None)
         return list(seen)
+
+    def variants(self, group: str, cond: Condition) -> list[Cell]:
+        return [c for (g, k, _), c in self.cells.items() if g == group and k is cond]
+
+
+def variant_of(outcome: Outcome) -> str:
+    return str(outcome.spec.params.get("variant", ""))
 
 
 def group_of(outcome: Outcome) -> str:
@@ -103,12 +111,12 @@ def build_matrix(outcomes: Iterable[Outcome]) -> Matrix:
     for o in outcomes:
         if o.spec.condition is Condition.GUARDED and o.status is Status.PASS and o.kernel_ms:
             baselines[group_of(o)] = o.kernel_ms
-    cells: dict[tuple[str, Condition], Cell] = {}
+    cells: dict[tuple[str, Condition, str], Cell] = {}
     for o in outcomes:
         group = group_of(o)
         base = baselines.get(group) if o.spec.condition.is_pair else None
         label, slowdown = cell_label(o, base)
-        cells[(group, o.spec.condition)] = Cell(outcome=o, label=label, slowdown=slowdown)
+        cells[(group, o.spec.condition, variant_of(o))] = Cell(outcome=o, label=label, slowdown=slowdown)
     return Matrix(cells=cells)
 
 
@@ -413,22 +421,43 @@ def classify(
             )
         )
 
-    # --- launch configs the device rejects ---
-    ev_cfg = [
-        _ev(c)
-        for c in matrix.cells.values()
-        if c.outcome.error_kind is ErrorKind.OUT_OF_RESOURCES
-    ]
+    # --- launch configs the device rejects, or that run and give wrong numbers ---
+    ev_cfg: list[Evidence] = []
+    cfg_where: list[str] = []
+    for (group, cond, _variant), c in matrix.cells.items():
+        o = c.outcome
+        if o.error_kind is ErrorKind.OUT_OF_RESOURCES:
+            facts = o.facts
+            limit = ""
+            if facts.get("smem_bytes_estimate") and facts.get("smem_limit_bytes"):
+                limit = (
+                    f" (config {facts.get('config')}: about {int(facts['smem_bytes_estimate']):,} B of "
+                    f"shared memory asked, {int(facts['smem_limit_bytes']):,} B per block on this device)"
+                )
+            ev_cfg.append(_ev(c, _describe(c) + limit))
+        elif cond is Condition.LAUNCH_CONFIG and c.failed:
+            base = matrix.get(group, Condition.SINGLE)
+            if base is None or not base.ok:
+                continue
+            ev_cfg.append(_ev(base, "correct with the kernel's own config choice"))
+            ev_cfg.append(_ev(c, f"config {o.facts.get('config')}: " + _describe(c)))
+        else:
+            continue
+        explained.add(o.probe_id)
+        if where(group) not in cfg_where:
+            cfg_where.append(where(group))
     if ev_cfg:
-        for e in ev_cfg:
-            explained.add(e.probe_id)
         diagnoses.append(
             Diagnosis(
                 cause="launch-config-fault",
                 confidence=Confidence.HIGH,
-                summary="a launch config asks for more shared memory or registers than the device has",
+                summary=(
+                    "a launch config the device cannot run (more shared memory or registers than a "
+                    "block may have), or one that runs and gives wrong numbers"
+                ),
                 evidence=tuple(ev_cfg),
-                where=tuple(sorted({names.get(group_of(c.outcome), group_of(c.outcome)) for c in matrix.cells.values() if c.outcome.error_kind is ErrorKind.OUT_OF_RESOURCES})),
+                where=tuple(cfg_where),
+                repro=_repro(kernel, cfg_where, "launch-config"),
             )
         )
 

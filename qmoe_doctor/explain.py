@@ -18,7 +18,8 @@ from typing import Literal
 
 from qmoe_doctor.causes import CAUSES
 from qmoe_doctor.errors import classify_error, pointer_arg_index
-from qmoe_doctor.records import SCHEMA_VERSION, ErrorKind
+from qmoe_doctor.plan import DEFAULT_CONDITIONS
+from qmoe_doctor.records import SCHEMA_VERSION, Condition, ErrorKind
 from qmoe_doctor.sanitizer import (
     CodeLocation,
     ErrorGroup,
@@ -92,6 +93,11 @@ _CXX_WHAT = re.compile(r"^\s*what\(\):\s+(?P<msg>.+)$")
 _CXX_THROW = re.compile(r"terminate called after throwing an instance of '(?P<type>[^']+)'")
 _ASSERT = re.compile(
     r"^(?:(?P<file>(?:[A-Za-z]:)?[^\s:]+):(?P<line>\d+):\s*)?(?:(?P<func>[^:\[\]`]+?):\s*)?"
+    r"(?:(?:block|global id): \[(?P<block>[^\]]*)\],\s*(?:thread|local id): \[(?P<thread>[^\]]*)\]\s*)?"
+    r"Assertion [`'](?P<msg>.*?)[`'] failed"
+)
+# the end of an assertion line whose front was cut off (no anchor: anything may precede it)
+_ASSERT_TAIL = re.compile(
     r"(?:(?:block|global id): \[(?P<block>[^\]]*)\],\s*(?:thread|local id): \[(?P<thread>[^\]]*)\]\s*)?"
     r"Assertion [`'](?P<msg>.*?)[`'] failed"
 )
@@ -185,6 +191,12 @@ def parse_traceback(text: str) -> TracebackReport:
                     thread=am.group("thread"),
                 )
             )
+            continue
+        am = _ASSERT_TAIL.search(line)
+        if am:
+            # the front of the line was split off by another thread's or the traceback's write
+            # (measured: TRITON_DEBUG asserts on 2x H200): keep what the tail says, no file:line
+            asserts.append(DeviceAssert(message=am.group("msg"), block=am.group("block"), thread=am.group("thread")))
             continue
         tm = _CXX_THROW.search(line)
         if tm:
@@ -295,13 +307,35 @@ def _gpus(text: str) -> str:
     return "0,1"
 
 
-def _repro(gpus: str, kernel: str, condition: str | None = None) -> str:
-    cmd = f"qmoe-doctor repro --gpus {gpus} --kernel {kernel}"
-    return cmd + (f" --condition {condition}" if condition else "")
+def _repro(gpus: str, kernel: str) -> str:
+    """``qmoe-doctor repro --gpus A,B --kernel REF``: run the user's kernel the way it failed."""
+    return f"qmoe-doctor repro --gpus {gpus} --kernel {kernel}"
 
 
-def _scan(gpus: str, kernel: str) -> str:
-    return f"qmoe-doctor scan --gpus {gpus} --kernel {kernel}"
+def _scan(gpus: str, kernel: str, only: Sequence[str] = ()) -> str:
+    """``qmoe-doctor scan --gpus A,B --kernel REF [--only C1,C2]``: the cells whose differential
+    evidence settles a cause. Every condition must be one that scan plans (a typo here would hand
+    the user a command that runs nothing), so a wrong one fails loudly in the tests."""
+    cmd = f"qmoe-doctor scan --gpus {gpus} --kernel {kernel}"
+    if only:
+        for name in only:
+            if Condition(name) not in DEFAULT_CONDITIONS:
+                raise ValueError(f"scan does not plan condition {name!r}")
+        cmd += " --only " + ",".join(only)
+    return cmd
+
+
+def _first_gpu(gpus: str) -> str:
+    """The int32-boundary cell needs one GPU only: the first of the pair."""
+    return gpus.split(",")[0]
+
+
+# the scan cells that tell each cause apart from the others (the same sets classify.py cites)
+_ROUTING = ("over-routed", "negative-sizes")
+_RACE = ("peer", "producer-race", "sizes-race")
+_GUARD = ("no-peer", "peer", "producer-race")
+_BUFFER = ("no-peer", "peer")
+_INT32 = ("int32-boundary",)
 
 
 def _bytes(n: int) -> str:
@@ -425,33 +459,33 @@ def _sanitizer_fits(report: SanitizerReport, kernel: str, gpus: str) -> tuple[li
                     "invalid-routing",
                     f"the access lands {_bytes(n.distance)} past the end of a {n.size:,}-byte allocation: a "
                     "row or expert just past a tensor, what m_sizes summing past M or an expert id >= E give",
-                    _repro(gpus, kernel, "over-routed"),
+                    _scan(gpus, kernel, _ROUTING),
                 )
                 add(
                     "cross-device-stream-race",
                     "the same shape appears when m_sizes is read before its producer (on another GPU's "
                     "stream) finished writing it: stale sizes walk past the rows",
-                    _repro(gpus, kernel, "sizes-race"),
+                    _scan(gpus, kernel, ("peer", "sizes-race")),
                 )
             if n is not None and n.relation == "before" and n.size >= 2**31:
                 add(
                     "int32-offset-overflow",
                     f"the address is {_bytes(n.distance)} before an allocation of {_bytes(n.size)} (more than "
                     "2**31 bytes): an int32 index x stride product that wrapped negative lands before the base",
-                    _repro("0", kernel, "int32-boundary"),
+                    _scan(_first_gpu(gpus), kernel, _INT32),
                 )
             if n is not None and n.relation != "inside" and n.distance >= _FAR:
                 add(
                     "missing-device-guard",
                     f"the address is {_bytes(n.distance)} from the nearest allocation of the device that ran "
                     "the kernel: compute-sanitizer reports a dereference of another GPU's memory this way",
-                    _repro(gpus, kernel, "peer"),
+                    _scan(gpus, kernel, _GUARD),
                 )
                 add(
                     "default-device-buffer",
                     "a helper or output buffer allocated on the current device instead of the input's gives "
                     "the same far-away pointer",
-                    _repro(gpus, kernel, "peer"),
+                    _scan(gpus, kernel, _BUFFER),
                 )
             if n is not None and n.relation == "inside":
                 add(
@@ -479,28 +513,34 @@ def _sanitizer_fits(report: SanitizerReport, kernel: str, gpus: str) -> tuple[li
                 )
             elif "launchfailure" in err:
                 add(
+                    "invalid-routing",
+                    "under memcheck an out-of-bounds access aborts the kernel, and the next CUDA call reports "
+                    "an unspecified launch failure (measured: our over-routed cell on 2x H200)",
+                    _scan(gpus, kernel, _ROUTING),
+                )
+                add(
                     "int32-offset-overflow",
                     "an unspecified launch failure is also how some drivers surface Triton's int32 overflow "
                     "assertion (triton #11349)",
-                    _repro("0", kernel, "int32-boundary"),
+                    _scan(_first_gpu(gpus), kernel, _INT32),
                 )
             elif "assert" in err:
                 add(
                     "int32-offset-overflow",
                     "a device-side assert at a CUDA API call",
-                    _repro("0", kernel, "int32-boundary"),
+                    _scan(_first_gpu(gpus), kernel, _INT32),
                 )
         elif e.category == "uninitialized":
             add(
                 "cross-device-stream-race",
                 "the kernel read global memory nothing had written yet: a kernel that runs before its producer "
                 "(another stream or GPU) fits",
-                _repro(gpus, kernel, "producer-race"),
+                _scan(gpus, kernel, ("peer", "producer-race")),
             )
             add(
                 "wrong-device-stream",
                 "a launch on a stream that does not wait for the producer reads unwritten memory the same way",
-                _repro(gpus, kernel, "side-stream"),
+                _scan(gpus, kernel, ("side-stream",)),
             )
     if any(e.category == "race" for e in report.errors) or report.racecheck_summary is not None:
         caveats.append(
@@ -521,7 +561,7 @@ def _traceback_fits(tb: TracebackReport, kind: ErrorKind | None, kernel: str, gp
                 "missing-device-guard",
                 f"Triton's launch check found {which} not accessible from the current device: the tensors "
                 "live on another GPU than the current one and peer access is off (or it is a CPU tensor)",
-                _repro(gpus, kernel, "no-peer"),
+                _scan(gpus, kernel, _GUARD),
             )
         )
         fits.append(
@@ -529,7 +569,7 @@ def _traceback_fits(tb: TracebackReport, kind: ErrorKind | None, kernel: str, gp
                 "default-device-buffer",
                 f"{which} may be a buffer made with device='cuda' on the current device while the inputs "
                 "live elsewhere (or the reverse)",
-                _repro(gpus, kernel, "no-peer"),
+                _scan(gpus, kernel, _BUFFER),
             )
         )
         if tb.streams:
@@ -538,7 +578,7 @@ def _traceback_fits(tb: TracebackReport, kind: ErrorKind | None, kernel: str, gp
                     "device-never-set",
                     f"several ranks ({', '.join(tb.streams)}) hit it: ranks that never call set_device all "
                     "launch on GPU 0",
-                    _repro(gpus, kernel, "no-peer"),
+                    _scan(gpus, kernel, ("untouched", "no-peer")),
                 )
             )
     elif kind is ErrorKind.DEVICE_MISMATCH:
@@ -547,14 +587,14 @@ def _traceback_fits(tb: TracebackReport, kind: ErrorKind | None, kernel: str, gp
                 "default-device-buffer",
                 "an aten op saw tensors on two devices: a buffer allocated on the current device instead of "
                 "the input's fits",
-                _repro(gpus, kernel, "untouched"),
+                _scan(gpus, kernel, ("untouched", "no-peer", "peer")),
             )
         )
         fits.append(
             _fit(
                 "missing-device-guard",
                 "a wrapper that allocates or launches on the current device, not the tensors', mixes devices",
-                _repro(gpus, kernel, "untouched"),
+                _scan(gpus, kernel, ("untouched", "no-peer", "peer")),
             )
         )
     elif kind is ErrorKind.DEVICE_ASSERT:
@@ -563,7 +603,7 @@ def _traceback_fits(tb: TracebackReport, kind: ErrorKind | None, kernel: str, gp
                 _fit(
                     "int32-offset-overflow",
                     "Triton's debug-mode overflow check fired: an int32 index x stride product passed 2**31",
-                    _repro("0", kernel, "int32-boundary"),
+                    _scan(_first_gpu(gpus), kernel, _INT32),
                 )
             )
         else:
@@ -572,7 +612,7 @@ def _traceback_fits(tb: TracebackReport, kind: ErrorKind | None, kernel: str, gp
                     "invalid-routing",
                     "a device-side assert in a kernel that checks its indices fits routing that does not "
                     "describe the rows (ids out of range, sizes past M)",
-                    _repro(gpus, kernel, "over-routed"),
+                    _scan(gpus, kernel, _ROUTING),
                 )
             )
     elif kind is ErrorKind.ILLEGAL_ADDRESS:
@@ -611,14 +651,14 @@ def _traceback_fits(tb: TracebackReport, kind: ErrorKind | None, kernel: str, gp
             _fit(
                 "launch-config-fault",
                 "Triton refused the launch: the config needs more shared memory than a block may have here",
-                _repro("0", kernel, "launch-config"),
+                _repro(_first_gpu(gpus), kernel),
             )
         )
         fits.append(
             _fit(
                 "per-device-state-cached",
                 "a config or limit tuned on one GPU model and reused on another gives the same refusal",
-                _repro(gpus, kernel, "launch-config"),
+                _repro(gpus, kernel),
             )
         )
     elif kind is ErrorKind.INVALID_HANDLE:

@@ -18,6 +18,7 @@ from typing import Protocol
 
 from qmoe_doctor import knobs
 from qmoe_doctor.audit import first_wrapping_expert
+from qmoe_doctor.configs import GEMM_CONFIGS, TileConfig
 from qmoe_doctor.presets import MoEShape, get_preset
 from qmoe_doctor.records import Condition, ProbeSpec, Shape
 
@@ -52,7 +53,8 @@ SINGLE_ORDER = (
 )
 #: What the CPU tier (no GPU, TRITON_INTERPRET=1) can run.
 CPU_CONDITIONS = (Condition.REPEAT_CALL, Condition.SINGLE, Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES)
-DEFAULT_CONDITIONS = frozenset(SINGLE_ORDER + PAIR_ORDER)
+SWEEP_CONDITIONS = (Condition.OFFSETS, Condition.LAUNCH_CONFIG)
+DEFAULT_CONDITIONS = frozenset(SINGLE_ORDER + PAIR_ORDER + SWEEP_CONDITIONS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,6 +85,9 @@ class ScanOptions:
     conditions: frozenset[Condition] = DEFAULT_CONDITIONS
     boundary_preset: str = "qwen3-coder-480b-a35b"  # the int32 boundary probe's expert stack
     timeout_s: float = knobs.DEFAULT_PROBE_TIMEOUT_S
+    # offset / stride / routing-edge sweep and the launch-config sweep, on the first GPU only
+    sweeps: bool = True
+    launch_configs: tuple[TileConfig, ...] = ()  # () = the built-in kernel's own config table
 
 
 def main_shape(opts: ScanOptions) -> Shape:
@@ -108,6 +113,64 @@ def boundary_shape(opts: ScanOptions) -> Shape | None:
 
 
 CPU_SHAPE = Shape(m=64, e=4, n=32, k=32, dtype="float32", routing="random")
+
+#: Offset-sweep variants (probes/conditions.OFFSET_VARIANTS documents each) and how the shape
+#: changes for the routing edges. Names are the probe-id suffixes.
+OFFSET_SWEEP = (
+    "storage-offset-1",
+    "storage-offset-8",
+    "padded-rows",
+    "transposed-w",
+    "empty-experts",
+    "hot-expert",
+    "last-expert",
+    "m-not-multiple",
+)
+
+
+def _sweep_specs(kernel: str, label: str, ordinal: int | None, opts: ScanOptions) -> list[ProbeSpec]:
+    cpu = ordinal is None
+    base = CPU_SHAPE if cpu else main_shape(opts)
+    specs: list[ProbeSpec] = []
+    if Condition.OFFSETS in opts.conditions:
+        for variant in OFFSET_SWEEP:
+            shape = base
+            if variant in ("empty-experts", "hot-expert", "last-expert"):
+                shape = replace(base, routing=variant)
+            elif variant == "m-not-multiple":
+                shape = replace(base, m=61 if cpu else 4093)
+            specs.append(
+                ProbeSpec(
+                    probe_id=f"{label}/offsets:{variant}",
+                    kernel=kernel,
+                    condition=Condition.OFFSETS,
+                    device=ordinal,
+                    current=ordinal,
+                    shape=shape,
+                    seed=opts.seed,
+                    params={"variant": variant},
+                    timeout_s=opts.timeout_s,
+                )
+            )
+    if Condition.LAUNCH_CONFIG in opts.conditions:
+        configs = opts.launch_configs or tuple(
+            c for name, c in GEMM_CONFIGS.items() if (name == "interpreter") == cpu
+        )
+        for cfg in configs:
+            specs.append(
+                ProbeSpec(
+                    probe_id=f"{label}/launch-config:{cfg.name}",
+                    kernel=kernel,
+                    condition=Condition.LAUNCH_CONFIG,
+                    device=ordinal,
+                    current=ordinal,
+                    shape=base,
+                    seed=opts.seed,
+                    params={"variant": cfg.name, **cfg._asdict()},
+                    timeout_s=opts.timeout_s,
+                )
+            )
+    return specs
 
 
 def _single_specs(
@@ -151,6 +214,8 @@ def plan_scan(kernel: str, gpus: Sequence[PlannedGpu], opts: ScanOptions | None 
     opts = opts or ScanOptions()
     if not gpus:
         specs = _single_specs(kernel, "CPU", None, opts, with_boundary=False)
+        if opts.sweeps:
+            specs += _sweep_specs(kernel, "CPU", None, opts)
         env = {knobs.TRITON_INTERPRET: "1", knobs.CUDA_VISIBLE_DEVICES: ""}
         return ScanPlan(
             kernel=kernel,
@@ -168,6 +233,8 @@ def plan_scan(kernel: str, gpus: Sequence[PlannedGpu], opts: ScanOptions | None 
         g = gpus[0]
         label = f"GPU {g.index}"
         specs = _single_specs(kernel, label, 0, opts, with_boundary=True)
+        if opts.sweeps:
+            specs += _sweep_specs(kernel, label, 0, opts)
         sessions.append(Session(label=label, env=_cvd(g), specs=tuple(specs), gpu_of_ordinal={0: g.index}))
         skipped.append(
             "one GPU selected: ran the single-GPU cells; placement, peer-access and cross-device "
@@ -184,9 +251,9 @@ def plan_scan(kernel: str, gpus: Sequence[PlannedGpu], opts: ScanOptions | None 
                 specs += _single_specs(
                     kernel, f"GPU {b.index}", 1, opts, with_boundary=not boundary_done
                 )
-                boundary_done = boundary_done or any(
-                    s.condition is Condition.INT32_BOUNDARY for s in specs
-                )
+                if opts.sweeps and not boundary_done:  # sweeps on the first GPU only
+                    specs += _sweep_specs(kernel, f"GPU {b.index}", 1, opts)
+                boundary_done = True
                 singles_done.add(b.index)
             pair_id = f"{a.index}->{b.index}"
             for cond in PAIR_ORDER:

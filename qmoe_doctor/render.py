@@ -10,7 +10,7 @@ from rich.text import Text
 
 from qmoe_doctor.causes import get_cause
 from qmoe_doctor.classify import Cell, build_matrix
-from qmoe_doctor.plan import PAIR_ORDER, SINGLE_ORDER
+from qmoe_doctor.plan import PAIR_ORDER, SINGLE_ORDER, SWEEP_CONDITIONS
 from qmoe_doctor.records import Condition, Diagnosis
 from qmoe_doctor.scan import ScanReport
 
@@ -24,6 +24,8 @@ CONDITION_TEXT = {
     Condition.OVER_ROUTED: "m_sizes sums past M",
     Condition.NEGATIVE_SIZES: "-1 sentinel in m_sizes",
     Condition.INT32_BOUNDARY: "expert offset past 2**31",
+    Condition.OFFSETS: "offsets",
+    Condition.LAUNCH_CONFIG: "launch config",
     Condition.GUARDED: "guarded (b current)",
     Condition.UNTOUCHED: "a current, a untouched",
     Condition.NO_PEER: "a current, no peer a->b",
@@ -62,6 +64,13 @@ def matrix_tables(report: ScanReport) -> list[Table]:
         for cond in SINGLE_ORDER:
             if any(matrix.get(g, cond) for g in single_groups):
                 t.add_row(CONDITION_TEXT[cond], *[_cell_text(matrix.get(g, cond)) for g in single_groups])
+        for cond in SWEEP_CONDITIONS:
+            names = list(dict.fromkeys(v for g in single_groups for v in (c.outcome.spec.params.get("variant", "") for c in matrix.variants(g, cond))))
+            for name in names:
+                t.add_row(
+                    f"{CONDITION_TEXT[cond]}: {name}",
+                    *[_cell_text(matrix.get(g, cond, str(name))) for g in single_groups],
+                )
         tables.append(t)
     if pair_groups:
         t = Table(title="Placement cells: operands on b, a current (a -> b)", title_justify="left")
@@ -114,6 +123,19 @@ def render_report(console: Console, report: ScanReport) -> None:
             console.print(Text(f"  {s.label}: probes saw {mapping}", style="dim"))
     for table in matrix_tables(report):
         console.print(table)
+    for audit in report.audit:
+        wraps = [r for r in audit.rows if r.wraps]
+        if wraps:
+            parts = ", ".join(f"{r.operand} ({r.first_wrap})" for r in wraps)
+            console.print(
+                Text.assemble(
+                    ("int32 audit: ", "yellow"),
+                    f"{audit.shape_name} at {audit.tokens} tokens: offsets pass 2**31 in {parts}; "
+                    "the kernel must form those products in int64 (qmoe-doctor audit)",
+                )
+            )
+        else:
+            console.print(Text(f"int32 audit: {audit.shape_name} at {audit.tokens} tokens: every offset fits", style="dim"))
     for d in report.diagnoses:
         console.print(diagnosis_panel(d))
     for note in report.explanations:

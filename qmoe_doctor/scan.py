@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from qmoe_doctor import __version__
+from qmoe_doctor.audit import DEFAULT_TOKENS, AuditReport, audit_shape
 from qmoe_doctor.classify import classify
 from qmoe_doctor.isolate import Event, EventKind, run_session
 from qmoe_doctor.plan import ScanOptions, ScanPlan, debug_rerun, plan_scan
+from qmoe_doctor.presets import get_preset
 from qmoe_doctor.records import (
     SCHEMA_VERSION,
     Condition,
@@ -58,6 +60,7 @@ class ScanReport:
     skipped: tuple[str, ...] = ()
     log_dir: str = ""
     inventory: dict[str, Any] = field(default_factory=dict)
+    audit: tuple[AuditReport, ...] = ()  # int32 offset audit of the scanned presets
 
     @property
     def healthy(self) -> bool:
@@ -85,6 +88,7 @@ def run_scan(
     log_dir: Path | None = None,
     on_event: Callable[[Event], None] | None = None,
     inventory: dict[str, Any] | None = None,
+    audit_presets: Sequence[str] = (),
 ) -> ScanReport:
     """Run every session of the plan, then the follow-ups the results call for."""
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -133,6 +137,7 @@ def run_scan(
         skipped=plan.skipped,
         log_dir=str(log_dir),
         inventory=inventory or {},
+        audit=tuple(audit_shape(get_preset(name), DEFAULT_TOKENS) for name in dict.fromkeys(audit_presets)),
     )
 
 

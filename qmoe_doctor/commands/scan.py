@@ -9,6 +9,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from qmoe_doctor import knobs
+from qmoe_doctor.configs import parse_config
 from qmoe_doctor.exitcodes import ExitCode
 from qmoe_doctor.inventory import GpuSelectionError, Inventory, collect_inventory, select_gpus
 from qmoe_doctor.isolate import Event, EventKind
@@ -72,6 +73,10 @@ def scan_command(
     save: Path | None = typer.Option(None, "--save", help="Also write the JSON report to this file."),
     log_dir: Path | None = typer.Option(None, "--log-dir", help="Where probe workers write their logs (default: a temp dir)."),
     timeout: float = typer.Option(knobs.DEFAULT_PROBE_TIMEOUT_S, "--timeout", min=1.0, help="Seconds each probe may take."),
+    sweeps: bool = typer.Option(True, "--sweeps/--no-sweeps", help="Offset/stride and launch-config sweeps on the first GPU."),
+    configs: str | None = typer.Option(
+        None, "--configs", help="Launch configs to pin, comma-separated BMxBNxBK-wW-sS (default: the kernel's own table)."
+    ),
 ) -> None:
     """Run the kernel under controlled placements, peer-access states and stream orderings,
     each probe in an isolated process, and name the cause of every failure.
@@ -100,7 +105,13 @@ def scan_command(
             raise typer.Exit(ExitCode.USAGE)
         else:
             err.print(f"[yellow]no GPU found[/] ({inv.nvml_error or 'NVML lists none'}): running the CPU tier")
-    opts = ScanOptions(preset=preset, rows=rows, conditions=conditions, timeout_s=timeout)
+    try:
+        pinned = tuple(parse_config(c) for c in configs.split(",") if c.strip()) if configs else ()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--configs") from None
+    opts = ScanOptions(
+        preset=preset, rows=rows, conditions=conditions, timeout_s=timeout, sweeps=sweeps, launch_configs=pinned
+    )
     plan = plan_scan(kernel, planned, opts)
     total = len(plan.specs)
     with Progress(
@@ -131,6 +142,7 @@ def scan_command(
                 log_dir=log_dir,
                 on_event=on_event,
                 inventory=to_jsonable(inv) if inv is not None else None,
+                audit_presets=(preset, opts.boundary_preset),
             )
         except KernelRefError as exc:
             err.print(

@@ -7,8 +7,13 @@ machine without a GPU the kernels run in the Triton interpreter (tests/conftest.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -249,20 +254,19 @@ def test_twin_matches_row_by_row_definition() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def test_bench_kernels_tiny_runs(tmp_path) -> None:
+def test_bench_kernels_tiny_runs(tmp_path: Path) -> None:
     """``--tiny`` runs every row in the interpreter, prints the table and writes the JSON."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     out = tmp_path / "bench.json"
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.bench_kernels", "--tiny", "--json-out", str(out)],
-        cwd=repo, env=env, capture_output=True, text=True, timeout=300, check=False,
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "no speed claims" in proc.stdout

@@ -24,8 +24,9 @@ def test_no_gpu_plans_the_cpu_tier_and_says_why() -> None:
     (session,) = plan.sessions
     assert session.env["TRITON_INTERPRET"] == "1"
     assert session.env["CUDA_VISIBLE_DEVICES"] == ""
-    assert {s.condition for s in session.specs} <= {
+    assert {s.condition for s in session.specs} == {
         Condition.REPEAT_CALL, Condition.SINGLE, Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES,
+        Condition.OFFSETS, Condition.LAUNCH_CONFIG,
     }
     assert all(s.device is None and s.shape.dtype == "float32" for s in session.specs)
     assert plan.skipped and "no GPU" in plan.skipped[0]
@@ -104,3 +105,33 @@ def test_debug_rerun_is_fresh_with_triton_debug() -> None:
     again = debug_rerun(spec)
     assert again.env["TRITON_DEBUG"] == "1" and again.fresh_process
     assert again.probe_id == spec.probe_id + "+debug"
+
+
+def test_sweeps_run_on_the_first_gpu_only_with_unique_variants() -> None:
+    plan = plan_scan("builtin", GPUS[:3])
+    sweeps = [s for s in plan.specs if s.condition in (Condition.OFFSETS, Condition.LAUNCH_CONFIG)]
+    assert sweeps and {s.probe_id.split("/")[0] for s in sweeps} == {"GPU 1"}
+    variants = [s.params["variant"] for s in sweeps]
+    assert len(variants) == len(set(variants))
+    m_odd = next(s for s in sweeps if s.params["variant"] == "m-not-multiple")
+    assert m_odd.shape.m % 64 != 0
+    cfgs = [s for s in sweeps if s.condition is Condition.LAUNCH_CONFIG]
+    assert all({"block_m", "block_n", "block_k", "num_warps", "num_stages"} <= s.params.keys() for s in cfgs)
+    assert not any("interpreter" in s.params["variant"] for s in cfgs)  # 32x32x32-w4-s1 is CPU only
+
+
+def test_explicit_launch_configs_replace_the_table() -> None:
+    from qmoe_doctor.configs import parse_config
+
+    cfg = parse_config("128x256x64-w8-s3")
+    plan = plan_scan("builtin", GPUS[:1], ScanOptions(launch_configs=(cfg,)))
+    cfgs = [s for s in plan.specs if s.condition is Condition.LAUNCH_CONFIG]
+    assert [s.params["variant"] for s in cfgs] == ["128x256x64-w8-s3"]
+
+
+@pytest.mark.parametrize("bad", ["128x256-w8-s3", "axbxc-w1-s1", "128x256x64-8-3", "0x1x1-w1-s1"])
+def test_parse_config_rejects_malformed(bad: str) -> None:
+    from qmoe_doctor.configs import parse_config
+
+    with pytest.raises(ValueError, match="launch config"):
+        parse_config(bad)

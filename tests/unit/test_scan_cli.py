@@ -29,7 +29,7 @@ def test_scan_builtin_cpu_tier_is_healthy(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     assert report["healthy"] is True and report["tier"] == "cpu"
     assert {o["spec"]["condition"] for o in report["outcomes"]} == {
-        "repeat-call", "single", "over-routed", "negative-sizes",
+        "repeat-call", "single", "over-routed", "negative-sizes", "offsets", "launch-config",
     }
     assert all(o["status"] == "pass" for o in report["outcomes"])
 
@@ -71,6 +71,7 @@ def test_scan_user_kernel_from_a_file(tmp_path: Path) -> None:
         (["--kernel", "no_colon_here"], "module:function"),
         (["--only", "bogus"], "unknown condition"),
         (["--preset", "gpt5"], "unknown preset"),
+        (["--configs", "128x128"], "launch config"),
     ],
 )
 def test_scan_bad_input_is_a_usage_error(args: list[str], needle: str) -> None:
