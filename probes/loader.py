@@ -7,6 +7,8 @@ References:
 * ``torch:grouped_mm``: an adapter over ``torch._grouped_mm`` (a control that should pass)
 * ``module.path:function``: imported with importlib
 * ``path/to/file.py:function``: loaded from the file
+* ``adapter:NAME[:TARGET]``: TARGET (any object) wrapped by a kernel adapter
+  (``qmoe_doctor.probes.adapters``)
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ def load_kernel(ref: str) -> KernelFn:
         return moe_grouped_gemm
     if ref == "torch:grouped_mm":
         return torch_grouped_mm
+    if ref.startswith("adapter:"):
+        from qmoe_doctor.probes.adapters import load_adapted
+
+        return load_adapted(ref)
     where, name = split_ref(ref)
     if where == "specimen":
         from qmoe_doctor.specimens import get_specimen, kernel_ref
@@ -57,6 +63,15 @@ def load_kernel(ref: str) -> KernelFn:
         except KeyError as exc:
             raise KernelResolutionError(str(exc.args[0])) from None
         return load_kernel(kernel_ref(name))
+    fn = resolve_object(ref)
+    check_signature(fn, ref)
+    return fn  # type: ignore[no-any-return]
+
+
+def resolve_object(ref: str) -> Any:
+    """The object ``module:attr`` or ``path/to/file.py:attr`` names, with no signature check
+    (an adapter's target may be a class, a module-level op, anything its adapter knows)."""
+    where, name = split_ref(ref)
     if where.endswith(".py") or "/" in where:
         module = _load_file(Path(where))
     else:
@@ -70,8 +85,7 @@ def load_kernel(ref: str) -> KernelFn:
         raise KernelResolutionError(
             f"{where!r} has no attribute {name!r}; callables there: {', '.join(public[:20]) or 'none'}"
         )
-    check_signature(fn, ref)
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 def _load_file(path: Path) -> Any:

@@ -10,8 +10,8 @@ STEPS=${*:-install env tests scan specimens sanitizer bench}
 SUMMARY=$V/summary.txt; : > "$SUMMARY"
 say() { echo "$*" | tee -a "$SUMMARY"; }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
-t() { local name=$1; shift; local t0=$(date +%s.%N); "$@" > "$V/$name.log" 2>&1; local rc=$?; local t1=$(date +%s.%N);
-      say "$(printf '%-34s rc=%-3s %6.1f s' "$name" "$rc" "$(echo "$t1 - $t0" | bc)")"; return $rc; }
+t() { local name=$1; shift; local t0=$(date +%s%N); "$@" > "$V/$name.log" 2>&1; local rc=$?; local t1=$(date +%s%N);
+      say "$(printf '%-34s rc=%-3s %6d ms' "$name" "$rc" "$(( (t1 - t0) / 1000000 ))")"; return $rc; }
 
 if has install; then
   t install python3 -m pip install --no-deps --no-build-isolation -e . || { cat "$V/install.log"; }
