@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from qmoe_doctor.probes.adapters import not_applicable
 from qmoe_doctor.probes.loader import load_kernel
 
 from qmoe_doctor.records import Condition, Phase, ProbeSpec, Status
@@ -47,6 +48,9 @@ def run_probe(ctx: Any) -> dict[str, Any]:
     spec: ProbeSpec = ctx.spec
     ctx.crumb(Phase.IMPORT)
     kernel = load_kernel(spec.kernel)
+    reason = not_applicable(kernel, spec)  # an adapter's declared dtypes / layout / CPU support
+    if reason is not None:
+        return _skip(ctx, reason)
     runner = _RUNNERS.get(spec.condition)
     if runner is None:
         return _skip(ctx, f"condition {spec.condition} is not implemented by this probe worker")

@@ -33,6 +33,7 @@ from typing import Any
 from qmoe_doctor import __version__, errors, knobs
 from qmoe_doctor.records import (
     POISONING_KINDS,
+    Condition,
     ErrorKind,
     Outcome,
     Phase,
@@ -96,6 +97,10 @@ def _dispatch(ctx: ProbeContext) -> dict[str, Any]:
 
         return selftest.run_probe(ctx)
     ctx.crumb(Phase.IMPORT)
+    if ctx.spec.condition is Condition.PIPELINE:
+        from qmoe_doctor.probes import pipeline  # imports torch and triton
+
+        return pipeline.run_probe(ctx)
     from qmoe_doctor.probes import conditions  # imports torch and triton
 
     result: dict[str, Any] = conditions.run_probe(ctx)

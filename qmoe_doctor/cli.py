@@ -10,6 +10,7 @@ import typer
 
 from qmoe_doctor import __version__
 from qmoe_doctor.commands import audit as _audit
+from qmoe_doctor.commands import check as _check
 from qmoe_doctor.commands import env as _env
 from qmoe_doctor.commands import explain as _explain
 from qmoe_doctor.commands import lint as _lint
@@ -46,6 +47,7 @@ def _root(
 
 
 app.command("scan")(_scan.scan_command)
+app.command("check")(_check.check_command)
 app.command("env")(_env.env_command)
 app.command("specimens")(_specimens.specimens_command)
 app.command("audit")(_audit.audit_command)

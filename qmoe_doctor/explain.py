@@ -130,7 +130,7 @@ def is_user_path(path: str) -> bool:
 def looks_like_traceback(text: str) -> bool:
     for raw in text.splitlines():
         _, line = _strip_prefix(raw)
-        if _TB_START.match(line) or _FRAME.match(line) or _ASSERT.search(line):
+        if _TB_START.match(line) or _FRAME.match(line) or _ASSERT.search(line) or _CXX_THROW.search(line):
             return True
         m = _EXC.match(line.strip())
         if m and classify_error(m.group("type"), m.group("msg") or "") is not ErrorKind.OTHER:
@@ -196,7 +196,9 @@ def parse_traceback(text: str) -> TracebackReport:
         if am:
             # the front of the line was split off by another thread's or the traceback's write
             # (measured: TRITON_DEBUG asserts on 2x H200): keep what the tail says, no file:line
-            asserts.append(DeviceAssert(message=am.group("msg"), block=am.group("block"), thread=am.group("thread")))
+            asserts.append(
+                DeviceAssert(message=am.group("msg"), block=am.group("block"), thread=am.group("thread"))
+            )
             continue
         tm = _CXX_THROW.search(line)
         if tm:

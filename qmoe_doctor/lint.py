@@ -394,6 +394,7 @@ def _parse(path: str, data: bytes) -> _Module | LintError:
 # --------------------------------------------------------------------------------------------
 
 _FUNC_TYPES = (ast.FunctionDef, ast.AsyncFunctionDef)
+_MAX_CALL_DEPTH = 8  # callers followed up the call graph from a launch (deep chains are not)
 _STDLIB: frozenset[str] = frozenset(getattr(sys, "stdlib_module_names", ()))
 FuncDef = ast.FunctionDef | ast.AsyncFunctionDef
 
@@ -587,9 +588,6 @@ class _Module:
         """True when ``node`` runs once at import: not inside a function (class bodies count)."""
         return self.func_of(node) is None
 
-    def source_line(self, line: int) -> str:
-        return self.lines[line - 1].strip() if 0 < line <= len(self.lines) else ""
-
     def exempt(self, node: ast.AST) -> bool:
         """Demo and test code creates its own tensors on the current device: launches there are
         consistent by construction, so the device rules stay silent in it."""
@@ -692,7 +690,10 @@ class _Project:
                 if self.kernel_name(m, node) is not None:
                     found.append(node)
             self.launches[m] = found
-        self._callers_memo: dict[ast.AST, bool] = {}
+        self._callers: dict[ast.AST, list[tuple[_Module, ast.Call]]] = {}
+        self._guarded_memo: dict[ast.AST, bool] = {}
+        self._sites_memo: dict[ast.AST, list[tuple[_Module, ast.AST]] | None] = {}
+        self._busy: set[ast.AST] = set()
         self._launching: set[str] | None = None
         self.findings: list[LintFinding] = []
 
@@ -774,33 +775,36 @@ class _Project:
                     return True
         return False
 
-    def guarded(self, m: _Module, node: ast.AST, visiting: frozenset[ast.AST] = frozenset()) -> bool:
+    def guarded(self, m: _Module, node: ast.AST, depth: int = 0) -> bool:
         """Inside a device guard: lexically, after set_device in the same function, or in a
         function whose every caller in the linted files is itself guarded."""
         if self.lexical_guard(m, node) or self.sets_device_before(m, node):
             return True
         func = m.func_of(node)
-        return func is not None and self.callers_guarded(m, func, visiting)
+        return func is not None and self.callers_guarded(m, func, depth)
 
     def callers(self, m: _Module, func: FuncDef) -> list[tuple[_Module, ast.Call]]:
-        """Calls that may reach ``func``, resolved through imports: a bare name in its own
-        module or imported from a module of its name; ``mod.func(...)`` through a module alias;
-        any ``obj.func(...)`` for a method."""
+        """Calls that may reach ``func`` (tests and demos left out), resolved through imports: a
+        bare name in its own module or imported from a module of its name; ``mod.func(...)``
+        through a module alias; ``obj.func(...)`` on anything but a module for a method."""
+        if func in self._callers:
+            return self._callers[func]
         is_method = isinstance(m.parents.get(func), ast.ClassDef)
         out = []
         for cm, call in self.calls_by_name.get(func.name, []):
             if cm is m and any(a is func for a in m.ancestors(call)):
                 continue  # recursion
-            if self.may_call(m, func, is_method, cm, call):
+            if self.may_call(m, func, is_method, cm, call) and not cm.exempt(call):
                 out.append((cm, call))
+        self._callers[func] = out
         return out
 
     def may_call(self, m: _Module, func: FuncDef, is_method: bool, cm: _Module, call: ast.Call) -> bool:
         if isinstance(call.func, ast.Attribute):
-            if is_method:
-                return True
-            base = cm.canon(call.func.value) or ""
-            return self.names_module(base, m, func.name)
+            owner = call.func.value
+            if is_method:  # obj.method(...), but not module.function(...)
+                return not (isinstance(owner, ast.Name) and owner.id in cm.aliases)
+            return self.names_module(cm.canon(owner) or "", m, func.name)
         if is_method:
             return False
         if cm is m:
@@ -819,16 +823,16 @@ class _Project:
         same = [o for o in self.modules if o.stem == stem]
         return not any(name in o.defined for o in same)
 
-    def callers_guarded(self, m: _Module, func: FuncDef, visiting: frozenset[ast.AST]) -> bool:
-        if func in visiting:
-            return False
-        if not visiting and func in self._callers_memo:
-            return self._callers_memo[func]
-        calls = [(cm, c) for cm, c in self.callers(m, func) if not cm.exempt(c)]
-        inner = visiting | {func}
-        result = bool(calls) and all(self.guarded(cm, c, inner) for cm, c in calls)
-        if not visiting:
-            self._callers_memo[func] = result
+    def callers_guarded(self, m: _Module, func: FuncDef, depth: int = 0) -> bool:
+        if func in self._guarded_memo:
+            return self._guarded_memo[func]
+        if func in self._busy or depth > _MAX_CALL_DEPTH:
+            return True  # a call cycle or a deep chain: the callers nearer the entry decide
+        self._busy.add(func)
+        calls = self.callers(m, func)
+        result = bool(calls) and all(self.guarded(cm, c, depth + 1) for cm, c in calls)
+        self._busy.discard(func)
+        self._guarded_memo[func] = result
         return result
 
     # --- streams ---
@@ -900,23 +904,36 @@ class _Project:
     # unguarded-launch
     # ---------------------------------------------------------------------------------------
 
-    def unguarded_sites(
-        self, m: _Module, node: ast.AST, visiting: frozenset[ast.AST] = frozenset()
-    ) -> list[tuple[_Module, ast.AST]]:
+    def unguarded_sites(self, m: _Module, node: ast.AST, depth: int = 0) -> list[tuple[_Module, ast.AST]]:
         """Where a guard is missing for ``node``: the node itself when its function has no caller
-        in the linted files, else (recursively) each caller's call site that has no guard."""
+        in the linted files (an entry point), else each caller's call site without a guard,
+        followed up the call graph."""
         if m.exempt(node) or self.lexical_guard(m, node) or self.sets_device_before(m, node):
             return []
         func = m.func_of(node)
-        if func is None or func in visiting:
+        if func is None:
             return [(m, node)]
-        calls = [(cm, c) for cm, c in self.callers(m, func) if not cm.exempt(c)]
-        if not calls:  # a public entry point (tests and demos do not count as callers)
-            return [(m, node)]
-        out: list[tuple[_Module, ast.AST]] = []
-        for cm, call in calls:
-            out.extend(self.unguarded_sites(cm, call, visiting | {func}))
-        return out
+        sites = self.caller_sites(m, func, depth)
+        return [(m, node)] if sites is None else sites
+
+    def caller_sites(self, m: _Module, func: FuncDef, depth: int = 0) -> list[tuple[_Module, ast.AST]] | None:
+        """Unguarded sites reached through the callers of ``func``; None when it has none."""
+        if func in self._sites_memo:
+            return self._sites_memo[func]
+        if func in self._busy or depth > _MAX_CALL_DEPTH:
+            return []  # a call cycle or a deep chain: not followed further
+        self._busy.add(func)
+        calls = self.callers(m, func)
+        result: list[tuple[_Module, ast.AST]] | None = None
+        if calls:
+            unique: dict[int, tuple[_Module, ast.AST]] = {}
+            for cm, call in calls:
+                for site in self.unguarded_sites(cm, call, depth + 1):
+                    unique.setdefault(id(site[1]), site)
+            result = list(unique.values())
+        self._busy.discard(func)
+        self._sites_memo[func] = result
+        return result
 
     def check_unguarded_launch(self, m: _Module) -> None:
         for launch in self.launches[m]:

@@ -88,6 +88,7 @@ class ScanOptions:
     # offset / stride / routing-edge sweep and the launch-config sweep, on the first GPU only
     sweeps: bool = True
     launch_configs: tuple[TileConfig, ...] = ()  # () = the built-in kernel's own config table
+    max_pairs: int | None = None  # ordered pairs to scan, first in --gpus order (None: all)
 
 
 def main_shape(opts: ScanOptions) -> Shape:
@@ -245,6 +246,8 @@ def plan_scan(kernel: str, gpus: Sequence[PlannedGpu], opts: ScanOptions | None 
         for b in gpus:
             if a.index == b.index:
                 continue
+            if opts.max_pairs is not None and len(sessions) >= opts.max_pairs:
+                break  # one session per pair so far
             label = f"GPU {a.index} -> GPU {b.index}"
             specs = []
             if b.index not in singles_done:
@@ -285,6 +288,12 @@ def plan_scan(kernel: str, gpus: Sequence[PlannedGpu], opts: ScanOptions | None 
                     gpu_of_ordinal={0: a.index, 1: b.index},
                 )
             )
+    n_pairs = len(gpus) * (len(gpus) - 1)
+    if len(sessions) < n_pairs:
+        skipped.append(
+            f"{len(sessions)} of {n_pairs} ordered GPU pairs scanned (max_pairs={opts.max_pairs}); "
+            "`qmoe-doctor scan` runs them all"
+        )
     return ScanPlan(kernel=kernel, sessions=tuple(sessions), skipped=tuple(skipped))
 
 

@@ -48,6 +48,9 @@ class Condition(StrEnum):
     PRODUCER_RACE = "producer-race"  # PEER, and x still being written on b's stream
     SIZES_RACE = "sizes-race"  # PEER, and m_sizes still being written on b's stream into a
     # recycled allocator block that holds large stale values
+    # --- a model split across GPUs (qmoe-doctor repro; probes/pipeline.py) ---
+    PIPELINE = "pipeline"  # MoE blocks placed over params["devices"] as device_map="auto" places
+    # them, the first GPU current, forward and backward for a few steps, against the torch twin
     # --- isolation self-tests: children that misbehave on purpose (no torch needed) ---
     SELFTEST_OK = "selftest-ok"
     SELFTEST_RAISE = "selftest-raise"  # raises an exception whose text params["message"] gives

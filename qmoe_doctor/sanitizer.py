@@ -5,7 +5,7 @@ The parent never runs a kernel; this module only drives the binary and reads wha
 
 Text output, as our own run recorded it (compute-sanitizer 2025.3.1, memcheck, 2x H200:
 ``tests/fixtures/recorded/h200x2-run1/sanitizer/memcheck-unmasked-overrouted-nocache.log``,
-abridged: 30 of the 32 host frames and 49 of the 50 printed records left out)::
+abridged: 31 of the 33 host frames and 49 of the 50 printed records left out)::
 
     ========= COMPUTE-SANITIZER
     ========= Invalid __global__ write of size 16 bytes
@@ -838,8 +838,8 @@ def parse_sanitizer_log(text: str) -> SanitizerReport:
         partial = lines.pop()  # cut mid-line: a half address or half name would be wrong data
         body_m = _LINE_RE.match(partial)
         body = body_m.group("body").strip() if body_m else ""
-        if _ERROR_SUMMARY.match(body) or _RACE_SUMMARY.match(body):
-            lines.append(partial)  # a summary without its newline is still whole
+        if _ERROR_SUMMARY.match(body) or _RACE_SUMMARY.match(body) or _NOT_PRINTED.match(body):
+            lines.append(partial)  # a summary without its newline is still whole (its count is)
             partial = None
     open_records: dict[str, _Builder] = {}
     done: list[SanitizerError] = []
@@ -976,7 +976,7 @@ def parse_sanitizer_xml(path_or_text: str | os.PathLike[str]) -> SanitizerReport
 
     We have no recorded XML file yet (no public one was found; the lead will record ours), so
     this reader does not assume element names: every element whose text holds a record line
-    that the text parser knows ("Invalid __global__ read of size 16 bytes", "Access to 0x...",
+    that the text parser knows ("Invalid __global__ write of size 16 bytes", "Access to 0x...",
     ...) is fed to the text parser, and numeric address/size elements are picked up by name
     (``address``, ``size``, ``*Address``). Malformed or truncated XML is parsed as text.
     """
@@ -1007,7 +1007,11 @@ def _pseudo_log(lines: Iterable[str]) -> str:
         ln = ln.strip()
         if not ln:
             continue
-        top = _start_record(ln, "") is not None or bool(_ERROR_SUMMARY.match(ln) or _RACE_SUMMARY.match(ln))
+        top = (
+            _start_record(ln, "") is not None
+            or bool(_ERROR_SUMMARY.match(ln) or _NOT_PRINTED.match(ln) or _RACE_SUMMARY.match(ln))
+            or ln in ("COMPUTE-SANITIZER", "CUDA-MEMCHECK")
+        )
         out.append(("========= " if top else "=========     ") + ln)
     return "\n".join(out) + "\n"
 

@@ -60,7 +60,12 @@ def first_records(text: str, n: int) -> str:
         if ln in summary:
             break
         body = ln.split("=========", 1)[-1]
-        if body.startswith(" ") and not body.startswith("  ") and body.strip() and body.strip() != "COMPUTE-SANITIZER":
+        if (
+            body.startswith(" ")
+            and not body.startswith("  ")
+            and body.strip()
+            and body.strip() != "COMPUTE-SANITIZER"
+        ):
             seen += 1
             if seen > n:
                 break

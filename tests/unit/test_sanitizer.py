@@ -29,6 +29,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 import pytest
+from format_samples import API_SAMPLE, INITCHECK_SAMPLE, LEGACY_SAMPLE, NOTES_SAMPLE, RACE_SAMPLE
 from recorded_logs import (
     ALL_LOGS,
     ALL_XML,
@@ -121,20 +122,37 @@ def test_every_recorded_xml_report_parses(path: Path) -> None:
         assert {e.address for e in text.errors} <= {e.address for e in r.errors}
 
 
+MEMCHECK_PAIRS = [
+    p for p in ALL_LOGS if p.name.startswith("memcheck-") and p.with_suffix(".stdout").is_file()
+]
+
+
+@pytest.mark.parametrize("path", MEMCHECK_PAIRS, ids=rel)
+def test_recorded_memcheck_log_agrees_with_the_probe_outcome_of_the_same_process(path: Path) -> None:
+    """RECORDED: the probe printed its Outcome line under the sanitizer. Errors memcheck reports
+    abort the kernel, and the next CUDA call reports an unspecified launch failure."""
+    r = parse_sanitizer_log(read(path))
+    out = from_json(Outcome, path.with_suffix(".stdout").read_text(encoding="utf-8").strip().splitlines()[-1])
+    if r.has_findings:
+        assert out.status == "error" and "unspecified launch failure" in (out.error_message or "")
+    if out.status == "pass":
+        assert r.clean
+
+
 @pytest.mark.parametrize("path", ALL_LOGS, ids=rel)
 def test_any_cut_of_a_recorded_log_parses(path: Path) -> None:
-    """DERIVED: the log cut at ~60 places (mid-line included), keeping the front and the back."""
+    """DERIVED: the log cut at ~40 places (mid-line included), keeping the front and the back."""
     text = read(path)
     full = parse_sanitizer_log(text)
     full_addresses = {e.address for e in full.errors}
-    step = max(1, len(text) // 61)
+    step = max(1, len(text) // 41)
     for cut in range(0, len(text), step):
         r = parse_sanitizer_log(text[:cut])
         assert len(r.errors) <= len(full.errors)
         # a value read from a line cut mid-way would be wrong: every address kept is the full log's
         assert {e.address for e in r.errors if e.address is not None} <= full_addresses
         if cut and not text[:cut].endswith("\n"):
-            assert r.partial_last_line is not None or r.error_summary is not None
+            assert r.partial_last_line is not None or not r.truncated
         tail = parse_sanitizer_log(text[cut:])
         assert len(tail.errors) <= len(full.errors) + 1
 
@@ -159,7 +177,7 @@ def test_recorded_far_over_routed_run_with_print_limit_and_python_frames() -> No
     assert e.address == 0x7F8B00A75000 and e.out_of_bounds and not e.misaligned
     assert e.nearest == NearestAllocation(relation="after", distance=129_937, base=0x7F8B00A55400, size=112)
     assert e.backtrace_at == "kernel launch time"
-    assert len(e.host_frames) == 32
+    assert len(e.host_frames) == 33
     frames = [(h.function, h.file, h.line) for h in e.host_frames if h.file]
     assert frames[:3] == [("__call__", "driver.py", 713), ("run", "jit.py", 744), ("<lambda>", "jit.py", 370)]
     assert ("moe_grouped_gemm", "unmasked_rows.py", 29) in frames
@@ -203,7 +221,12 @@ def test_recorded_clean_runs(name: str, tool: str | None) -> None:
 
 def test_location_and_host_frame_forms_from_the_recording() -> None:
     loc = parse_location("_grouped_gemm_kernel_unmasked+0x3390 in unmasked_rows.py:111")
-    assert (loc.function, loc.pc, loc.file, loc.line) == ("_grouped_gemm_kernel_unmasked", 0x3390, "unmasked_rows.py", 111)
+    assert (loc.function, loc.pc, loc.file, loc.line) == (
+        "_grouped_gemm_kernel_unmasked",
+        0x3390,
+        "unmasked_rows.py",
+        111,
+    )
     assert loc.render() == "_grouped_gemm_kernel_unmasked+0x3390 (unmasked_rows.py:111)"
     h = parse_host_frame("_PyEval_EvalFrameDefault [0x1db2ed] in python3")
     assert (h.function, h.module, h.offset, h.file) == ("_PyEval_EvalFrameDefault", "python3", 0x1DB2ED, None)
@@ -233,8 +256,7 @@ def test_every_line_and_mid_line_cut_of_the_first_records() -> None:
         assert complete == list(full.errors[: len(complete)])
         if cut < len(text):
             assert r.truncated or r.error_summary is not None
-        if r.errors and r.truncated:
-            assert not r.errors[-1].complete  # the record the cut fell in
+        assert all(e.complete for e in r.errors[:-1])  # only the record the cut fell in is cut
 
 
 def test_address_line_cut_mid_number_is_not_read() -> None:
@@ -275,7 +297,9 @@ def test_log_starting_mid_record_is_flagged() -> None:
 
 
 def _records(r: SanitizerReport) -> list[tuple[object, ...]]:
-    return [(e.category, e.kernel, e.address, e.size, e.thread, e.nearest, len(e.host_frames)) for e in r.errors]
+    return [
+        (e.category, e.kernel, e.address, e.size, e.thread, e.nearest, len(e.host_frames)) for e in r.errors
+    ]
 
 
 @pytest.mark.parametrize("path", ALL_LOGS, ids=rel)
@@ -314,8 +338,8 @@ def test_two_processes_interleaved_line_by_line_with_rank_prefixes() -> None:
     by_stream = {s: [e for e in r.errors if e.stream == s] for s in r.streams}
     a, b = parse_sanitizer_log(a_text), parse_sanitizer_log(b_text)
     assert _records(SanitizerReport(errors=tuple(by_stream["[rank0]:"]))) == _records(a)
-    # rank1's log is the longer one, so its summary line is the last one and is whole even
-    # without a newline; both summaries add up
+    # rank1's log is the longer one, so its last summary line is the text's last line: whole
+    # even without a newline, since its count is complete; both processes' summaries add up
     assert _records(SanitizerReport(errors=tuple(by_stream["[rank1]:"]))) == _records(b)
     assert r.error_summary == 450 + 2667 and r.errors_not_printed == 400 + 2617
 
@@ -377,7 +401,9 @@ def test_access_at_wording_and_no_nearest_allocation() -> None:
     [
         (
             "and is 1,241,911,296 bytes before the nearest allocation at 0x7f7d00000000 of size 5,033,164,800 bytes",
-            NearestAllocation(relation="before", distance=1_241_911_296, base=0x7F7D00000000, size=5_033_164_800),
+            NearestAllocation(
+                relation="before", distance=1_241_911_296, base=0x7F7D00000000, size=5_033_164_800
+            ),
         ),
         (
             "and is inside the nearest allocation at 0x7f7cc49a0000 of size 262,144 bytes",
@@ -416,7 +442,9 @@ def test_xml_reader_reads_record_lines_inside_elements() -> None:
     r = parse_sanitizer_xml(f"<ComputeSanitizerOutput>{body}</ComputeSanitizerOutput>")
     assert r.error_summary == 450 and r.errors_not_printed == 400
     assert [e.address for e in r.errors] == [0x7F7CC49C0000, 0x7F7CC49C0010, 0x7F7CC49C0020]
-    assert r.errors[0].nearest == NearestAllocation(relation="after", distance=1, base=0x7F7CC49A0000, size=131_072)
+    assert r.errors[0].nearest == NearestAllocation(
+        relation="after", distance=1, base=0x7F7CC49A0000, size=131_072
+    )
     cut = parse_sanitizer_xml(f"<ComputeSanitizerOutput>{body}"[: len(body) // 2])
     assert cut.truncated and len(cut.errors) <= 3
 
@@ -438,65 +466,7 @@ def test_empty_and_foreign_text() -> None:
     assert not r.recognized and r.program_lines > 0 and not r.errors
 
 
-# --- HAND-WRITTEN FORMAT SAMPLES: record kinds we have not recorded yet ------------------------------
-# Written by us from the shape of each record kind (header line at one space, continuation lines
-# indented); the names, addresses and numbers are made up. Not recordings.
-
-RACE_SAMPLE = """\
-========= COMPUTE-SANITIZER
-========= Error: Race reported between Write access at tile_kernel+0x1a0 in tile.py:40
-=========     and Read access at tile_kernel+0x2b0 in tile.py:52 [128 hazards]
-=========     and Read access at tile_kernel+0x2c0 in tile.py:53 [64 hazards]
-=========
-========= Warning: Race reported between Read access at tile_kernel+0x300 in tile.py:60
-=========     and Write access at tile_kernel+0x310 in tile.py:61 [2 hazards]
-=========
-========= RACECHECK SUMMARY: 2 hazards displayed (1 error, 1 warning)
-"""
-
-API_SAMPLE = """\
-========= COMPUTE-SANITIZER
-========= Program hit cudaErrorLaunchFailure (error 719) due to "unspecified launch failure" on CUDA API call to cudaStreamSynchronize.
-=========     Saved host backtrace up to driver entry point at error
-=========         Host Frame: cudaStreamSynchronize [0x1234] in libcudart.so.13
-=========
-========= ERROR SUMMARY: 1 error
-"""
-
-INITCHECK_SAMPLE = """\
-========= COMPUTE-SANITIZER
-========= Uninitialized __global__ memory read of size 4 bytes
-=========     at consume_kernel+0x150 in consume.py:12
-=========     by thread (3,0,0) in block (0,0,0)
-=========     Address 0x7f0000000400
-=========
-========= Host API memory access error at host access to 0x7f0000001000 of size 64 bytes
-=========     Uninitialized access at 0x7f0000001000 on access by cudaMemcpy source.
-=========
-========= ERROR SUMMARY: 2 errors
-"""
-
-LEGACY_SAMPLE = """\
-========= CUDA-MEMCHECK
-========= Invalid __global__ read of size 8
-=========     at 0x000002e8 in inner_step(double*, int)
-=========     by thread (7,0,0) in block (2,0,0)
-=========     Address 0x7f0000000008 is out of bounds
-=========     Device Frame:outer_kernel(double*, int) (outer_kernel(double*, int) : 0xa0)
-=========     Saved host backtrace up to driver entry point at kernel launch time
-=========     Host Frame:/usr/lib64/libcuda.so.1 (cuLaunchKernel + 0x2b8) [0x222dd8]
-=========     Host Frame:./app [0x1f00]
-=========
-========= ERROR SUMMARY: 1 error
-"""
-
-NOTES_SAMPLE = """\
-========= COMPUTE-SANITIZER
-========= Warning: hand-written tool note (the parser keeps such lines as notes)
-========= Barrier error detected (hand-written top-level line of a kind the parser does not know)
-=========     at sync_kernel+0x40 in sync.py:9
-========= ERROR SUMMARY: 1 error
-"""
+# --- HAND-WRITTEN FORMAT SAMPLES: record kinds we have not recorded yet (tests/unit/format_samples.py)
 
 
 def test_sample_racecheck_hazards_and_summary() -> None:
@@ -512,7 +482,11 @@ def test_sample_racecheck_hazards_and_summary() -> None:
     ]
     assert a.hazards == 192 and a.kernel == "tile_kernel"
     assert r.racecheck_summary is not None
-    assert (r.racecheck_summary.displayed, r.racecheck_summary.errors, r.racecheck_summary.warnings) == (2, 1, 1)
+    assert (r.racecheck_summary.displayed, r.racecheck_summary.errors, r.racecheck_summary.warnings) == (
+        2,
+        1,
+        1,
+    )
     assert r.has_findings and not r.clean
 
 
@@ -525,7 +499,7 @@ def test_sample_program_hit_api_error() -> None:
         "cudaErrorLaunchFailure",
         719,
         "unspecified launch failure",
-        "cudaStreamSynchronize",
+        "cudaEventSynchronize",
     )
     assert e.backtrace_at == "error" and e.host_frames[0].module == "libcudart.so.13"
     assert r.tool == "memcheck"
@@ -547,7 +521,7 @@ def test_sample_legacy_cuda_memcheck_record() -> None:
     r = parse_sanitizer_log(LEGACY_SAMPLE)
     assert r.legacy_cuda_memcheck and r.error_summary == 1
     (e,) = r.errors
-    assert e.size == 8 and e.address == 0x7F0000000008 and e.out_of_bounds and e.nearest is None
+    assert e.size == 4 and e.address == 0x7F0000000004 and e.out_of_bounds and e.nearest is None
     assert e.location is not None and e.location.pc == 0x2E8
     assert short_function_name(e.location.function or "") == "inner_step"
     assert short_function_name(e.kernel or "") == "outer_kernel"  # the outermost device frame
@@ -758,7 +732,11 @@ def test_attribute_the_recorded_writes_to_the_output_rows_past_m() -> None:
     attributions = attribute(r, {"cuda:0": [*out.tensors, y]})
     assert len(attributions) == 50  # one per distinct address of the one group
     a = attributions[0]
-    assert (a.kernel, a.access, a.address) == ("_grouped_gemm_kernel_unmasked", "write of 16 bytes", 0x7F7CC49C0000)
+    assert (a.kernel, a.access, a.address) == (
+        "_grouped_gemm_kernel_unmasked",
+        "write of 16 bytes",
+        0x7F7CC49C0000,
+    )
     best = a.matches[0]
     assert (best.tensor, best.relation, best.distance, best.row) == ("y", "after", 1, 256)
     assert a.sentences[0] == (
@@ -781,7 +759,13 @@ def test_attribute_the_recorded_far_writes_against_the_logged_allocation() -> No
     e = r.errors[0]
     assert e.nearest is not None and e.address is not None
     small = TensorInfo(
-        name="alloc112", device="cuda:0", data_ptr=e.nearest.base, nbytes=112, shape=(56,), strides=(1,), dtype="bfloat16"
+        name="alloc112",
+        device="cuda:0",
+        data_ptr=e.nearest.base,
+        nbytes=112,
+        shape=(56,),
+        strides=(1,),
+        dtype="bfloat16",
     )
     a = attribute_address(e.address, {"cuda:0": [*out.tensors, small]}, access="write of 16 bytes")
     assert (a.matches[0].tensor, a.matches[0].distance) == ("alloc112", 129_937)
@@ -849,7 +833,13 @@ def _moved(table: list[TensorInfo], device: str, shift: int) -> list[TensorInfo]
     """SYNTHETIC: the recorded table as if a second GPU held the same tensors at other addresses."""
     return [
         TensorInfo(
-            name=t.name, device=device, data_ptr=t.data_ptr + shift, nbytes=t.nbytes, shape=t.shape, strides=t.strides, dtype=t.dtype
+            name=t.name,
+            device=device,
+            data_ptr=t.data_ptr + shift,
+            nbytes=t.nbytes,
+            shape=t.shape,
+            strides=t.strides,
+            dtype=t.dtype,
         )
         for t in table
     ]

@@ -1,0 +1,252 @@
+"""Kernel adapters, child side: plug a kernel with another signature into qmoe-doctor.
+
+qmoe-doctor calls every kernel as ``fn(x, w, m_sizes) -> y``: x (M, K) rows sorted by expert,
+w (E, N, K), m_sizes (E,) int32 rows per expert, y (M, N). An adapter takes the user's object
+(a function of another signature, a class, an op) and returns such a callable, and says what
+the kernel can take, so that probes it cannot run are SKIPPED with the reason instead of
+failing::
+
+    # mylib/qmoe.py: shipped by the kernel library
+    from qmoe_doctor.probes.adapters import SimpleAdapter
+
+    def _wrap(grouped_mm):  # grouped_mm(x, w_t, offs) with w_t (E, K, N), offs cumulative
+        def fn(x, w, m_sizes):
+            offs = m_sizes.cumsum(0, dtype=torch.int32)
+            return grouped_mm(x, w.transpose(1, 2), offs)
+        return fn
+
+    ADAPTER = SimpleAdapter(
+        wrap=_wrap,
+        dtypes=frozenset({"bfloat16"}),  # the probes run bfloat16 on GPUs, float32 on the CPU tier
+        needs_contiguous=True,
+        supports_cpu=False,  # no CPU / Triton-interpreter path
+        default_target="mylib.ops:grouped_mm",
+    )
+
+    # mylib's pyproject.toml
+    [project.entry-points."qmoe_doctor.adapters"]
+    mylib = "mylib.qmoe:ADAPTER"
+
+Then ``qmoe-doctor scan --kernel adapter:mylib`` (its default target) or
+``--kernel adapter:mylib:mylib.ops:other_mm``. Without packaging, NAME may be the dotted path
+of an adapter object: ``--kernel adapter:my_adapters.ADAPTER:path/to/kernel.py:grouped_mm``.
+
+Entry points are loaded here, in the probe child, never in the parent: loading one imports the
+kernel library, and the kernel library imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from qmoe_doctor.probes.loader import (
+    KernelFn,
+    KernelResolutionError,
+    check_signature,
+    load_kernel,
+    resolve_object,
+)
+
+from qmoe_doctor.adapters import ENTRY_POINT_GROUP, NAMED_REFS, parse_adapter_ref
+from qmoe_doctor.records import Condition, ProbeSpec
+
+#: Offset-sweep variants whose operands are not contiguous (probes/conditions.OFFSET_VARIANTS).
+NON_CONTIGUOUS_VARIANTS = frozenset({"padded-rows", "transposed-w"})
+
+__all__ = [
+    "AdaptedKernel",
+    "KernelAdapter",
+    "KernelLimits",
+    "SimpleAdapter",
+    "find_adapter",
+    "load_adapted",
+    "not_applicable",
+]
+
+
+@runtime_checkable
+class KernelAdapter(Protocol):
+    """What an adapter is. ``adapt`` is required; an object without the metadata properties
+    gets :class:`KernelLimits`' defaults (any dtype, any layout, runs on CPU tensors)."""
+
+    @property
+    def dtypes(self) -> frozenset[str] | None:
+        """Operand dtypes the kernel takes ("bfloat16", "float16", "float32"); None: all."""
+        ...
+
+    @property
+    def needs_contiguous(self) -> bool:
+        """The kernel requires contiguous x and w: strided-view probes do not apply."""
+        ...
+
+    @property
+    def supports_cpu(self) -> bool:
+        """The kernel runs on CPU tensors (Triton kernels do, under TRITON_INTERPRET=1): the
+        CPU tier applies."""
+        ...
+
+    @property
+    def default_target(self) -> str | None:
+        """The kernel reference ``adapter:NAME`` (no target) means; None: a target is required."""
+        ...
+
+    def adapt(self, target: Any) -> KernelFn:
+        """Turn the user's object into ``fn(x, w, m_sizes) -> y``."""
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KernelLimits:
+    """What a kernel can take; a probe outside them is skipped with the reason."""
+
+    dtypes: frozenset[str] | None = None
+    needs_contiguous: bool = False
+    supports_cpu: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimpleAdapter:
+    """A ready KernelAdapter: ``wrap(target)`` builds the callable, the fields are metadata."""
+
+    wrap: Callable[[Any], KernelFn]
+    dtypes: frozenset[str] | None = None
+    needs_contiguous: bool = False
+    supports_cpu: bool = True
+    default_target: str | None = None
+
+    def adapt(self, target: Any) -> KernelFn:
+        return self.wrap(target)
+
+
+class AdaptedKernel:
+    """The callable the probes get for an ``adapter:`` reference: the adapted function plus
+    the limits it was declared with."""
+
+    def __init__(self, fn: KernelFn, *, ref: str, limits: KernelLimits) -> None:
+        self.fn = fn
+        self.ref = ref
+        self.limits = limits
+
+    def __call__(self, x: Any, w: Any, m_sizes: Any) -> Any:
+        return self.fn(x, w, m_sizes)
+
+    def __repr__(self) -> str:
+        return f"AdaptedKernel({self.ref!r}, {self.limits})"
+
+
+def limits_of(adapter: object) -> KernelLimits:
+    """The adapter's declared limits; missing attributes take the defaults."""
+    default = KernelLimits()
+    raw_dtypes = getattr(adapter, "dtypes", default.dtypes)
+    dtypes = None if raw_dtypes is None else frozenset(str(d).removeprefix("torch.") for d in raw_dtypes)
+    return KernelLimits(
+        dtypes=dtypes,
+        needs_contiguous=bool(getattr(adapter, "needs_contiguous", default.needs_contiguous)),
+        supports_cpu=bool(getattr(adapter, "supports_cpu", default.supports_cpu)),
+    )
+
+
+def _as_adapter(obj: Any, name: str) -> Any:
+    if inspect.isclass(obj):  # an adapter class: instantiate it with no arguments
+        try:
+            obj = obj()
+        except Exception as exc:
+            raise KernelResolutionError(
+                f"adapter {name!r}: {obj.__name__}() failed: {type(exc).__name__}: {exc}"
+            ) from exc
+    if not callable(getattr(obj, "adapt", None)):
+        raise KernelResolutionError(
+            f"adapter {name!r} is a {type(obj).__name__}, not a KernelAdapter: it has no "
+            "adapt(target) method (see qmoe_doctor.probes.adapters)"
+        )
+    return obj
+
+
+def find_adapter(name: str) -> Any:
+    """The adapter called ``name``: an entry point of the group ``qmoe_doctor.adapters``, else
+    the object a dotted ``module.attr`` path names. Raises KernelResolutionError."""
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name != name:
+            continue
+        try:
+            obj = ep.load()
+        except Exception as exc:  # any import-time failure of the adapter's package
+            raise KernelResolutionError(
+                f"adapter {name!r} (entry point {ep.value!r}) could not be loaded: {type(exc).__name__}: {exc}"
+            ) from exc
+        return _as_adapter(obj, name)
+    module_name, dot, attr = name.rpartition(".")
+    if not dot or not module_name:
+        installed = sorted(ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+        raise KernelResolutionError(
+            f"no adapter named {name!r} in the entry-point group {ENTRY_POINT_GROUP!r} "
+            f"(installed: {', '.join(installed) or 'none'}); or give module.attr of an adapter object"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise KernelResolutionError(
+            f"adapter {name!r}: cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not hasattr(module, attr):
+        raise KernelResolutionError(f"adapter {name!r}: module {module_name!r} has no attribute {attr!r}")
+    return _as_adapter(getattr(module, attr), name)
+
+
+def load_adapted(ref: str) -> AdaptedKernel:
+    """Resolve ``adapter:NAME[:TARGET]`` to the adapted kernel. Raises KernelResolutionError
+    (the probe's outcome is then ``kernel-import``, a usage error for scan and check)."""
+    try:
+        parsed = parse_adapter_ref(ref)
+    except ValueError as exc:
+        raise KernelResolutionError(str(exc)) from None
+    adapter = find_adapter(parsed.name)
+    target_ref = parsed.target or getattr(adapter, "default_target", None)
+    if not target_ref:
+        raise KernelResolutionError(
+            f"{ref!r}: adapter {parsed.name!r} has no default_target; name the kernel: "
+            f"adapter:{parsed.name}:module:function"
+        )
+    target_ref = str(target_ref)
+    if target_ref in NAMED_REFS or target_ref.startswith("specimen:"):
+        target = load_kernel(target_ref)
+    else:
+        target = resolve_object(target_ref)
+    try:
+        fn = adapter.adapt(target)
+    except Exception as exc:
+        raise KernelResolutionError(
+            f"adapter {parsed.name!r} could not adapt {target_ref!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    check_signature(fn, f"{ref} (as adapted)")
+    return AdaptedKernel(fn, ref=ref, limits=limits_of(adapter))
+
+
+def not_applicable(kernel: object, spec: ProbeSpec) -> str | None:
+    """Why this probe does not apply to the kernel (its adapter's declared limits), or None.
+    Plain kernels declare nothing: every probe applies."""
+    if not isinstance(kernel, AdaptedKernel):
+        return None
+    limits = kernel.limits
+    if spec.device is None and not limits.supports_cpu:
+        return "the kernel's adapter declares no CPU support (supports_cpu=False): the CPU tier does not apply"
+    if limits.dtypes is not None and spec.shape.dtype not in limits.dtypes:
+        return (
+            f"the kernel's adapter takes {', '.join(sorted(limits.dtypes))} only; "
+            f"this probe runs {spec.shape.dtype}"
+        )
+    if (
+        limits.needs_contiguous
+        and spec.condition is Condition.OFFSETS
+        and spec.params.get("variant") in NON_CONTIGUOUS_VARIANTS
+    ):
+        return (
+            f"the kernel's adapter requires contiguous inputs (needs_contiguous=True); the "
+            f"{spec.params['variant']} variant passes strided views"
+        )
+    return None
