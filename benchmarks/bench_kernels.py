@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import triton
     import triton.testing
+
     from qmoe_doctor.kernels.backward import (
         moe_grouped_gemm_dw,
         moe_grouped_gemm_dw_torch,
@@ -88,7 +89,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm, moe_grouped_gemm_torch
     from qmoe_doctor.kernels.routing import sort_by_expert
-
     from qmoe_doctor.presets import MoEShape, get_preset
 
     preset = get_preset("tiny" if args.tiny else args.preset)

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import torch
 import triton
 import triton.language as tl
+
 from qmoe_doctor.kernels.grouped_gemm import (
     GemmConfig,
     _clamped_sizes,

@@ -44,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from qmoe_doctor.adapters import ENTRY_POINT_GROUP, NAMED_REFS, parse_adapter_ref
 from qmoe_doctor.probes.loader import (
     KernelFn,
     KernelResolutionError,
@@ -51,8 +52,6 @@ from qmoe_doctor.probes.loader import (
     load_kernel,
     resolve_object,
 )
-
-from qmoe_doctor.adapters import ENTRY_POINT_GROUP, NAMED_REFS, parse_adapter_ref
 from qmoe_doctor.records import Condition, ProbeSpec
 
 #: Offset-sweep variants whose operands are not contiguous (probes/conditions.OFFSET_VARIANTS).

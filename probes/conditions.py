@@ -21,9 +21,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
 from qmoe_doctor.probes.adapters import not_applicable
 from qmoe_doctor.probes.loader import load_kernel
-
 from qmoe_doctor.records import Condition, Phase, ProbeSpec, Status
 from qmoe_doctor.tolerances import tolerance
 
@@ -182,15 +182,25 @@ class OutputTrap:
         self.adjacent = False
         if device.type != "cuda":
             return
+        # Free cached blocks first: a freed temporary of the same size at a lower address would
+        # otherwise win the allocator's best fit instead of the poisoned block.
+        torch.cuda.empty_cache()
         hole = torch.full((nbytes,), POISON_BYTE, dtype=torch.uint8, device=device)
+        self.hole_ptr = hole.data_ptr()
         if nbytes >= LARGE_SPLIT_MAX:
             return  # a segment of its own: nothing can be placed right after it
         # the canary must come from the same pool as y to be split from the same segment
         canary_bytes = 64 * 1024 if nbytes < SMALL_POOL_MAX else SMALL_POOL_MAX + 512
-        self.canary = torch.full((canary_bytes,), CANARY_BYTE, dtype=torch.uint8, device=device)
-        self.hole_ptr = hole.data_ptr()
-        rounded = (nbytes + 511) // 512 * 512
-        self.adjacent = self.canary.data_ptr() == self.hole_ptr + rounded
+        want = self.hole_ptr + (nbytes + 511) // 512 * 512
+        spare: list[torch.Tensor] = []
+        for _ in range(64):  # free blocks elsewhere are handed out first: hold them until
+            block = torch.full((canary_bytes,), CANARY_BYTE, dtype=torch.uint8, device=device)
+            if block.data_ptr() == want:
+                self.canary = block
+                self.adjacent = True
+                break
+            spare.append(block)
+        del spare
         del hole  # back to the pool, NaN inside
 
     def report(self, ctx: Any, y: Any) -> list[str]:
@@ -198,9 +208,9 @@ class OutputTrap:
             return []
         got_block = isinstance(y, torch.Tensor) and y.data_ptr() == self.hole_ptr
         ctx.fact("poisoned_output", got_block)
+        ctx.fact("canary_after_output", bool(got_block and self.adjacent))
         if self.canary is None:
             return []
-        ctx.fact("canary_after_output", bool(got_block and self.adjacent))
         hits = []
         if got_block and self.adjacent and bool((self.canary != CANARY_BYTE).any()):
             hits.append("after y")
@@ -234,6 +244,8 @@ def _call_and_check(
     watch_alloc_on: int | None = None,
 ) -> dict[str, Any]:
     ctx.crumb(Phase.LAUNCH)
+    if ctx.spec.kernel not in _CALLED:
+        ctx.fact("first_call_in_process", True)
     _CALLED.add(ctx.spec.kernel)
     if watch_alloc_on is not None:
         before = torch.cuda.memory_allocated(watch_alloc_on)

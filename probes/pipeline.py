@@ -44,10 +44,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from qmoe_doctor.kernels.moe_block import MoEBlock, MoEBlockTorch
-from qmoe_doctor.probes.loader import load_kernel
 
+from qmoe_doctor.kernels.moe_block import MoEBlock, MoEBlockTorch
 from qmoe_doctor.presets import PRESETS, MoEShape, get_preset
+from qmoe_doctor.probes.loader import load_kernel
 from qmoe_doctor.records import Phase, ProbeSpec, Status
 from qmoe_doctor.tolerances import tolerance
 

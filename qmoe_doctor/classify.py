@@ -404,7 +404,14 @@ def classify(
         # wrong while the next call was right show the same first-call failure.
         for c in matrix.cells.values():
             facts = c.outcome.facts
-            if c.failed and facts.get("baseline_ok") is False and facts.get("variant_ok") is True:
+            if c.outcome.probe_id in explained:
+                continue
+            if c.outcome.status is Status.WRONG and facts.get("first_call_in_process") is True:
+                # a cell that is its process's first call (the untouched cell runs alone) cannot
+                # tell its own condition apart from the first-call fault
+                ev_rerun.append(_ev(c, "first call of its process: " + _describe(c)))
+                explained.add(c.outcome.probe_id)
+            elif c.failed and facts.get("baseline_ok") is False and facts.get("variant_ok") is True:
                 ev_rerun.append(
                     _ev(c, "first call for this shape in the process wrong "
                         f"(rel. error {facts.get('baseline_rel_error')}), the next call right")

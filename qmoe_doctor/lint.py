@@ -494,6 +494,8 @@ class _Module:
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
         self._shallow: dict[ast.AST, list[ast.AST]] = {}
+        self._exempt: dict[ast.AST, bool] = {}
+        self._set_device_lines: dict[ast.AST, list[int]] = {}
         self.aliases: dict[str, str] = {"tl": "triton.language"}  # the universal convention
         for node in self.nodes:
             if isinstance(node, ast.Import):
@@ -591,12 +593,12 @@ class _Module:
     def exempt(self, node: ast.AST) -> bool:
         """Demo and test code creates its own tensors on the current device: launches there are
         consistent by construction, so the device rules stay silent in it."""
-        for anc in self.ancestors(node):
-            if isinstance(anc, _FUNC_TYPES) and anc.name.lstrip("_").startswith(("test", "bench")):
-                return True
-            if _is_main_guard(anc):
-                return True
-        return False
+        func = self.func_of(node)
+        if func is None:
+            return any(_is_main_guard(anc) for anc in self.ancestors(node))
+        if func not in self._exempt:
+            self._exempt[func] = func.name.lstrip("_").startswith(("test", "bench")) or self.exempt(func)
+        return self._exempt[func]
 
     def shallow(self, scope: ast.AST) -> list[ast.AST]:
         """The nodes of a function (or the module) outside its nested functions and classes."""
@@ -767,13 +769,15 @@ class _Project:
 
     def sets_device_before(self, m: _Module, node: ast.AST) -> bool:
         scope: ast.AST = m.func_of(node) or m.tree
+        if scope not in m._set_device_lines:
+            m._set_device_lines[scope] = [
+                n.lineno
+                for n in m.shallow(scope)
+                if isinstance(n, ast.Call)
+                and m.canon(n.func) in ("torch.cuda.set_device", "torch.accelerator.set_device_index")
+            ]
         line = getattr(node, "lineno", 0)
-        for n in m.shallow(scope):
-            if isinstance(n, ast.Call) and n.lineno < line:
-                name = m.canon(n.func) or ""
-                if name in ("torch.cuda.set_device", "torch.accelerator.set_device_index"):
-                    return True
-        return False
+        return any(set_at < line for set_at in m._set_device_lines[scope])
 
     def guarded(self, m: _Module, node: ast.AST, depth: int = 0) -> bool:
         """Inside a device guard: lexically, after set_device in the same function, or in a
@@ -897,7 +901,10 @@ class _Project:
         for m in self.modules:
             for rule in rules:
                 checks[rule](m)
-        unique = {(f.path, f.line, f.col, f.rule): f for f in self.findings if f.path in self.linted}
+        unique: dict[tuple[str, int, int, Rule], LintFinding] = {}
+        for f in self.findings:  # the first finding at a place wins (the nearest launch)
+            if f.path in self.linted:
+                unique.setdefault((f.path, f.line, f.col, f.rule), f)
         return tuple(sorted(unique.values(), key=lambda f: (f.path, f.line, f.col, f.rule.value)))
 
     # ---------------------------------------------------------------------------------------
@@ -1101,11 +1108,12 @@ class _Project:
                 which = "the current device" if "current device" in desc else desc
             parent = m.parents.get(node)
             prop = parent.attr if isinstance(parent, ast.Attribute) and parent.value is node else None
-            what = f"`{prop}` of {which}" if prop else f"the properties of {which}"
+            shown = _src(parent) if prop and isinstance(parent, ast.expr) else _src(node)
+            what = f"`{shown}` reads {which}; the value"
             func = m.func_of(node)
             how: str | None = None
             if m.at_module_level(node):
-                how = "is read once at import and reused for every device"
+                how = "is computed once at import and reused for every device"
             elif func is not None and self.lexical_guard(m, node):
                 continue  # read under a guard: the function picks its device itself
             elif func is not None and any(
@@ -1121,7 +1129,7 @@ class _Project:
                 m,
                 node,
                 Rule.CACHED_DEVICE_PROPERTY,
-                f"{what} {how}: kernels launched for another GPU get its SM count and limits",
+                f"{what} {how}: kernels launched for another GPU get this one's SM count and limits",
                 "@functools.cache\ndef num_sms(device_index: int) -> int:\n"
                 "    return torch.cuda.get_device_properties(device_index).multi_processor_count\n"
                 "# at the call: num_sms(x.device.index)",

@@ -448,7 +448,7 @@ _HF_FILE_FUNC = re.compile(r"^(?P<file>[^\s:\[]+):(?P<line>\d+):(?P<func>.+)$")
 
 
 def parse_int(text: str) -> int:
-    """'1,241,911,296' -> 1241911296; '0x7f..' -> int."""
+    """'131,072' -> 131072; '0x7f..' -> int."""
     text = text.strip()
     if text.lower().startswith("0x"):
         return int(text, 16)

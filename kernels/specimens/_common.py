@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from qmoe_doctor.kernels.grouped_gemm import (
     GemmConfig,
     check_operands,

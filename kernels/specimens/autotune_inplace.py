@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 import triton
 import triton.language as tl
+
 from qmoe_doctor.kernels.grouped_gemm import (
     GemmConfig,
     check_operands,

@@ -19,6 +19,7 @@ identical to ``grouped_gemm.moe_grouped_gemm``.
 from __future__ import annotations
 
 import torch
+
 from qmoe_doctor.kernels.grouped_gemm import (
     check_operands,
     device_guard,

@@ -23,6 +23,7 @@ to ``grouped_gemm.moe_grouped_gemm``.
 from __future__ import annotations
 
 import torch
+
 from qmoe_doctor.kernels.grouped_gemm import (
     check_operands,
     grid_size,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from qmoe_doctor.kernels.specimens._common import guarded_forward
 
 

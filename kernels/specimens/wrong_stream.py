@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+
 from qmoe_doctor.kernels.grouped_gemm import (
     check_operands,
     device_guard,

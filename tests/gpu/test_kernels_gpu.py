@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from qmoe_doctor.kernels.backward import (
     dw_grid_size,
     launch_grouped_gemm_dw,

@@ -304,3 +304,25 @@ def test_cell_labels() -> None:
     m = build_matrix([ok, mk("0->1/guarded", Condition.GUARDED, ms=0.3)])
     cell = m.get("0->1", Condition.PEER)
     assert cell is not None and cell.label == "slow" and cell.slowdown == pytest.approx(10.0)
+
+
+def test_autotune_absorbs_a_first_call_cell_that_ran_alone() -> None:
+    single = healthy_single()
+    single[Condition.REPEAT_CALL] = mk(
+        "GPU 1/repeat-call", Condition.REPEAT_CALL, Status.WRONG, rel=8.0, calls=(8.0, 1e-3)
+    )
+    pair = healthy_pair()
+    pair[Condition.UNTOUCHED] = mk(
+        "0->1/untouched", Condition.UNTOUCHED, Status.WRONG, rel=8.0, facts={"first_call_in_process": True}
+    )
+    result = classify([*single.values(), *pair.values()], kernel="k:fn")
+    assert {d.cause for d in result.diagnoses} == {"autotune-inplace-rerun"}
+    assert result.unexplained == ()
+
+
+def test_first_call_cell_is_not_absorbed_without_the_autotune_diagnosis() -> None:
+    pair = healthy_pair()
+    pair[Condition.UNTOUCHED] = mk(
+        "0->1/untouched", Condition.UNTOUCHED, Status.WRONG, rel=8.0, facts={"first_call_in_process": True}
+    )
+    assert causes(healthy_single(), pair) == {"<unexplained>"}

@@ -422,7 +422,7 @@ def _one_record(replace_nearest: str | None = None, swap: tuple[str, str] | None
 
 def test_address_far_before_a_huge_allocation_fits_int32_overflow_first() -> None:
     text = _one_record(
-        "and is 1,241,911,296 bytes before the nearest allocation at 0x7f7d00000000 of size 5,033,164,800 bytes"
+        "and is 2,147,483,904 bytes before the nearest allocation at 0x7f7d00000000 of size 6,442,450,944 bytes"
     )
     e = explain_text(text)
     assert [(f.cause, f.settle.split(" --only ")[-1]) for f in e.fits] == [
@@ -431,7 +431,7 @@ def test_address_far_before_a_huge_allocation_fits_int32_overflow_first() -> Non
         ("default-device-buffer", "no-peer,peer"),
     ]
     assert e.fits[0].settle.startswith("qmoe-doctor scan --gpus 0 ")
-    assert any("1,241,911,296 bytes before the nearest allocation" in f for f in e.facts)
+    assert any("2,147,483,904 bytes before the nearest allocation" in f for f in e.facts)
     check_commands(e)
 
 

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import qmoe_doctor.probes
-from qmoe_doctor.probes.context import ProbeContext
-from qmoe_doctor.probes.worker import execute
 
+import qmoe_doctor.probes
 from qmoe_doctor import knobs
 from qmoe_doctor.isolate import Event, EventKind, child_env, child_python, run_one, run_session
+from qmoe_doctor.probes.context import ProbeContext
+from qmoe_doctor.probes.worker import execute
 from qmoe_doctor.records import Condition, ErrorKind, Outcome, Phase, ProbeSpec, Shape, Status
 
 SHAPE = Shape(m=8, e=2, n=4, k=4, dtype="float32")

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+
 from qmoe_doctor.kernels import backward, grouped_gemm
 from qmoe_doctor.kernels.backward import (
     moe_grouped_gemm_dw,

@@ -12,6 +12,18 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from test_kernels_forward import (
+    CASES,
+    GemmCase,
+    assert_canary_intact,
+    assert_close,
+    balanced_sizes,
+    case_id,
+    make_operands,
+    make_view,
+    poisoned_output,
+)
+
 from qmoe_doctor.kernels.backward import (
     dw_grid_size,
     launch_grouped_gemm_dw,
@@ -24,17 +36,6 @@ from qmoe_doctor.kernels.backward import (
     row_bounds,
 )
 from qmoe_doctor.kernels.grouped_gemm import GemmConfig, moe_grouped_gemm, moe_grouped_gemm_torch
-from test_kernels_forward import (
-    CASES,
-    GemmCase,
-    assert_canary_intact,
-    assert_close,
-    balanced_sizes,
-    case_id,
-    make_operands,
-    make_view,
-    poisoned_output,
-)
 
 # --------------------------------------------------------------------------------------------
 # dx: the forward table, dy in the 2-D operand's layout.

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from qmoe_doctor.kernels.grouped_gemm import (
     GemmConfig,
     grid_size,

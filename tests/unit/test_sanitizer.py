@@ -400,9 +400,9 @@ def test_access_at_wording_and_no_nearest_allocation() -> None:
     ("replacement", "expected"),
     [
         (
-            "and is 1,241,911,296 bytes before the nearest allocation at 0x7f7d00000000 of size 5,033,164,800 bytes",
+            "and is 2,147,483,904 bytes before the nearest allocation at 0x7f7d00000000 of size 6,442,450,944 bytes",
             NearestAllocation(
-                relation="before", distance=1_241_911_296, base=0x7F7D00000000, size=5_033_164_800
+                relation="before", distance=2_147_483_904, base=0x7F7D00000000, size=6_442_450_944
             ),
         ),
         (

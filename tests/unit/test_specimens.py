@@ -26,12 +26,12 @@ from typing import Any
 
 import pytest
 import torch
-from qmoe_doctor.kernels import grouped_gemm
-from qmoe_doctor.kernels.grouped_gemm import interpreting, moe_grouped_gemm_torch
 from typer.testing import CliRunner
 
 from qmoe_doctor.causes import CAUSES
 from qmoe_doctor.cli import app
+from qmoe_doctor.kernels import grouped_gemm
+from qmoe_doctor.kernels.grouped_gemm import interpreting, moe_grouped_gemm_torch
 from qmoe_doctor.records import Condition
 from qmoe_doctor.specimens import SPECIMEN_PACKAGE, SPECIMENS, get_specimen, kernel_ref
 from qmoe_doctor.tolerances import tolerance

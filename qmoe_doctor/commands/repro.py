@@ -1,0 +1,173 @@
+"""`qmoe-doctor repro`: reproduce the failure the way users hit it, shrink it, and name it.
+
+A skin over :func:`qmoe_doctor.repro.run_repro` (docs/repro.md): validate, pick the GPUs, call,
+render, exit with a documented code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from qmoe_doctor import knobs
+from qmoe_doctor.commands.scan import KERNEL_HELP, check_kernel_ref
+from qmoe_doctor.exitcodes import ExitCode
+from qmoe_doctor.inventory import GpuInfo, GpuSelectionError, collect_inventory, select_gpus
+from qmoe_doctor.output import emit_json, stderr_console, stdout_console
+from qmoe_doctor.presets import PRESETS
+from qmoe_doctor.render import diagnosis_panel
+from qmoe_doctor.repro import ReproOptions, ReproReport, plan_repro, report_json, run_repro, shrink_cells
+from qmoe_doctor.scan import KernelRefError
+
+NEED_TWO_GPUS = (
+    "repro needs two CUDA GPUs: it splits a model's layers across GPUs the way "
+    'device_map="auto" does, which is where these faults happen'
+)
+NO_GPU_HINT = "`qmoe-doctor scan --cpu` runs the single-device conditions without a GPU."
+KERNEL_PARAGRAPH = (
+    "qmoe-doctor calls kernels as fn(x, w, m_sizes) -> y with x (M, K) rows sorted by expert, "
+    "w (E, N, K) and m_sizes (E,); pass --kernel module:function or path/to/file.py:function "
+    "naming such a callable (the probe child must be able to import it: same Python, same "
+    "working directory)."
+)
+
+
+def _select(gpus: str | None) -> tuple[GpuInfo, ...]:
+    """The GPUs to split the model over, in order; exits 2 when there are not two."""
+    err = stderr_console()
+    inv = collect_inventory()
+    if not inv.gpus:
+        why = inv.nvml_error or "NVML lists none"
+        err.print(Text(f"error: {NEED_TWO_GPUS}; this machine has no GPU that NVML can see ({why}).", style="red"))
+        err.print(NO_GPU_HINT)
+        raise typer.Exit(ExitCode.USAGE)
+    try:
+        selected = select_gpus(inv, gpus)
+    except GpuSelectionError as exc:
+        err.print(Text(f"error: {exc}", style="red"))
+        raise typer.Exit(ExitCode.USAGE) from None
+    if gpus is None:
+        selected = selected[:2]  # the default: the first two, in NVML order
+    if len(selected) < 2:
+        what = f"--gpus {gpus} names one" if gpus else "this machine has one"
+        err.print(Text(f"error: {NEED_TWO_GPUS}; {what} ({selected[0].describe()}).", style="red"))
+        if not gpus:
+            err.print("`qmoe-doctor scan` runs the single-GPU conditions on it.")
+        raise typer.Exit(ExitCode.USAGE)
+    return selected
+
+
+def repro_command(
+    gpus: str | None = typer.Option(
+        None, "--gpus", help="NVML / nvidia-smi indices of the GPUs to split the model over, in order, e.g. 0,1 (default: the first two)."
+    ),
+    kernel: str = typer.Option("builtin", "--kernel", "-k", help=KERNEL_HELP),
+    preset: str = typer.Option("tiny", "--preset", help=f"Shape of the pipeline's MoE blocks: {', '.join(PRESETS)}."),
+    layers: int | None = typer.Option(None, "--layers", min=2, help="Layers of the pipeline (default: two per GPU)."),
+    steps: int = typer.Option(2, "--steps", min=1, help="Training steps (forward, backward, update)."),
+    out: Path = typer.Option(Path("."), "--out", help="Directory for the standalone repro script."),
+    json_out: bool = typer.Option(False, "--json", help="Write the versioned JSON report to stdout."),
+    no_sanitizer: bool = typer.Option(False, "--no-sanitizer", help="Do not confirm access faults under compute-sanitizer."),
+    log_dir: Path | None = typer.Option(None, "--log-dir", help="Where probe workers write their logs (default: a temp dir)."),
+    timeout: float = typer.Option(knobs.DEFAULT_PROBE_TIMEOUT_S, "--timeout", min=1.0, help="Seconds each probe may take."),
+) -> None:
+    """Reproduce a multi-GPU failure the way users hit it (MoE layers split over the GPUs, the
+    first GPU current, forward and backward), shrink it to the fewest conditions that still
+    fail, name the cause, confirm access faults under compute-sanitizer, and write a
+    standalone repro script.
+
+    Exit codes: 0 nothing failed, 1 fault reproduced, 2 usage error (including fewer than two
+    GPUs), 4 the probes could not run.
+    """
+    err = stderr_console()
+    if preset not in PRESETS:
+        raise typer.BadParameter(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}", param_hint="--preset")
+    check_kernel_ref(kernel)
+    selected = _select(gpus)
+    opts = ReproOptions(preset=preset, layers=layers, steps=steps, sanitizer=not no_sanitizer, timeout_s=timeout)
+    if opts.n_layers(len(selected)) < len(selected):
+        raise typer.BadParameter(
+            f"{layers} layers cannot span {len(selected)} GPUs; give at least one layer per GPU", param_hint="--layers"
+        )
+    plan = plan_repro(kernel, selected, opts)
+
+    def progress(t: float, text: str) -> None:
+        err.print(Text.assemble((f"[{t:6.1f} s] ", "dim"), text))
+
+    try:
+        report = run_repro(plan, opts, selected, log_dir=log_dir, out_dir=out, on_progress=progress)
+    except KernelRefError as exc:
+        err.print(Text(f"error: the kernel {kernel!r} could not be used: {exc}", style="red"))
+        err.print(KERNEL_PARAGRAPH)
+        raise typer.Exit(ExitCode.USAGE) from None
+    if json_out:
+        emit_json("repro", report_json(report))
+    else:
+        render_repro(stdout_console(), report)
+    if report.could_not_run:
+        raise typer.Exit(ExitCode.CHECK_BROKEN)
+    raise typer.Exit(ExitCode.FAULT if report.faulty else ExitCode.HEALTHY)
+
+
+def render_repro(console: Console, report: ReproReport) -> None:
+    """The result, for a terminal: the pipeline, the shrink, the verdict, its confirmation."""
+    console.print(
+        Text.assemble(
+            ("kernel ", "dim"), (report.kernel, "bold"),
+            ("   GPUs ", "dim"), ", ".join(str(g) for g in report.gpus),
+            ("   shrink pair ", "dim"), f"GPU {report.pair[0]} -> GPU {report.pair[1]}",
+        )
+    )
+    if report.pipeline is not None:
+        style = "bold red" if report.pipeline.failed else "green"
+        word = "FAILED" if report.pipeline.failed else "passed"
+        console.print(Text.assemble(("pipeline ", "dim"), (word, style), ": ", report.pipeline.describe()))
+    cells = shrink_cells(report)
+    if cells:
+        console.print(Text.assemble(("shrink ", "dim"), ", ".join(f"{pid} {label}" for pid, label in cells)))
+    for d in report.diagnoses:
+        console.print(diagnosis_panel(d))
+    for note in report.explanations:
+        console.print(Text.assemble(("note: ", "yellow"), note))
+    for e in report.unexplained:
+        console.print(Text.assemble(("unexplained: ", "red"), e.probe_id, " ", e.label, ": ", e.detail))
+    for note in report.notes:
+        console.print(Text.assemble(("note: ", "yellow"), note))
+    if report.minimal:
+        console.print(Text.assemble(("minimal failing probe ", "dim"), (report.minimal[0], "bold cyan")))
+    s = report.sanitizer
+    console.print(Text.assemble(("sanitizer ", "dim"), (s.status, "bold"), ": ", s.reason))
+    if s.first_error:
+        console.print(Text.assemble(("  first error ", "dim"), s.first_error))
+    if s.touched:
+        console.print(Text.assemble(("  the bad access touched ", "dim"), (s.touched, "bold")))
+    for what, n in s.tensors_hit.items():
+        console.print(Text(f"  {n} address(es) nearest {what}", style="dim"))
+    if s.log_path:
+        console.print(Text(f"  log: {s.log_path}", style="dim"))
+    if report.script:
+        console.print(Text.assemble(("script ", "dim"), (report.script, "bold"), "   ", report.script_note))
+    elif report.faulty:
+        console.print(Text.assemble(("script ", "dim"), report.script_note))
+    if not report.faulty:
+        tried = ", ".join(report.tried)
+        console.print(
+            Text(
+                f"nothing failed: tried {tried}. `qmoe-doctor scan --kernel {report.kernel}` runs every "
+                "condition on every GPU pair.",
+                style="bold green",
+            )
+        )
+    verdict = report.verdict or ("no cause named" if report.faulty else "healthy")
+    console.print(
+        Text.assemble(
+            ("verdict ", "dim"), (verdict, "bold red" if report.faulty else "bold green"),
+            ("   time to verdict ", "dim"), f"{report.time_to_verdict_s:.1f} s",
+            ("   total ", "dim"), f"{report.wall_s:.1f} s",
+        )
+    )
+    console.print(Text(f"logs: {report.log_dir}", style="dim"))
+
