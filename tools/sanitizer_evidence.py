@@ -44,6 +44,14 @@ CASES = [
      extra_rows=1 << 20), "memcheck", False, {}),
     ("traceback-unguarded-nopeer", spec("0->1/no-peer", SPEC.format("unguarded"), Condition.NO_PEER), None, True, {}),
     ("traceback-default-buffer-peer", spec("0->1/peer", SPEC.format("default_buffer"), Condition.PEER), None, True, {}),
+    ("initcheck-builtin-clean", spec("single", "builtin", Condition.SINGLE), "initcheck", False, {}),
+    ("synccheck-builtin-clean", spec("single", "builtin", Condition.SINGLE), "synccheck", False, {}),
+    ("memcheck-xml-unmasked-overrouted-nocache", spec("over", SPEC.format("unmasked_rows"), Condition.OVER_ROUTED),
+     "memcheck-xml", False, {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}),
+    ("traceback-launch-config-over-limit", spec("cfg", "builtin", Condition.LAUNCH_CONFIG, block_m=128, block_n=256,
+     block_k=128, num_warps=8, num_stages=4, variant="128x256x128-w8-s4"), None, True, {}),
+    ("traceback-unguarded-peer-race", spec("0->1/producer-race", SPEC.format("unguarded"), Condition.PRODUCER_RACE),
+     None, True, {}),
     ("traceback-int32-debug", spec("boundary", SPEC.format("int32_offsets"), Condition.INT32_BOUNDARY, BOUNDARY),
      None, True, {"TRITON_DEBUG": "1"}),
 ]
@@ -56,7 +64,10 @@ def main(out: Path) -> int:
     for name, s, tool, raw, env_extra in CASES:
         env = {**os.environ, **env_extra}
         cmd = [sys.executable, str(here / "run_probe.py")] + (["--raw"] if raw else []) + [to_json(s)]
-        if tool:
+        if tool == "memcheck-xml":
+            cmd = [sanitizer, "--tool", "memcheck", "--print-limit", "50", "--xml", "yes",
+                   "--save", str(out / f"{name}.xml")] + cmd
+        elif tool:
             log = out / f"{name}.log"
             cmd = [sanitizer, "--tool", tool, "--print-limit", "50", "--log-file", str(log)] + cmd
         t0 = time.time()
