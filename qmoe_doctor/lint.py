@@ -8,19 +8,29 @@ torch and triton, and the parent side never does). Each rule names a cause of
 
 Rules (each keeps its near-misses silent; false positives matter as much as misses):
 
-* ``unguarded-launch``: a Triton launch ``kernel[grid](...)`` outside a device guard, in a
-  function that never calls ``torch.cuda.set_device`` and has a caller without a guard.
+* ``unguarded-launch``: a Triton launch ``kernel[grid](...)`` outside a device guard (a ``with``
+  whose call ends in ``device``, ``device_of``, ``device_guard``, ``cuda_guard``, ``DeviceGuard``,
+  or ``torch.cuda.stream`` of an explicit stream; ``torch.device(...)`` is not one) and not
+  after ``torch.cuda.set_device``. A launch helper is followed up to its callers ("callers hold
+  the guard"): the finding lands on each call without a guard, or on the launch itself when the
+  helper has no caller in the linted files.
 * ``int32-offset``: inside ``@triton.jit``, a global index (from ``tl.program_id``, a loop
-  variable or ``tl.load``) times an outer-dimension stride or a row length, not cast to int64.
-* ``cached-device-property``: device properties of the *current* device cached at module level,
-  in a ``functools.cache`` / ``lru_cache`` function, or in a global.
-* ``stream-without-device``: ``current_stream()`` without a device outside a guard, or a default /
-  undeviced stream used for a launch.
-* ``default-device-alloc``: ``device="cuda"`` (or ``.cuda()``) in a kernel wrapper.
+  variable or ``tl.load``) times an outer-dimension stride (``stride_xm``, ``stride_we``,
+  ``row_stride``) or a row length (``K``, ``N``, ``hidden``), with no int64 cast on the way.
+  Tile-local ``tl.arange`` offsets and column strides (``stride_xk``, ``stride_wn``) stay silent.
+* ``cached-device-property``: properties of the *current* device cached at module level, in a
+  ``functools.cache`` / ``lru_cache`` function, or in a global.
+* ``stream-without-device``: ``current_stream()`` without a device outside a guard, or a default
+  (null) stream or an undeviced ``Stream()`` used for a launch.
+* ``default-device-alloc``: ``device="cuda"`` (or ``.cuda()``) outside a guard in a kernel wrapper.
 * ``autotune-inplace``: an autotuned in-place or accumulating kernel without ``restore_value`` /
   ``reset_to_zero``.
 
-A finding is silenced by a ``# qmoe-doctor: ignore`` (or ``ignore[rule,...]``) comment on its line.
+Files of one run are one project: kernels and launch helpers imported from another linted file
+are recognised, and imported files found next to a linted one are read (not reported) for that.
+Test functions and ``if __name__ == "__main__":`` blocks make their own tensors on the current
+device, so the device rules stay silent there. A finding is silenced by a
+``# qmoe-doctor: ignore`` (or ``ignore[rule,...]``) comment on its line.
 """
 
 from __future__ import annotations
@@ -632,17 +642,19 @@ class _Module:
             if isinstance(v, bool):
                 return None
             if isinstance(v, int):
-                return f"device {v}"
+                return f"device {v} (hard-coded)"
             if isinstance(v, str) and _CUDA_STRING.match(v):
-                return repr(v)
+                return f"{v!r} (the current device)" if v == "cuda" else f"{v!r} (a hard-coded device)"
             return None
         if isinstance(expr, ast.Call):
             name = self.canon(expr.func) or ""
             if _last(name) in ("current_device", "get_active_torch_device"):
                 return f"{_src(expr)} (the current device)"
             if name == "torch.device" and expr.args:
-                if self.undeviced(expr.args[0], depth=depth + 1) is not None:
-                    return _src(expr)
+                inner = self.undeviced(expr.args[0], depth=depth + 1)
+                if inner is not None:
+                    index = len(expr.args) > 1 or "current device" not in inner
+                    return f"{_src(expr)} ({'a hard-coded' if index else 'the current'} device)"
             return None
         if isinstance(expr, ast.Attribute) and expr.attr == "type":
             if isinstance(expr.value, ast.Attribute) and expr.value.attr == "device":

@@ -20,7 +20,7 @@ _RULE_HELP = ", ".join(r.value for r in RULES)
 
 
 def lint_command(
-    paths: list[Path] = typer.Argument(  # noqa: B008
+    paths: list[Path] = typer.Argument(
         ...,
         help="Python files or directories (walked for *.py). Read with ast, never imported.",
         show_default=False,
@@ -31,7 +31,7 @@ def lint_command(
     ignore: str | None = typer.Option(None, "--ignore", help="Comma-separated rules to skip."),
     json_out: bool = typer.Option(False, "--json", help="Write the report as one JSON document."),
     plain: bool = typer.Option(
-        False, "--plain", help="One line per finding (path:line:col: rule [cause] message), no table."
+        False, "--plain", help="One line per finding (path:line:col: rule \\[cause] message), no table."
     ),
 ) -> None:
     """Lint kernel sources for launches without a device guard, int32 offsets, per-device state
