@@ -210,9 +210,7 @@ def _sync_all() -> None:
             torch.cuda.synchronize(i)
 
 
-def make_block(
-    shape: MoEShape, kernel: Any, device: torch.device, dtype: torch.dtype, seed: int
-) -> MoEBlock:
+def make_block(shape: MoEShape, kernel: Any, device: torch.device, dtype: torch.dtype, seed: int) -> MoEBlock:
     """A block on ``device`` whose weights come from ``seed`` alone (std = fan_in ** -0.5, as
     ``MoEBlock.reset_parameters`` draws them). Built on the meta device first, so a real preset
     never fills its weights twice."""

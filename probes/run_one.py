@@ -35,7 +35,9 @@ def _recording(kernel: Callable[..., Any], spec: ProbeSpec, seen: list[TensorInf
         y = kernel(*args, **kwargs)
         if len(seen) < MAX_OUTPUTS and hasattr(y, "data_ptr") and hasattr(y, "element_size"):
             info = scratch.add_tensor(f"y#{len(seen) + 1}", y)
-            if all((t.device, t.data_ptr, t.nbytes) != (info.device, info.data_ptr, info.nbytes) for t in seen):
+            if all(
+                (t.device, t.data_ptr, t.nbytes) != (info.device, info.data_ptr, info.nbytes) for t in seen
+            ):
                 seen.append(info)
         return y
 

@@ -14,6 +14,7 @@ from qmoe_doctor.commands import check as _check
 from qmoe_doctor.commands import env as _env
 from qmoe_doctor.commands import explain as _explain
 from qmoe_doctor.commands import lint as _lint
+from qmoe_doctor.commands import repro as _repro
 from qmoe_doctor.commands import scan as _scan
 from qmoe_doctor.commands import specimens as _specimens
 
@@ -48,6 +49,7 @@ def _root(
 
 app.command("scan")(_scan.scan_command)
 app.command("check")(_check.check_command)
+app.command("repro")(_repro.repro_command)
 app.command("env")(_env.env_command)
 app.command("specimens")(_specimens.specimens_command)
 app.command("audit")(_audit.audit_command)

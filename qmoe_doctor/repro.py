@@ -308,7 +308,11 @@ class PipelineSummary:
             if self.stage == "sync":
                 text += ", where asynchronous errors of that step's kernels surface"
             return text + (f": {msg[0][:160]}" if msg else "")
-        err = f", rel. error {self.rel_error:.3g} (tolerance {self.tolerance:g})" if self.rel_error is not None else ""
+        err = (
+            f", rel. error {self.rel_error:.3g} (tolerance {self.tolerance:g})"
+            if self.rel_error is not None
+            else ""
+        )
         return f"{head}: first diverged at {place}, {self.stage}: {self.what}{err}"
 
 
@@ -393,7 +397,11 @@ def stop_reason(
     if pipe.failed:
         summary = summarize_pipeline(pipe, gpu_of_ordinal or {})
         # a layer on a third GPU diverged first: its pair needs a ladder of its own
-        if summary.layer is not None and summary.ordinal is not None and summary.ordinal not in (0, pair_ordinal):
+        if (
+            summary.layer is not None
+            and summary.ordinal is not None
+            and summary.ordinal not in (0, pair_ordinal)
+        ):
             return "other-pair"
     shrink = _shrink(outcomes)
     guarded = next((o for o in shrink if o.spec.condition is Condition.GUARDED), None)
@@ -463,7 +471,7 @@ def sanitizer_decision(
         return SanitizerDecision(run=False, target=None, reason="nothing to confirm: no shrink probe failed")
     target = next((o for o in minimal if is_access_fault(o)), None)
     if not enabled:
-        return SanitizerDecision(run=False, target=target, reason="not run (--no-sanitizer)")
+        return SanitizerDecision(run=False, target=target, reason="skipped (--no-sanitizer)")
     if target is None:
         return SanitizerDecision(run=False, target=None, reason=_why_not_visible(minimal[0]))
     if info is None:
@@ -488,24 +496,24 @@ def _why_not_visible(o: Outcome) -> str:
     kind = o.error_kind
     if o.status is Status.WRONG:
         return (
-            f"not run: {o.probe_id} gave wrong numbers without an invalid access (a race reads "
+            f"{o.probe_id} gave wrong numbers without an invalid access (a race reads "
             "valid, stale memory; wrong arithmetic stays inside its tensors). memcheck reports 0 "
             "errors for both silent-corruption cases we measured, so it could not confirm anything; "
             "the comparison against the float32 reference is the proof."
         )
     if kind in HOST_SIDE_KINDS:
         return (
-            f"not run: {o.probe_id} failed with {kind}, raised on the host at launch, before the "
+            f"{o.probe_id} failed with {kind}, raised on the host at launch, before the "
             "kernel touched device memory: there is no device access for memcheck to check."
         )
     if kind is ErrorKind.DEVICE_ASSERT:
         return (
-            f"not run: {o.probe_id} hit a device-side assert, the kernel's own check, not an invalid "
+            f"{o.probe_id} hit a device-side assert, the kernel's own check, not an invalid "
             "access; TRITON_DEBUG=1 names its source line."
         )
     if kind is ErrorKind.TIMEOUT:
-        return f"not run: {o.probe_id} hung; memcheck does not diagnose hangs (and runs ~47x slower)."
-    return f"not run: {o.probe_id} failed with {kind or o.status}, not a device memory access fault."
+        return f"{o.probe_id} hung; memcheck does not diagnose hangs (and runs ~47x slower)."
+    return f"{o.probe_id} failed with {kind or o.status}, not a device memory access fault: nothing for memcheck to see."
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -654,7 +662,9 @@ def _confirmation(
         )
         if timed_out:
             reason = "memcheck was killed at the timeout before it reported any error"
-        return SanitizerConfirmation(status="clean", reason=reason, errors=0, sanitized_status=status_word, **common)
+        return SanitizerConfirmation(
+            status="clean", reason=reason, errors=0, sanitized_status=status_word, **common
+        )
     first = report.groups[0] if report.groups else None
     first_error = None
     if first is not None:
@@ -676,8 +686,14 @@ def _confirmation(
             touched = touched.replace(f" on {device}", f" on {_gpu_word(device, gpu_of_ordinal)}")
         if a0.cross_device:
             touched += "; " + a0.sentences[-1].rstrip(".")
-    elif not tables:
-        touched = None
+        nearest = next((e.nearest for e in report.errors if e.address == a0.address and e.nearest), None)
+        match = a0.matches[0]
+        tensor = next((t for t in tables.get(match.device, []) if t.name == match.tensor), None)
+        if nearest is not None and tensor is not None and not nearest.base <= tensor.data_ptr < nearest.end:
+            touched += (
+                f" (memcheck measured it against an allocation of {nearest.size:,} bytes at "
+                f"0x{nearest.base:x}, which holds none of the probe's tensors: the nearest tensor is a guess)"
+            )
     reason = f"memcheck confirms the access fault: {errors:,} error{'s' if errors != 1 else ''}"
     if report.errors_not_printed:
         reason += f" ({len(report.errors)} printed)"
@@ -899,15 +915,29 @@ def run_repro(
     log_dir.mkdir(parents=True, exist_ok=True)
     runner: SessionRunner = session_runner or run_session
     eng = _Engine(
-        plan, opts, log_dir=log_dir, session_runner=runner, on_progress=on_progress, on_event=on_event, clock=clock
+        plan,
+        opts,
+        log_dir=log_dir,
+        session_runner=runner,
+        on_progress=on_progress,
+        on_event=on_event,
+        clock=clock,
     )
     ladder = plan.ladder
     names = dict(ladder.names)
     ladder_of = dict.fromkeys(ladder.names, ladder)  # probe-id group -> the ladder that planned it
     notes: list[str] = []
 
+    pair_ordinal = 1  # the ordinal of b in child 1's numbering (plan.gpu_of_ordinal)
+
     def pair_stop(outcomes: Sequence[Outcome]) -> StopReason | None:
-        return stop_reason(outcomes, kernel=plan.kernel, names=names, gpu_of_ordinal=plan.gpu_of_ordinal)
+        return stop_reason(
+            outcomes,
+            kernel=plan.kernel,
+            names=names,
+            pair_ordinal=pair_ordinal,
+            gpu_of_ordinal=plan.gpu_of_ordinal,
+        )
 
     # --- child 1: pair cells, pipeline, the rest of the pair ladder ---
     t = eng.elapsed()
@@ -926,12 +956,15 @@ def run_repro(
     # --- the other pair, when the pipeline diverged on a third GPU ---
     if stop == "other-pair" and summary is not None and summary.gpu is not None:
         other = next(g for g in gpus if g.index == summary.gpu)
+        pair_ordinal = summary.ordinal if summary.ordinal is not None else pair_ordinal
         ladder = plan_pair(plan.kernel, gpus[0], other, opts)
         names.update(ladder.names)
         ladder_of.update(dict.fromkeys(ladder.names, ladder))
         t = eng.elapsed()
         stop = eng.session(ladder.specs(PAIR_LADDER), ladder.env, pair_stop)
-        eng.stage(f"pair ladder GPU {ladder.a} -> GPU {ladder.b}", t, f"stopped: {stop}" if stop else "ladder done")
+        eng.stage(
+            f"pair ladder GPU {ladder.a} -> GPU {ladder.b}", t, f"stopped: {stop}" if stop else "ladder done"
+        )
 
     # --- child 2: the guarded baseline failed, so the fault needs no second GPU ---
     if stop == "guarded-failed":
@@ -967,6 +1000,13 @@ def run_repro(
             "model's state; `qmoe-doctor scan` runs every condition on every pair"
         )
 
+    spawn_only = bool(eng.outcomes) and all(
+        o.status is Status.ERROR and o.phase is Phase.SPAWN for o in eng.outcomes
+    )
+    if spawn_only:
+        notes.append("no probe child could start: nothing was tested (see the worker logs)")
+        minimal = ()
+
     # --- sanitizer ---
     t = eng.elapsed()
     info = find_sanitizer() if opts.sanitizer and any(is_access_fault(o) for o in minimal) else None
@@ -984,11 +1024,15 @@ def run_repro(
             runner=command_runner,
         )
     else:
-        status: SanitizerStatus = "unavailable" if decision.target is not None and opts.sanitizer else "not-run"
+        status: SanitizerStatus = (
+            "unavailable" if decision.target is not None and opts.sanitizer else "not-run"
+        )
         confirmation = SanitizerConfirmation(
             status=status,
             reason=decision.reason,
-            probe_id=decision.target.probe_id if decision.target else (minimal[0].probe_id if minimal else None),
+            probe_id=decision.target.probe_id
+            if decision.target
+            else (minimal[0].probe_id if minimal else None),
         )
     eng.stage("sanitizer", t, confirmation.status)
 

@@ -108,7 +108,8 @@ def render_script(
         "#!/usr/bin/env python3",
         '"""Standalone repro written by qmoe-doctor ' + tool_version + ".",
         "",
-        f"Cause:     {_doc_safe(cause or 'none named')}" + (f" - {_doc_safe(cause_title)}" if cause_title else ""),
+        f"Cause:     {_doc_safe(cause or 'none named')}"
+        + (f" - {_doc_safe(cause_title)}" if cause_title else ""),
         f"Condition: {cond.value} - {_CONDITION_DOC[cond]}",
         f"Kernel:    {_doc_safe(spec.kernel)}",
         f"Seen on:   {seen}",
@@ -322,7 +323,7 @@ class OutputTrap:
 '''
 
 _RUN: dict[Condition, str] = {
-    Condition.GUARDED: '''
+    Condition.GUARDED: """
 def run(kernel):
     b = torch.device("cuda", B)
     x, w, m_sizes = make_operands(b)
@@ -331,8 +332,8 @@ def run(kernel):
         y = kernel(x, w, m_sizes)
     sync_all()
     return judge(y, ref, b)
-''',
-    Condition.UNTOUCHED: '''
+""",
+    Condition.UNTOUCHED: """
 def run(kernel):
     # A is the process's default device (ordinal 0) and nothing here touches it: no CUDA context
     # exists on A at the call. An unguarded launch then runs in B's context by accident; any
@@ -344,8 +345,8 @@ def run(kernel):
     y = kernel(x, w, m_sizes)
     sync_all()
     return judge(y, ref, b)
-''',
-    Condition.NO_PEER: '''
+""",
+    Condition.NO_PEER: """
 def run(kernel):
     a, b = torch.device("cuda", A), torch.device("cuda", B)
     x, w, m_sizes = make_operands(b)
@@ -354,8 +355,8 @@ def run(kernel):
     y = kernel(x, w, m_sizes)
     sync_all()
     return judge(y, ref, b)
-''',
-    Condition.PEER: '''
+""",
+    Condition.PEER: """
 def run(kernel):
     a, b = torch.device("cuda", A), torch.device("cuda", B)
     x, w, m_sizes = make_operands(b)
@@ -372,8 +373,8 @@ def run(kernel):
         print(f"{remote:.3f} ms with A current, {local:.3f} ms with B current ({remote / local:.1f}x): "
               "several times slower means the kernel ran on A, reading B's memory remotely")
     return problems
-''',
-    Condition.PRODUCER_RACE: '''
+""",
+    Condition.PRODUCER_RACE: """
 def run(kernel):
     a, b = torch.device("cuda", A), torch.device("cuda", B)
     x_src, w, m_sizes = make_operands(b)
@@ -390,8 +391,8 @@ def run(kernel):
     y = kernel(x, w, m_sizes)  # A current: a launch on A's stream is not ordered after the copy
     sync_all()
     return judge(y, ref, b)
-''',
-    Condition.SIZES_RACE: '''
+""",
+    Condition.SIZES_RACE: """
 def run(kernel):
     a, b = torch.device("cuda", A), torch.device("cuda", B)
     x, w, m_src = make_operands(b)
@@ -408,8 +409,8 @@ def run(kernel):
     y = kernel(x, w, m_sizes)  # A current: may read the stale counts (an illegal access)
     sync_all()
     return judge(y, ref, b)
-''',
-    Condition.SINGLE: '''
+""",
+    Condition.SINGLE: """
 def run(kernel):
     d = torch.device("cuda", D)
     x, w, m_sizes = make_operands(d)
@@ -418,8 +419,8 @@ def run(kernel):
         y = kernel(x, w, m_sizes)
     sync_all()
     return judge(y, ref, d)
-''',
-    Condition.REPEAT_CALL: '''
+""",
+    Condition.REPEAT_CALL: """
 def run(kernel):
     # the first kernel call of this process: an autotuner benchmarks its configs on it
     d = torch.device("cuda", D)
@@ -436,8 +437,8 @@ def run(kernel):
         return ["the first call of the process is wrong and the second, on the same inputs, right: "
                 + "; ".join(results[0])]
     return results[0] + results[1]
-''',
-    Condition.SIDE_STREAM: '''
+""",
+    Condition.SIDE_STREAM: """
 def run(kernel):
     d = torch.device("cuda", D)
     x_src, w, m_sizes = make_operands(d)
@@ -453,8 +454,8 @@ def run(kernel):
             y = kernel(x, w, m_sizes)  # must launch on the caller's current stream
     sync_all()
     return judge(y, ref, d)
-''',
-    Condition.OVER_ROUTED: '''
+""",
+    Condition.OVER_ROUTED: """
 def run(kernel):
     d = torch.device("cuda", D)
     x_valid, w, m_valid = make_operands(d)
@@ -470,8 +471,8 @@ def run(kernel):
         y = kernel(x, w, over)
     sync_all()
     return judge(y, ref, d) + trap.report(y)
-''',
-    Condition.NEGATIVE_SIZES: '''
+""",
+    Condition.NEGATIVE_SIZES: """
 def run(kernel):
     d = torch.device("cuda", D)
     x, w, _ = make_operands(d)
@@ -486,8 +487,8 @@ def run(kernel):
         y = kernel(x, w, m_sizes)
     sync_all()
     return judge(y, ref, d) + trap.report(y)
-''',
-    Condition.INT32_BOUNDARY: '''
+""",
+    Condition.INT32_BOUNDARY: """
 def run(kernel):
     # E experts of N x K: the last one is the first whose base offset e * N * K passes 2**31 - 1
     d = torch.device("cuda", D)
@@ -506,10 +507,10 @@ def run(kernel):
         y = kernel(x, w, m_sizes)
     sync_all()
     return judge(y, ref, d)
-''',
+""",
 }
 
-_MAIN = '''
+_MAIN = """
 def main():
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count < NEED_GPUS:
@@ -532,7 +533,7 @@ def main():
 
 if __name__ == "__main__":
     sys.exit(main())
-'''
+"""
 
 
 __all__ = [

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.text import Text
 
 from qmoe_doctor import knobs
-from qmoe_doctor.commands.scan import KERNEL_HELP, check_kernel_ref
+from qmoe_doctor.commands.scan import check_kernel_ref
 from qmoe_doctor.exitcodes import ExitCode
 from qmoe_doctor.inventory import GpuInfo, GpuSelectionError, collect_inventory, select_gpus
 from qmoe_doctor.output import emit_json, stderr_console, stdout_console
@@ -22,6 +22,10 @@ from qmoe_doctor.render import diagnosis_panel
 from qmoe_doctor.repro import ReproOptions, ReproReport, plan_repro, report_json, run_repro, shrink_cells
 from qmoe_doctor.scan import KernelRefError
 
+KERNEL_HELP = (
+    "Kernel to reproduce with, called as fn(x, w, m_sizes) -> y: 'builtin' (ours), 'specimen:NAME' "
+    "(see `qmoe-doctor specimens`), 'module.path:function' or 'path/to/file.py:function'."
+)
 NEED_TWO_GPUS = (
     "repro needs two CUDA GPUs: it splits a model's layers across GPUs the way "
     'device_map="auto" does, which is where these faults happen'
@@ -41,38 +45,55 @@ def _select(gpus: str | None) -> tuple[GpuInfo, ...]:
     inv = collect_inventory()
     if not inv.gpus:
         why = inv.nvml_error or "NVML lists none"
-        err.print(Text(f"error: {NEED_TWO_GPUS}; this machine has no GPU that NVML can see ({why}).", style="red"))
-        err.print(NO_GPU_HINT)
+        err.print(
+            Text(f"error: {NEED_TWO_GPUS}; this machine has no GPU that NVML can see ({why}).", style="red"),
+            soft_wrap=True,
+        )
+        err.print(NO_GPU_HINT, soft_wrap=True)
         raise typer.Exit(ExitCode.USAGE)
     try:
         selected = select_gpus(inv, gpus)
     except GpuSelectionError as exc:
-        err.print(Text(f"error: {exc}", style="red"))
+        err.print(Text(f"error: {exc}", style="red"), soft_wrap=True)
         raise typer.Exit(ExitCode.USAGE) from None
     if gpus is None:
         selected = selected[:2]  # the default: the first two, in NVML order
     if len(selected) < 2:
         what = f"--gpus {gpus} names one" if gpus else "this machine has one"
-        err.print(Text(f"error: {NEED_TWO_GPUS}; {what} ({selected[0].describe()}).", style="red"))
+        err.print(
+            Text(f"error: {NEED_TWO_GPUS}; {what} ({selected[0].describe()}).", style="red"), soft_wrap=True
+        )
         if not gpus:
-            err.print("`qmoe-doctor scan` runs the single-GPU conditions on it.")
+            err.print("`qmoe-doctor scan` runs the single-GPU conditions on it.", soft_wrap=True)
         raise typer.Exit(ExitCode.USAGE)
     return selected
 
 
 def repro_command(
     gpus: str | None = typer.Option(
-        None, "--gpus", help="NVML / nvidia-smi indices of the GPUs to split the model over, in order, e.g. 0,1 (default: the first two)."
+        None,
+        "--gpus",
+        help="NVML / nvidia-smi indices of the GPUs to split the model over, in order, e.g. 0,1 (default: the first two).",
     ),
     kernel: str = typer.Option("builtin", "--kernel", "-k", help=KERNEL_HELP),
-    preset: str = typer.Option("tiny", "--preset", help=f"Shape of the pipeline's MoE blocks: {', '.join(PRESETS)}."),
-    layers: int | None = typer.Option(None, "--layers", min=2, help="Layers of the pipeline (default: two per GPU)."),
+    preset: str = typer.Option(
+        "tiny", "--preset", help=f"Shape of the pipeline's MoE blocks: {', '.join(PRESETS)}."
+    ),
+    layers: int | None = typer.Option(
+        None, "--layers", min=2, help="Layers of the pipeline (default: two per GPU)."
+    ),
     steps: int = typer.Option(2, "--steps", min=1, help="Training steps (forward, backward, update)."),
     out: Path = typer.Option(Path("."), "--out", help="Directory for the standalone repro script."),
     json_out: bool = typer.Option(False, "--json", help="Write the versioned JSON report to stdout."),
-    no_sanitizer: bool = typer.Option(False, "--no-sanitizer", help="Do not confirm access faults under compute-sanitizer."),
-    log_dir: Path | None = typer.Option(None, "--log-dir", help="Where probe workers write their logs (default: a temp dir)."),
-    timeout: float = typer.Option(knobs.DEFAULT_PROBE_TIMEOUT_S, "--timeout", min=1.0, help="Seconds each probe may take."),
+    no_sanitizer: bool = typer.Option(
+        False, "--no-sanitizer", help="Do not confirm access faults under compute-sanitizer."
+    ),
+    log_dir: Path | None = typer.Option(
+        None, "--log-dir", help="Where probe workers write their logs (default: a temp dir)."
+    ),
+    timeout: float = typer.Option(
+        knobs.DEFAULT_PROBE_TIMEOUT_S, "--timeout", min=1.0, help="Seconds each probe may take."
+    ),
 ) -> None:
     """Reproduce a multi-GPU failure the way users hit it (MoE layers split over the GPUs, the
     first GPU current, forward and backward), shrink it to the fewest conditions that still
@@ -84,13 +105,18 @@ def repro_command(
     """
     err = stderr_console()
     if preset not in PRESETS:
-        raise typer.BadParameter(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}", param_hint="--preset")
+        raise typer.BadParameter(
+            f"unknown preset {preset!r}; known: {', '.join(PRESETS)}", param_hint="--preset"
+        )
     check_kernel_ref(kernel)
     selected = _select(gpus)
-    opts = ReproOptions(preset=preset, layers=layers, steps=steps, sanitizer=not no_sanitizer, timeout_s=timeout)
+    opts = ReproOptions(
+        preset=preset, layers=layers, steps=steps, sanitizer=not no_sanitizer, timeout_s=timeout
+    )
     if opts.n_layers(len(selected)) < len(selected):
         raise typer.BadParameter(
-            f"{layers} layers cannot span {len(selected)} GPUs; give at least one layer per GPU", param_hint="--layers"
+            f"{layers} layers cannot span {len(selected)} GPUs; give at least one layer per GPU",
+            param_hint="--layers",
         )
     plan = plan_repro(kernel, selected, opts)
 
@@ -100,8 +126,8 @@ def repro_command(
     try:
         report = run_repro(plan, opts, selected, log_dir=log_dir, out_dir=out, on_progress=progress)
     except KernelRefError as exc:
-        err.print(Text(f"error: the kernel {kernel!r} could not be used: {exc}", style="red"))
-        err.print(KERNEL_PARAGRAPH)
+        err.print(Text(f"error: the kernel {kernel!r} could not be used: {exc}", style="red"), soft_wrap=True)
+        err.print(KERNEL_PARAGRAPH, soft_wrap=True)
         raise typer.Exit(ExitCode.USAGE) from None
     if json_out:
         emit_json("repro", report_json(report))
@@ -116,9 +142,12 @@ def render_repro(console: Console, report: ReproReport) -> None:
     """The result, for a terminal: the pipeline, the shrink, the verdict, its confirmation."""
     console.print(
         Text.assemble(
-            ("kernel ", "dim"), (report.kernel, "bold"),
-            ("   GPUs ", "dim"), ", ".join(str(g) for g in report.gpus),
-            ("   shrink pair ", "dim"), f"GPU {report.pair[0]} -> GPU {report.pair[1]}",
+            ("kernel ", "dim"),
+            (report.kernel, "bold"),
+            ("   GPUs ", "dim"),
+            ", ".join(str(g) for g in report.gpus),
+            ("   shrink pair ", "dim"),
+            f"GPU {report.pair[0]} -> GPU {report.pair[1]}",
         )
     )
     if report.pipeline is not None:
@@ -143,7 +172,7 @@ def render_repro(console: Console, report: ReproReport) -> None:
     if s.first_error:
         console.print(Text.assemble(("  first error ", "dim"), s.first_error))
     if s.touched:
-        console.print(Text.assemble(("  the bad access touched ", "dim"), (s.touched, "bold")))
+        console.print(Text.assemble(("  bad access: ", "dim"), (s.touched, "bold")))
     for what, n in s.tensors_hit.items():
         console.print(Text(f"  {n} address(es) nearest {what}", style="dim"))
     if s.log_path:
@@ -164,10 +193,12 @@ def render_repro(console: Console, report: ReproReport) -> None:
     verdict = report.verdict or ("no cause named" if report.faulty else "healthy")
     console.print(
         Text.assemble(
-            ("verdict ", "dim"), (verdict, "bold red" if report.faulty else "bold green"),
-            ("   time to verdict ", "dim"), f"{report.time_to_verdict_s:.1f} s",
-            ("   total ", "dim"), f"{report.wall_s:.1f} s",
+            ("verdict ", "dim"),
+            (verdict, "bold red" if report.faulty else "bold green"),
+            ("   time to verdict ", "dim"),
+            f"{report.time_to_verdict_s:.1f} s",
+            ("   total ", "dim"),
+            f"{report.wall_s:.1f} s",
         )
     )
     console.print(Text(f"logs: {report.log_dir}", style="dim"))
-
