@@ -66,10 +66,11 @@ fi
 if has repro && qmoe-doctor repro --help >/dev/null 2>&1; then
   t repro-unguarded qmoe-doctor repro --gpus 0,1 --kernel specimen:unguarded --out "$V/repro" --json
   t repro-builtin qmoe-doctor repro --gpus 0,1 --kernel builtin --out "$V/repro-builtin" --json
+  t repro-unmasked qmoe-doctor repro --gpus 0,1 --kernel specimen:unmasked_rows --out "$V/repro-unmasked" --json
   for f in "$V"/repro/*.py; do [ -f "$f" ] && t "repro-script-$(basename "$f" .py)" timeout 120 python3 "$f"; done
 fi
 if has sanitizer; then
-  t sanitizer python3 tools/sanitizer_evidence.py "$V/sanitizer"
+  t sanitizer python3 tools/sanitizer_evidence.py "$V/sanitizer" ${SANITIZER_CASES:-}
 fi
 if has bench; then
   t bench timeout 240 python3 benchmarks/bench_kernels.py --m 16384 --e 128 --n 1536 --k 2048 --json-out "$V/bench.json"

@@ -57,11 +57,13 @@ CASES = [
 ]
 
 
-def main(out: Path) -> int:
+def main(out: Path, only: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     sanitizer = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     here = Path(__file__).resolve().parent
     for name, s, tool, raw, env_extra in CASES:
+        if only and name not in only:
+            continue
         env = {**os.environ, **env_extra}
         cmd = [sys.executable, str(here / "run_probe.py")] + (["--raw"] if raw else []) + [to_json(s)]
         if tool == "memcheck-xml":
@@ -83,4 +85,4 @@ def main(out: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1])))
+    sys.exit(main(Path(sys.argv[1]), sys.argv[2:]))
