@@ -30,8 +30,10 @@ from qmoe_doctor.tolerances import tolerance
 # Peer access torch has enabled in this process, as (accessor, owner) ordinal pairs. Peer
 # access is enabled per direction by the first copy and never disabled, so it is tracked.
 _PEER_ENABLED: set[tuple[int, int]] = set()
-# Kernel refs already called in this process (REPEAT_CALL needs the first call).
+# Kernel refs already called in this process (REPEAT_CALL needs the first call), and the
+# (kernel, shapes, dtype) keys already called.
 _CALLED: set[str] = set()
+_CALLED_SHAPES: set[tuple[Any, ...]] = set()
 
 SLEEP_CYCLES = 400_000_000  # ~0.2 s at 1.98 GHz: the producer is still queued at the launch
 STALE_SIZE = 1 << 20  # stale m_sizes value in a recycled block: far past any M
@@ -47,6 +49,8 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torc
 def run_probe(ctx: Any) -> dict[str, Any]:
     spec: ProbeSpec = ctx.spec
     ctx.crumb(Phase.IMPORT)
+    if spec.condition is Condition.INTERPRETER_CHECK:
+        return _interpreter_check(ctx)
     kernel = load_kernel(spec.kernel)
     reason = not_applicable(kernel, spec)  # an adapter's declared dtypes / layout / CPU support
     if reason is not None:
@@ -247,6 +251,10 @@ def _call_and_check(
     if ctx.spec.kernel not in _CALLED:
         ctx.fact("first_call_in_process", True)
     _CALLED.add(ctx.spec.kernel)
+    shape_key = (ctx.spec.kernel, tuple(x.shape), tuple(w.shape), str(x.dtype))
+    if shape_key not in _CALLED_SHAPES:
+        ctx.fact("first_call_for_shape", True)  # autotuners benchmark on the first call per key
+    _CALLED_SHAPES.add(shape_key)
     if watch_alloc_on is not None:
         before = torch.cuda.memory_allocated(watch_alloc_on)
         torch.cuda.reset_peak_memory_stats(watch_alloc_on)
@@ -402,6 +410,28 @@ def _negative_sizes(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
         return _call_and_check(ctx, kernel, x, w, m_sizes, ref, trap=trap)
 
     return _with_baseline(ctx, kernel, x, w, m_valid, variant)
+
+
+def _interpreter_check(ctx: Any) -> dict[str, Any]:
+    """Run a trivial Triton kernel of ours, with loops bounded by scalar arguments as every
+    grouped GEMM has, on the CPU interpreter. If this fails, no kernel can be judged here.
+
+    Seen on the GPU image (triton 3.6, NumPy 2.5): the interpreter passes scalar arguments as
+    1-element arrays and ``range(n)`` raises "only 0-dimensional arrays can be converted to
+    Python scalars"; triton 3.9 squeezes them first.
+    """
+    import triton
+
+    from qmoe_doctor.probes import _reference_kernels as ref_kernels
+
+    ctx.crumb(Phase.LAUNCH)
+    n, width = 5, 16
+    out = torch.zeros(width, dtype=torch.float32)
+    ref_kernels.count_loop_kernel[(1,)](out, n, WIDTH=width)
+    ctx.crumb(Phase.COMPARE)
+    ok = bool((out == n).all())
+    ctx.fact("triton_version", triton.__version__)
+    return {"status": Status.PASS if ok else Status.WRONG}
 
 
 # Offset / stride variants: (what the operands are, what edge it covers). Each is compared with

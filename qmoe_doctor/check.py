@@ -346,6 +346,8 @@ def cell_results(
         verdict: Verdict
         if o.status is Status.SKIPPED:
             verdict = "skip"
+        elif o.spec.condition is Condition.INTERPRETER_CHECK and o.failed:
+            verdict = "skip"  # the machine's interpreter, not the kernel: the tier did not run
         elif o.status is Status.ERROR and (o.phase is Phase.SPAWN or o.error_kind is ErrorKind.KERNEL_IMPORT):
             verdict = "error"
         elif o.failed or (label == "slow" and o.probe_id in cited):

@@ -406,10 +406,12 @@ def classify(
             facts = c.outcome.facts
             if c.outcome.probe_id in explained:
                 continue
-            if c.outcome.status is Status.WRONG and facts.get("first_call_in_process") is True:
-                # a cell that is its process's first call (the untouched cell runs alone) cannot
-                # tell its own condition apart from the first-call fault
-                ev_rerun.append(_ev(c, "first call of its process: " + _describe(c)))
+            first = facts.get("first_call_in_process") is True or facts.get("first_call_for_shape") is True
+            if c.outcome.status is Status.WRONG and first:
+                # a cell that is the first call of its process, or the first for its shape (the
+                # untouched cell runs alone; M = 4093 is a new autotune key), cannot tell its own
+                # condition apart from the first-call fault
+                ev_rerun.append(_ev(c, "first call for its process or shape: " + _describe(c)))
                 explained.add(c.outcome.probe_id)
             elif c.failed and facts.get("baseline_ok") is False and facts.get("variant_ok") is True:
                 ev_rerun.append(
@@ -468,6 +470,14 @@ def classify(
             )
         )
 
+    for c in matrix.cells.values():
+        if c.outcome.spec.condition is Condition.INTERPRETER_CHECK and c.failed:
+            explained.add(c.outcome.probe_id)
+            explanations.append(
+                "the Triton interpreter cannot run a trivial reference kernel on this machine ("
+                + _describe(c)
+                + "): the CPU tier was skipped; that says nothing about the kernel under test"
+            )
     unexplained = tuple(
         _ev(c) for c in matrix.cells.values() if c.failed and c.outcome.probe_id not in explained
     )

@@ -214,7 +214,14 @@ def plan_scan(kernel: str, gpus: Sequence[PlannedGpu], opts: ScanOptions | None 
     """Plan a scan of ``kernel`` over the selected GPUs (in --gpus order)."""
     opts = opts or ScanOptions()
     if not gpus:
-        specs = _single_specs(kernel, "CPU", None, opts, with_boundary=False)
+        check = ProbeSpec(
+            probe_id="CPU/interpreter-check",
+            kernel=kernel,
+            condition=Condition.INTERPRETER_CHECK,
+            shape=CPU_SHAPE,
+            timeout_s=opts.timeout_s,
+        )
+        specs = [check] + _single_specs(kernel, "CPU", None, opts, with_boundary=False)
         if opts.sweeps:
             specs += _sweep_specs(kernel, "CPU", None, opts)
         env = {knobs.TRITON_INTERPRET: "1", knobs.CUDA_VISIBLE_DEVICES: ""}

@@ -49,6 +49,8 @@ class Condition(StrEnum):
     SIZES_RACE = "sizes-race"  # PEER, and m_sizes still being written on b's stream into a
     # recycled allocator block that holds large stale values
     # --- a model split across GPUs (qmoe-doctor repro; probes/pipeline.py) ---
+    INTERPRETER_CHECK = "interpreter-check"  # a trivial reference Triton kernel on the CPU
+    # interpreter: if it fails, the CPU tier cannot run here (an environment fact, no kernel's)
     PIPELINE = "pipeline"  # MoE blocks placed over params["devices"] as device_map="auto" places
     # them, the first GPU current, forward and backward for a few steps, against the torch twin
     # --- isolation self-tests: children that misbehave on purpose (no torch needed) ---

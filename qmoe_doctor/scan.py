@@ -27,6 +27,7 @@ from qmoe_doctor.records import (
     Evidence,
     Outcome,
     Phase,
+    ProbeSpec,
     Status,
     to_jsonable,
 )
@@ -105,7 +106,18 @@ def run_scan(
 
     outcomes: list[Outcome] = []
     for session in plan.sessions:
-        outcomes += run_session(session.specs, base_env=session.env, log_dir=log_dir, on_event=watch)
+        specs = list(session.specs)
+        if specs and specs[0].condition is Condition.INTERPRETER_CHECK:
+            # The environment first: if our own trivial kernel cannot run on this interpreter,
+            # the rest of the tier is skipped rather than blamed on the kernel under test.
+            (env_check,) = run_session(specs[:1], base_env=session.env, log_dir=log_dir, on_event=watch)
+            outcomes.append(env_check)
+            specs = specs[1:]
+            if env_check.status is not Status.PASS:
+                reason = _first_line_of(env_check.error_message) or str(env_check.status)
+                outcomes += [_skipped(s, f"the Triton interpreter cannot run here: {reason}") for s in specs]
+                continue
+        outcomes += run_session(specs, base_env=session.env, log_dir=log_dir, on_event=watch)
         # follow-up: a failing int32 boundary cell is re-run with TRITON_DEBUG=1 so the report
         # can name the overflowing source line
         followups = [
@@ -138,6 +150,22 @@ def run_scan(
         log_dir=str(log_dir),
         inventory=inventory or {},
         audit=tuple(audit_shape(get_preset(name), DEFAULT_TOKENS) for name in dict.fromkeys(audit_presets)),
+    )
+
+
+def _first_line_of(text: str | None) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    return lines[0][:200] if lines else ""
+
+
+def _skipped(spec: ProbeSpec, reason: str) -> Outcome:
+    return Outcome(probe_id=spec.probe_id, spec=spec, status=Status.SKIPPED, phase=Phase.SPAWN, notes=(reason,))
+
+
+def nothing_ran(report: ScanReport) -> bool:
+    """No probe of the kernel under test ran (all skipped, or only the environment check)."""
+    return bool(report.outcomes) and all(
+        o.status is Status.SKIPPED or o.spec.condition is Condition.INTERPRETER_CHECK for o in report.outcomes
     )
 
 

@@ -18,7 +18,7 @@ from qmoe_doctor.plan import DEFAULT_CONDITIONS, ScanOptions, plan_scan
 from qmoe_doctor.presets import PRESETS
 from qmoe_doctor.records import Condition, to_jsonable
 from qmoe_doctor.render import render_report
-from qmoe_doctor.scan import KernelRefError, all_spawn_failures, report_json, run_scan
+from qmoe_doctor.scan import KernelRefError, all_spawn_failures, nothing_ran, report_json, run_scan
 
 KERNEL_HELP = (
     "Kernel to scan, called as fn(x, w, m_sizes) -> y: 'builtin' (ours), 'specimen:NAME' "
@@ -158,6 +158,6 @@ def scan_command(
         emit_json("scan", report_json(report))
     else:
         render_report(stdout_console(), report)
-    if all_spawn_failures(report):
+    if all_spawn_failures(report) or nothing_ran(report):
         raise typer.Exit(ExitCode.CHECK_BROKEN)
     raise typer.Exit(ExitCode.HEALTHY if report.healthy else ExitCode.FAULT)

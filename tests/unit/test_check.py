@@ -82,14 +82,14 @@ def test_builtin_is_healthy_on_the_cpu_tier(tmp_path: Path) -> None:
     assert doc["kind"] == "check" and doc["schema_version"] == 1 and doc["exit_code"] == 0 and doc["healthy"]
     (kernel,) = doc["kernels"]
     assert kernel["kernel"] == "builtin" and kernel["exit_code"] == 0
-    assert kernel["summary"] == {"pass": 2, "fail": 0, "skip": 0, "error": 0}
+    assert kernel["summary"] == {"pass": 3, "fail": 0, "skip": 0, "error": 0}  # + the interpreter check
     assert kernel["diagnoses"] == [] and kernel["lint"] is None  # builtin: no source path to lint
     assert [t["tier"] for t in kernel["tiers"]] == ["cpu"]
     root = assert_junit_shape(junit.read_text())
     (suite,) = list(root)
-    assert suite.get("name") == "builtin" and suite.get("tests") == "2" and suite.get("failures") == "0"
+    assert suite.get("name") == "builtin" and suite.get("tests") == "3" and suite.get("failures") == "0"
     assert {c.get("classname") for c in suite.iter("testcase")} == {"builtin.CPU"}
-    assert {c.get("name") for c in suite.iter("testcase")} == {"single", "negative-sizes"}
+    assert {c.get("name") for c in suite.iter("testcase")} == {"interpreter-check", "single", "negative-sizes"}
 
 
 def test_specimen_fails_the_check_with_its_cause(tmp_path: Path) -> None:

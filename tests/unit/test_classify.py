@@ -50,6 +50,47 @@ def test_recorded_run1_each_kernel_gets_its_cause_and_no_other(name: str) -> Non
     assert result.unexplained == ()
 
 
+RUN2_EXPECTED = {
+    "scan-builtin": set(),
+    "scan-torch": set(),
+    "scan-unguarded": {"missing-device-guard"},
+    "scan-default_buffer": {"default-device-buffer"},
+    "scan-wrong_stream": {"wrong-device-stream"},
+    "scan-unmasked_rows": {"invalid-routing"},
+    "scan-int32_offsets": {"int32-offset-overflow"},
+    "sweep-int32-1gpu": {"int32-offset-overflow"},
+    "sweep-launch-config": {"launch-config-fault"},
+    "sweep-offsets": set(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RUN2_EXPECTED))
+def test_recorded_run2_each_kernel_gets_its_cause_and_no_other(name: str) -> None:
+    report = json.loads((RECORDED / "h200x2-run2" / "scans" / f"{name}.json").read_text())
+    outcomes = [from_jsonable(Outcome, o) for o in report["outcomes"]]
+    result = classify(outcomes, kernel=report["kernel"])
+    assert {d.cause for d in result.diagnoses} == RUN2_EXPECTED[name]
+    assert result.unexplained == ()
+    assert all(str(d.confidence) == "high" for d in result.diagnoses)
+
+
+def test_recorded_run2_launch_config_names_the_limit() -> None:
+    report = json.loads((RECORDED / "h200x2-run2" / "scans" / "sweep-launch-config.json").read_text())
+    result = classify([from_jsonable(Outcome, o) for o in report["outcomes"]], kernel=report["kernel"])
+    (diag,) = result.diagnoses
+    detail = " ".join(e.detail for e in diag.evidence)
+    assert "128x256x128" in detail and "shared memory" in detail
+
+
+def test_recorded_run2_autotune() -> None:
+    # Run 2 predates the first-call-for-shape fact: the M = 4093 offset cell (a new autotune
+    # key) stays unexplained on this data; the cause is still named, alone.
+    report = json.loads((RECORDED / "h200x2-run2" / "scans" / "scan-autotune_inplace.json").read_text())
+    result = classify([from_jsonable(Outcome, o) for o in report["outcomes"]], kernel=report["kernel"])
+    assert {d.cause for d in result.diagnoses} == {"autotune-inplace-rerun"}
+    assert [e.probe_id for e in result.unexplained] == ["GPU 1/offsets:m-not-multiple"]
+
+
 def test_recorded_run1_autotune_is_named() -> None:
     # Run 1 predates the in-probe baselines: the over-routed and boundary cells changed the shape
     # as well as the routing, so the autotuner's first call for the new shape failed there too.

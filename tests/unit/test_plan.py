@@ -24,8 +24,9 @@ def test_no_gpu_plans_the_cpu_tier_and_says_why() -> None:
     (session,) = plan.sessions
     assert session.env["TRITON_INTERPRET"] == "1"
     assert session.env["CUDA_VISIBLE_DEVICES"] == ""
+    assert session.specs[0].condition is Condition.INTERPRETER_CHECK  # the environment first
     assert {s.condition for s in session.specs} == {
-        Condition.REPEAT_CALL, Condition.SINGLE, Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES,
+        Condition.INTERPRETER_CHECK, Condition.REPEAT_CALL, Condition.SINGLE, Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES,
         Condition.OFFSETS, Condition.LAUNCH_CONFIG,
     }
     assert all(s.device is None and s.shape.dtype == "float32" for s in session.specs)

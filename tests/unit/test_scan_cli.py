@@ -29,7 +29,7 @@ def test_scan_builtin_cpu_tier_is_healthy(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     assert report["healthy"] is True and report["tier"] == "cpu"
     assert {o["spec"]["condition"] for o in report["outcomes"]} == {
-        "repeat-call", "single", "over-routed", "negative-sizes", "offsets", "launch-config",
+        "interpreter-check", "repeat-call", "single", "over-routed", "negative-sizes", "offsets", "launch-config",
     }
     assert all(o["status"] == "pass" for o in report["outcomes"])
 
@@ -39,7 +39,8 @@ def test_scan_json_is_versioned(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["kind"] == "scan" and doc["schema_version"] == 1
-    assert doc["diagnoses"] == [] and len(doc["outcomes"]) == 1
+    assert doc["diagnoses"] == []
+    assert [o["spec"]["condition"] for o in doc["outcomes"]] == ["interpreter-check", "single"]
 
 
 def test_scan_specimen_unmasked_rows_names_invalid_routing(tmp_path: Path) -> None:
@@ -118,3 +119,29 @@ def test_version_and_help() -> None:
     assert runner.invoke(app, ["--version"]).output.startswith("qmoe-doctor ")
     help_text = runner.invoke(app, ["scan", "--help"]).output
     assert "--gpus" in help_text and "Exit codes" in help_text
+
+
+def test_cpu_tier_with_a_broken_interpreter_is_skipped_not_blamed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """If our own trivial reference kernel fails on this machine's interpreter, every kernel
+    cell is skipped with the reason and the scan exits 4 (it could not run), not 1."""
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    # a sitecustomize in the children breaks the reference kernel the way triton 3.6 + NumPy 2.x
+    # does (scalar loop bounds that cannot become Python ints)
+    (shim / "sitecustomize.py").write_text(
+        "import qmoe_doctor.probes._reference_kernels as r\n"
+        "class _Broken:\n"
+        "    def __getitem__(self, grid):\n"
+        "        def launch(*a, **k):\n"
+        "            raise TypeError('only 0-dimensional arrays can be converted to Python scalars')\n"
+        "        return launch\n"
+        "r.count_loop_kernel = _Broken()\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(shim))
+    result = runner.invoke(app, ["scan", "--cpu", "--json", "--only", "single", "--log-dir", str(tmp_path / "l")])
+    assert result.exit_code == 4, result.output
+    doc = json.loads(result.stdout)
+    statuses = {o["spec"]["condition"]: o["status"] for o in doc["outcomes"]}
+    assert statuses == {"interpreter-check": "error", "single": "skipped"}
+    assert doc["unexplained"] == [] and doc["diagnoses"] == []
+    assert any("interpreter cannot run" in e for e in doc["explanations"])
