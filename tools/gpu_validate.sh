@@ -35,7 +35,7 @@ if has scan; then
   t scan-torch qmoe-doctor scan --gpus 0,1 --kernel torch:grouped_mm --only guarded,peer,no-peer,single --save "$V/scan-torch.json"
 fi
 if has specimens; then
-  for s in unguarded default_buffer wrong_stream unmasked_rows autotune_inplace int32_offsets; do
+  for s in ${SPECIMEN_LIST:-unguarded default_buffer wrong_stream unmasked_rows autotune_inplace int32_offsets}; do
     t "scan-$s" qmoe-doctor scan --gpus 0,1 --kernel "specimen:$s" --save "$V/scan-$s.json" --log-dir "$V/workers-$s"
     python3 - "$V/scan-$s.json" <<'PY' | tee -a "$SUMMARY"
 import json,sys
