@@ -58,7 +58,7 @@ class Cell:
 
     @property
     def failed(self) -> bool:
-        return self.label not in ("pass", "slow", "skipped")
+        return self.label not in ("pass", "slow", "skipped", "rejected")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,9 +90,21 @@ def group_of(outcome: Outcome) -> str:
     return outcome.probe_id.split("/", 1)[0]
 
 
+#: Conditions that feed the kernel invalid input on purpose: refusing it loudly (its own
+#: ValueError, or a device-side assert such as torch._grouped_mm's offsets check) is correct.
+INVALID_INPUT_CONDITIONS = frozenset({Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES})
+REJECTION_KINDS = frozenset({ErrorKind.BAD_INPUT, ErrorKind.DEVICE_ASSERT})
+
+
 def cell_label(outcome: Outcome, baseline_ms: float | None) -> tuple[str, float | None]:
     if outcome.status is Status.SKIPPED:
         return "skipped", None
+    if (
+        outcome.status is Status.ERROR
+        and outcome.spec.condition in INVALID_INPUT_CONDITIONS
+        and outcome.error_kind in REJECTION_KINDS
+    ):
+        return "rejected", None
     if outcome.status is Status.ERROR:
         return str(outcome.error_kind or ErrorKind.OTHER), None
     if outcome.status is Status.WRONG:

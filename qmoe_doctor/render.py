@@ -15,7 +15,7 @@ from qmoe_doctor.records import Condition, Diagnosis
 from qmoe_doctor.scan import ScanReport
 
 #: Colour of a cell label; error kinds not listed are red.
-STYLE = {"pass": "green", "slow": "yellow", "wrong": "bold red", "skipped": "dim"}
+STYLE = {"pass": "green", "rejected": "green", "slow": "yellow", "wrong": "bold red", "skipped": "dim"}
 
 CONDITION_TEXT = {
     Condition.REPEAT_CALL: "first vs second call",

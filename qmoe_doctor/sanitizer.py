@@ -207,7 +207,9 @@ def sanitizer_command(
     if target_processes_all:
         cmd += ["--target-processes", "all"]
     if xml_path is not None:
-        cmd += ["--xml", "yes", "--save", os.fspath(xml_path)]
+        # `--xml` is a flag in 2025.3: "--xml yes" fails with "extra yes detected on the input
+        # command line" (validation run 3 on H200)
+        cmd += ["--xml", "--save", os.fspath(xml_path)]
     if log_path is not None:
         cmd += ["--log-file", os.fspath(log_path)]
     return cmd + list(argv)

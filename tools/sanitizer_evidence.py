@@ -67,7 +67,7 @@ def main(out: Path, only: list[str]) -> int:
         env = {**os.environ, **env_extra}
         cmd = [sys.executable, str(here / "run_probe.py")] + (["--raw"] if raw else []) + [to_json(s)]
         if tool == "memcheck-xml":
-            cmd = [sanitizer, "--tool", "memcheck", "--print-limit", "50", "--xml", "yes",
+            cmd = [sanitizer, "--tool", "memcheck", "--print-limit", "50", "--xml",
                    "--save", str(out / f"{name}.xml")] + cmd
         elif tool:
             log = out / f"{name}.log"

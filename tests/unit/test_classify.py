@@ -367,3 +367,34 @@ def test_first_call_cell_is_not_absorbed_without_the_autotune_diagnosis() -> Non
         "0->1/untouched", Condition.UNTOUCHED, Status.WRONG, rel=8.0, facts={"first_call_in_process": True}
     )
     assert causes(healthy_single(), pair) == {"<unexplained>"}
+
+
+@pytest.mark.parametrize("kind", [ErrorKind.DEVICE_ASSERT, ErrorKind.BAD_INPUT])
+def test_refusing_invalid_routing_loudly_is_not_a_fault(kind: ErrorKind) -> None:
+    """torch._grouped_mm device-asserts on offsets past M (validation run 3): a loud refusal of
+    invalid input is what a kernel should do."""
+    single = healthy_single()
+    for cond in (Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES):
+        single[cond] = mk(f"GPU 1/{cond.value}", cond, Status.ERROR, kind=kind,
+                          facts={"baseline_ok": True, "variant_ok": False})
+    result = classify(list(single.values()), kernel="k:fn")
+    assert result.diagnoses == () and result.unexplained == ()
+    cell = build_matrix(single.values()).get("GPU 1", Condition.OVER_ROUTED)
+    assert cell is not None and cell.label == "rejected"
+
+
+def test_an_assert_outside_the_invalid_input_cells_is_still_a_failure() -> None:
+    single = healthy_single()
+    single[Condition.SIDE_STREAM] = mk("GPU 1/side-stream", Condition.SIDE_STREAM, Status.ERROR, kind=ErrorKind.DEVICE_ASSERT)
+    assert causes(single) == {"wrong-device-stream"}
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("scan-builtin", set()), ("scan-torch", set()), ("scan-autotune_inplace", {"autotune-inplace-rerun"})],
+)
+def test_recorded_run3(name: str, expected: set[str]) -> None:
+    report = json.loads((RECORDED / "h200x2-run3" / "scans" / f"{name}.json").read_text())
+    result = classify([from_jsonable(Outcome, o) for o in report["outcomes"]], kernel=report["kernel"])
+    assert {d.cause for d in result.diagnoses} == expected
+    assert result.unexplained == ()

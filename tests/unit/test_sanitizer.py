@@ -597,7 +597,6 @@ def test_command_with_every_option() -> None:
         "--target-processes",
         "all",
         "--xml",
-        "yes",
         "--save",
         "/tmp/r.xml",
         "--log-file",
