@@ -282,7 +282,11 @@ def _convert(tp: Any, value: Any) -> Any:
         return [_convert(arg, v) for v in value]
     if origin is dict:
         key_tp, val_tp = get_args(tp)
-        return {_convert(key_tp, k): _convert(val_tp, v) for k, v in value.items()}
+        # JSON object keys are always strings: an int key comes back as "0"
+        return {
+            _convert(key_tp, int(k) if key_tp is int and isinstance(k, str) else k): _convert(val_tp, v)
+            for k, v in value.items()
+        }
     if tp is Any:
         return value
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):

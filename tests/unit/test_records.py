@@ -81,3 +81,16 @@ def test_every_cause_has_its_fixed_parts() -> None:
         assert cause.mechanism and cause.fix and cause.title
     with pytest.raises(KeyError, match="known"):
         get_cause("nope")
+
+
+def test_saved_scan_report_reads_back() -> None:
+    """A --save'd report (real, run 2) reads back into a ScanReport: int dict keys included."""
+    from pathlib import Path
+
+    from qmoe_doctor.records import from_jsonable
+    from qmoe_doctor.scan import ScanReport
+
+    path = Path(__file__).parent.parent / "fixtures/recorded/h200x2-run2/scans/scan-unguarded.json"
+    report = from_jsonable(ScanReport, json.loads(path.read_text()))
+    assert report.sessions[0].gpu_of_ordinal == {0: 0, 1: 1}
+    assert [d.cause for d in report.diagnoses] == ["missing-device-guard"]
