@@ -273,10 +273,10 @@ def _convert(tp: Any, value: Any) -> Any:
             raise ValueError(f"{value!r} is not one of {get_args(tp)}")
         return value
     if origin is tuple:
-        args = get_args(tp)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_convert(args[0], v) for v in value)
-        return tuple(_convert(a, v) for a, v in zip(args, value, strict=True))
+        targs = get_args(tp)
+        if len(targs) == 2 and targs[1] is Ellipsis:
+            return tuple(_convert(targs[0], v) for v in value)
+        return tuple(_convert(a, v) for a, v in zip(targs, value, strict=True))
     if origin is list:
         (arg,) = get_args(tp)
         return [_convert(arg, v) for v in value]

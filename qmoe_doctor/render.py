@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.table import Table
@@ -87,7 +87,7 @@ def matrix_tables(report: ScanReport) -> list[Table]:
 
 def diagnosis_panel(d: Diagnosis) -> Panel:
     cause = get_cause(d.cause)
-    body: list[object] = [
+    body: list[RenderableType] = [
         Text.assemble((d.summary, "bold"), "\n"),
         Text.assemble(("where: ", "dim"), ", ".join(d.where) or "-", ("   confidence: ", "dim"), str(d.confidence)),
         Text("evidence:", style="dim"),

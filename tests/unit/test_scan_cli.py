@@ -105,10 +105,17 @@ def test_gpus_without_gpus_is_a_usage_error() -> None:
 
 
 def test_parent_never_imports_torch() -> None:
+    """Every module of the parent side (all of qmoe_doctor but the kernels and probes
+    subpackages) imports without pulling in torch or triton: a CUDA fault poisons the process
+    that made it, and the parent must survive every probe."""
     code = (
-        "import sys\n"
-        "import qmoe_doctor.cli, qmoe_doctor.scan, qmoe_doctor.classify, qmoe_doctor.plan\n"
-        "import qmoe_doctor.isolate, qmoe_doctor.render, qmoe_doctor.inventory\n"
+        "import importlib, pkgutil, sys\n"
+        "import qmoe_doctor\n"
+        "names = [m.name for m in pkgutil.walk_packages(qmoe_doctor.__path__, 'qmoe_doctor.')\n"
+        "         if not m.name.startswith(('qmoe_doctor.kernels', 'qmoe_doctor.probes'))]\n"
+        "assert 'qmoe_doctor.cli' in names and len(names) > 20, names\n"
+        "for name in names:\n"
+        "    importlib.import_module(name)\n"
         "bad = [m for m in ('torch', 'triton') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
