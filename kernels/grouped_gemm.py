@@ -28,7 +28,6 @@ import functools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import triton
@@ -271,15 +270,11 @@ def launch_grouped_gemm(
     m_sizes: torch.Tensor,
     cfg: GemmConfig,
     num_programs: int,
-    *,
-    kernel: Any = None,  # a @triton.jit function with _grouped_gemm_kernel's parameters
 ) -> None:
-    """Launch on the current device and stream. Callers hold the device guard.
-
-    ``kernel`` defaults to ``_grouped_gemm_kernel``; the specimens pass their planted copies."""
+    """Launch on the current device and stream. Callers hold the device guard."""
     m, k = x.shape
     e, n, _ = w.shape
-    (kernel or _grouped_gemm_kernel)[(num_programs,)](
+    _grouped_gemm_kernel[(num_programs,)](
         x,
         w,
         y,
