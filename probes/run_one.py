@@ -8,6 +8,12 @@ exit status is 0 whenever that line was written, whatever the probe's status.
 The probes register the kernel's operands (x, w, m_sizes). A write past the output is the
 commonest bad access, so this entry also registers every tensor the kernel returns, as
 ``y#1``, ``y#2``, ... in call order: the parent can then attribute an address past y.
+
+With the caching allocator on, the run is recorded (``probes/snapshot.py``): the allocator's
+segments and blocks after the probe, and the Python line that allocated each, go into the
+outcome fact ``allocator_snapshot``. ``main`` writes the Outcome line first without it and then
+again with it, so that a snapshot taken in a context a fault has poisoned can lose nothing but
+itself (the parent reads the last Outcome line).
 """
 
 from __future__ import annotations
@@ -19,13 +25,16 @@ from collections.abc import Callable
 from typing import Any
 
 from qmoe_doctor.probes.context import ProbeContext
+from qmoe_doctor.probes.snapshot import AllocatorRecorder
 from qmoe_doctor.probes.worker import execute
-from qmoe_doctor.records import ProbeSpec, TensorInfo, from_json, to_json
+from qmoe_doctor.records import Outcome, ProbeSpec, TensorInfo, from_json, to_json, to_jsonable
 
 #: Marks the Outcome line on stdout.
 OUTCOME_PREFIX = "QMOE-OUTCOME "
 #: Outputs registered at most (a timing loop calls the kernel many times).
 MAX_OUTPUTS = 16
+#: The outcome fact holding the allocator's map (``qmoe_doctor.sanitizer.AllocatorSnapshot``).
+SNAPSHOT_FACT = "allocator_snapshot"
 
 
 def _recording(kernel: Callable[..., Any], spec: ProbeSpec, seen: list[TensorInfo]) -> Callable[..., Any]:
@@ -44,8 +53,8 @@ def _recording(kernel: Callable[..., Any], spec: ProbeSpec, seen: list[TensorInf
     return call
 
 
-def run(spec: ProbeSpec) -> str:
-    """The probe's Outcome as one JSON line, with the kernel's outputs added to its tensors."""
+def run_outcome(spec: ProbeSpec) -> Outcome:
+    """The probe's Outcome, with the kernel's outputs added to its tensors."""
     outputs: list[TensorInfo] = []
     if not spec.condition.is_selftest:
         from qmoe_doctor.probes import conditions  # imports torch and triton
@@ -65,7 +74,34 @@ def run(spec: ProbeSpec) -> str:
         outcome, _ = execute(spec)
     if outputs:
         outcome = dataclasses.replace(outcome, tensors=outcome.tensors + tuple(outputs))
+    return outcome
+
+
+def _recorder(spec: ProbeSpec) -> AllocatorRecorder | None:
+    return None if spec.condition.is_selftest else AllocatorRecorder(spec)
+
+
+def _with_snapshot(outcome: Outcome, recorder: AllocatorRecorder) -> Outcome:
+    snap = recorder.finish()
+    notes = outcome.notes if snap.taken else (*outcome.notes, f"no allocator snapshot: {snap.reason}")
+    return dataclasses.replace(outcome, facts={**outcome.facts, SNAPSHOT_FACT: to_jsonable(snap)}, notes=notes)
+
+
+def run(spec: ProbeSpec) -> str:
+    """The probe's Outcome as one JSON line: the kernel's outputs among its tensors, the
+    allocator snapshot among its facts (self-tests get none)."""
+    recorder = _recorder(spec)
+    if recorder is not None:
+        recorder.start()
+    outcome = run_outcome(spec)
+    if recorder is not None:
+        outcome = _with_snapshot(outcome, recorder)
     return to_json(outcome)
+
+
+def _write(outcome: Outcome) -> None:
+    sys.stdout.write(OUTCOME_PREFIX + to_json(outcome) + "\n")
+    sys.stdout.flush()
 
 
 def main(argv: list[str]) -> int:
@@ -74,9 +110,13 @@ def main(argv: list[str]) -> int:
         sys.stderr.write("usage: python -m qmoe_doctor.probes.run_one '<ProbeSpec JSON>'\n")
         return 2
     spec = from_json(ProbeSpec, argv[0])
-    line = run(spec)
-    sys.stdout.write(OUTCOME_PREFIX + line + "\n")
-    sys.stdout.flush()
+    recorder = _recorder(spec)
+    if recorder is not None:
+        recorder.start()
+    outcome = run_outcome(spec)
+    _write(outcome)  # stands if taking the snapshot kills the process
+    if recorder is not None:
+        _write(_with_snapshot(outcome, recorder))
     return 0
 
 

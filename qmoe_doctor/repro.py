@@ -10,7 +10,9 @@ Stages (``qmoe-doctor repro``; docs/repro.md):
    as soon as the evidence names a cause with high confidence; ``classify`` names it.
 3. **Confirm.** When the minimal failing probe faulted on a device access (illegal address,
    signal, canary hit), it is re-run alone under compute-sanitizer memcheck with the caching
-   allocator off, and every reported address is attributed to a tensor.
+   allocator off, and every reported address is attributed to a tensor. NVML's Xid events (and
+   the kernel log's Xid lines, where readable) are watched on the pair's GPUs meanwhile
+   (``qmoe_doctor.xid``); an Xid 31 fault address is placed like the sanitizer's.
 4. **Script.** ``reproscript`` writes a standalone script of the minimal failing condition.
 
 Children, fewest first. A fresh child costs ~5 s (FINDINGS: 4.6-7.8 s), a probe in a warm one
@@ -77,15 +79,18 @@ from qmoe_doctor.records import (
 )
 from qmoe_doctor.reproscript import SCRIPT_CONDITIONS, render_script, script_name
 from qmoe_doctor.sanitizer import (
+    AllocatorSnapshot,
     Attribution,
     SanitizerInfo,
     SanitizerReport,
     attribute,
     find_compute_sanitizer,
     parse_sanitizer_log,
+    read_allocator_snapshot,
     sanitizer_command,
 )
 from qmoe_doctor.scan import KernelRefError
+from qmoe_doctor.xid import XidReport, XidWatcher, xid_evidence
 
 PIPELINE_ID = "pipeline"
 #: The module the sanitizer runs (probes/run_one.py) and how its Outcome line starts.
@@ -569,6 +574,8 @@ class SanitizerConfirmation:
     sanitized_status: str | None = None  # the probe's own status under the sanitizer
     log_path: str | None = None
     wall_s: float = 0.0
+    xid: XidReport | None = None  # Xid errors on the pair's GPUs during the sanitized run
+    xid_evidence: tuple[str, ...] = ()  # the same in words, an Xid 31 address placed
 
 
 def _gpu_word(device: str, gpu_of_ordinal: Mapping[int, int]) -> str:
@@ -577,6 +584,10 @@ def _gpu_word(device: str, gpu_of_ordinal: Mapping[int, int]) -> str:
         if ordinal in gpu_of_ordinal:
             return f"{device} (GPU {gpu_of_ordinal[ordinal]})"
     return device
+
+
+#: Starts watching NVML indices for Xid errors (``XidWatcher``; tests pass a fake NVML).
+WatchXid = Callable[[Sequence[int]], XidWatcher]
 
 
 def confirm_with_sanitizer(
@@ -589,30 +600,48 @@ def confirm_with_sanitizer(
     timeout_s: float = SANITIZER_TIMEOUT_S,
     runner: RunCommand = run_command,
     python: str | None = None,
+    watch_xid: WatchXid | None = XidWatcher,
 ) -> SanitizerConfirmation:
     """Re-run ``target``'s spec alone under memcheck, with the caching allocator off (it hides
     out-of-bounds accesses inside a pooled segment), and attribute every reported address to
     the tensors of *that* run, on every device (a cross-GPU dereference shows as plain
-    out-of-bounds measured against the wrong device's allocation)."""
+    out-of-bounds measured against the wrong device's allocation). Xid errors on the run's GPUs
+    are watched meanwhile (``watch_xid``; None: not watched)."""
     spec = replace(target.spec, probe_id=f"{target.spec.probe_id}+memcheck", env={}, fresh_process=False)
     slug = target.spec.probe_id.replace("/", "_").replace(">", "").replace(" ", "_")
     log_path = Path(log_dir) / f"memcheck-{slug}.log"
     argv = [child_python(python), "-m", RUN_ONE_MODULE, to_json(spec)]
     cmd = sanitizer_command(info, "memcheck", argv, log_path=log_path, print_limit=SANITIZER_PRINT_LIMIT)
     env = child_env(base_env, {**target.spec.env, knobs.PYTORCH_NO_CUDA_MEMORY_CACHING: "1"})
-    result = runner(cmd, env, timeout_s)
+    xid: XidReport | None = None
+    if watch_xid is not None:
+        with watch_xid(sorted(set(gpu_of_ordinal.values()))) as watcher:
+            result = runner(cmd, env, timeout_s)
+        xid = watcher.report()
+    else:
+        result = runner(cmd, env, timeout_s)
+    sanitized = _outcome_from_stdout(result.stdout)
+    snapshot = read_allocator_snapshot(sanitized.facts.get("allocator_snapshot")) if sanitized else None
     common: dict[str, Any] = {
         "probe_id": target.probe_id,
         "tool": info.path,
         "version": info.version,
         "log_path": str(log_path),
         "wall_s": result.wall_s,
+        "xid": xid,
+        "xid_evidence": xid_evidence(
+            xid,
+            tensor_tables(sanitized.tensors) if sanitized else {},
+            device_of_gpu={gpu: f"cuda:{o}" for o, gpu in gpu_of_ordinal.items()},
+            snapshot=snapshot,
+        )
+        if xid is not None
+        else (),
     }
     try:
         text = log_path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         text = ""
-    sanitized = _outcome_from_stdout(result.stdout)
     if not text.strip():
         why = "timed out" if result.returncode is None else f"exited with status {result.returncode}"
         tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or [""]
@@ -623,7 +652,9 @@ def confirm_with_sanitizer(
             **common,
         )
     report = parse_sanitizer_log(text)
-    return _confirmation(report, sanitized, gpu_of_ordinal, common, timed_out=result.returncode is None)
+    return _confirmation(
+        report, sanitized, gpu_of_ordinal, common, timed_out=result.returncode is None, snapshot=snapshot
+    )
 
 
 def _outcome_from_stdout(stdout: str) -> Outcome | None:
@@ -650,6 +681,7 @@ def _confirmation(
     common: dict[str, Any],
     *,
     timed_out: bool = False,
+    snapshot: AllocatorSnapshot | None = None,
 ) -> SanitizerConfirmation:
     errors = report.error_summary if report.error_summary is not None else len(report.errors)
     status_word = str(sanitized.status) if sanitized else None
@@ -671,7 +703,7 @@ def _confirmation(
         loc = f" at {first.location.render()}" if first.location else ""
         first_error = f"{first.first.message}{loc}"
     tables = tensor_tables(sanitized.tensors) if sanitized else {}
-    attributions: tuple[Attribution, ...] = attribute(report, tables) if tables else ()
+    attributions: tuple[Attribution, ...] = attribute(report, tables, snapshot=snapshot) if tables else ()
     hits: dict[str, int] = {}
     for a in attributions:
         if a.matches:
@@ -903,6 +935,7 @@ def run_repro(
     session_runner: SessionRunner | None = None,
     find_sanitizer: Callable[[], SanitizerInfo | None] = find_compute_sanitizer,
     command_runner: RunCommand = run_command,
+    watch_xid: WatchXid | None = XidWatcher,
     on_progress: OnProgress | None = None,
     on_event: OnEvent | None = None,
     clock: Callable[[], float] = time.perf_counter,
@@ -1022,6 +1055,7 @@ def run_repro(
             log_dir=log_dir,
             timeout_s=opts.sanitizer_timeout_s,
             runner=command_runner,
+            watch_xid=watch_xid,
         )
     else:
         status: SanitizerStatus = (

@@ -48,7 +48,7 @@ from typing import Literal
 
 from qmoe_doctor import knobs
 from qmoe_doctor._compat import StrEnum
-from qmoe_doctor.records import SCHEMA_VERSION, TensorInfo
+from qmoe_doctor.records import SCHEMA_VERSION, TensorInfo, from_jsonable
 
 # ---------------------------------------------------------------------------------------------
 # Finding the binary and building its command line
@@ -1019,6 +1019,187 @@ def _pseudo_log(lines: Iterable[str]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# The caching allocator's own map: segments, blocks and who allocated them
+# ---------------------------------------------------------------------------------------------
+#
+# The child (``probes/snapshot.py``) reduces ``torch.cuda.memory._snapshot()`` to these records
+# and hands them back as the outcome fact ``allocator_snapshot``. An address that no registered
+# tensor holds may still lie in a block the allocator handed out (a temporary, a freed output,
+# a canary), and the allocator knows which line of Python asked for it.
+
+BlockState = Literal["active_allocated", "active_pending_free", "inactive"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AllocFrame:
+    """One Python frame of an allocating stack (the innermost frame in user code)."""
+
+    file: str
+    line: int
+    name: str
+
+    def render(self) -> str:
+        """``conditions.py:97 in make_operands``"""
+        return f"{os.path.basename(self.file)}:{self.line} in {self.name}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AllocBlock:
+    """A piece of a segment: handed out (``active_allocated``), freed while another stream may
+    still use it (``active_pending_free``), or free in the cache (``inactive``)."""
+
+    address: int
+    size: int  # bytes the block spans (rounded up from the request)
+    state: BlockState
+    requested_size: int | None = None  # bytes asked for, when the allocator kept it
+    frame: AllocFrame | None = None  # who allocated it (the block's own frames; live blocks only)
+
+    @property
+    def end(self) -> int:
+        return self.address + self.size
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AllocSegment:
+    """One cudaMalloc (or expandable mapping) the allocator holds, split into blocks."""
+
+    device: int  # CUDA ordinal inside the child
+    address: int
+    size: int  # total_size
+    stream: int  # the stream the segment was allocated for (cudaStream_t as an integer)
+    pool: str = ""  # "large" (blocks over 1 MiB) or "small"
+    expandable: bool = False  # expandable_segments: pages can be unmapped under a live address
+    frame: AllocFrame | None = None  # who asked for the cudaMalloc
+    blocks: tuple[AllocBlock, ...] = ()
+
+    @property
+    def end(self) -> int:
+        return self.address + self.size
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AllocHistory:
+    """One ``alloc`` action of the allocator's recorded history, and whether it was freed since."""
+
+    device: int
+    address: int
+    size: int
+    stream: int
+    frame: AllocFrame | None = None
+    freed: bool = False  # a later free_requested / free_completed of the same address
+    free_frame: AllocFrame | None = None  # who freed it, when the history kept a stack
+
+    @property
+    def end(self) -> int:
+        return self.address + self.size
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AllocatorSnapshot:
+    """The outcome fact ``allocator_snapshot``: the caching allocator's segments after the probe
+    (on every device), and the allocations it recorded while the probe ran, latest last."""
+
+    schema_version: int = SCHEMA_VERSION
+    taken: bool
+    reason: str = ""  # why it was not taken, or what went wrong taking it
+    segments: tuple[AllocSegment, ...] = ()
+    history: tuple[AllocHistory, ...] = ()
+    truncated: bool = False  # blocks or history entries were left out (the caps in the child)
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotPlace:
+    """Where an address lies in the allocator's map."""
+
+    address: int
+    device: int
+    segment: AllocSegment
+    block: AllocBlock | None  # the block holding it (None if the blocks were cut by the cap)
+    allocation: AllocHistory | None  # the latest recorded allocation that covered it
+
+    @property
+    def frame(self) -> AllocFrame | None:
+        """Who allocated the memory at this address: the live block's own stack, else the
+        latest recorded allocation over it, else the segment's."""
+        if self.block is not None and self.block.frame is not None:
+            return self.block.frame
+        if self.allocation is not None and self.allocation.frame is not None:
+            return self.allocation.frame
+        return self.segment.frame
+
+
+def read_allocator_snapshot(value: object) -> AllocatorSnapshot | None:
+    """The ``allocator_snapshot`` fact as a record; None when absent or unreadable."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        return from_jsonable(AllocatorSnapshot, value)
+    except (TypeError, ValueError, KeyError):
+        return None
+
+
+def locate_in_snapshot(address: int, snapshot: AllocatorSnapshot) -> SnapshotPlace | None:
+    """The segment, block and latest recorded allocation holding ``address``; None when no
+    segment of any device holds it."""
+    segment = next((s for s in snapshot.segments if s.address <= address < s.end), None)
+    if segment is None:
+        return None
+    block = next((b for b in segment.blocks if b.address <= address < b.end), None)
+    allocation = None
+    for h in reversed(snapshot.history):  # latest first
+        if h.device == segment.device and h.address <= address < h.end:
+            allocation = h
+            break
+    return SnapshotPlace(
+        address=address, device=segment.device, segment=segment, block=block, allocation=allocation
+    )
+
+
+_STATE_WORDS = {
+    "active_allocated": "a live block",
+    "active_pending_free": "a block freed while a stream may still use it",
+    "inactive": "a freed block",
+}
+
+
+def snapshot_sentence(place: SnapshotPlace) -> str:
+    """``inside a freed block (131,072 bytes at 0x7f..., byte 1,024 of it) of segment 0x7f...
+    (2,097,152 bytes, small pool, stream 0x0) on cuda:0, allocated at grouped_gemm.py:210 in
+    moe_grouped_gemm and freed since``"""
+    seg = place.segment
+    pool = f", {seg.pool} pool" if seg.pool else ""
+    expandable = ", expandable" if seg.expandable else ""
+    where = (
+        f"segment 0x{seg.address:x} ({seg.size:,} bytes{pool}{expandable}, stream 0x{seg.stream:x}) "
+        f"on cuda:{place.device}"
+    )
+    if place.block is None:
+        text = f"inside {where} (its blocks were not all kept)"
+    else:
+        b = place.block
+        text = (
+            f"inside {_STATE_WORDS.get(b.state, b.state)} ({b.size:,} bytes at 0x{b.address:x}, "
+            f"byte {place.address - b.address:,} of it) of {where}"
+        )
+    alloc = place.allocation
+    own = place.block.frame if place.block is not None else None
+    frame = own or (alloc.frame if alloc is not None else None)
+    if frame is not None:
+        text += f", allocated at {frame.render()}"
+        live = place.block is not None and place.block.state == "active_allocated"
+        if alloc is not None and alloc.freed and not live:
+            text += " and freed since"
+            if alloc.free_frame is not None:
+                text += f" (at {alloc.free_frame.render()})"
+    elif seg.frame is not None:
+        text += f"; no recorded allocation covers it, the segment was reserved at {seg.frame.render()}"
+    else:
+        text += "; allocated before the history was recorded (no stack kept)"
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
 # Attribution: which tensor, on which device, does an address belong to
 # ---------------------------------------------------------------------------------------------
 
@@ -1095,6 +1276,7 @@ class Attribution:
     # measured against, when that can be told
     cross_device: bool  # the address is a live tensor on a device other than the one measured
     sentences: tuple[str, ...]
+    allocator: SnapshotPlace | None = None  # where the caching allocator's map puts it, if known
 
 
 def _match(address: int, t: TensorInfo, device: str) -> TensorMatch:
@@ -1184,8 +1366,11 @@ def attribute_address(
     kernel: str | None = None,
     nearest: NearestAllocation | None = None,
     reported_out_of_bounds: bool = True,
+    snapshot: AllocatorSnapshot | None = None,
 ) -> Attribution:
-    """Place one address against the tensors known on every device."""
+    """Place one address against the tensors known on every device, and, given the child's
+    allocator snapshot, against the caching allocator's segments and blocks (which also know
+    memory no registered tensor holds: temporaries, freed outputs, and who allocated them)."""
     matches: list[TensorMatch] = []
     for device, tensors in tensor_tables.items():
         m = _nearest_on_device(address, tensors, device)
@@ -1227,6 +1412,14 @@ def attribute_address(
                     f"{dev_list} memory (compute-sanitizer reports a cross-GPU dereference as plain "
                     "out-of-bounds, measured against the wrong device's allocation)."
                 )
+    place = locate_in_snapshot(address, snapshot) if snapshot is not None and snapshot.taken else None
+    if place is not None:
+        sentences.append(f"Allocator: 0x{address:x} is {snapshot_sentence(place)}.")
+    elif snapshot is not None and snapshot.taken:
+        sentences.append(
+            f"Allocator: 0x{address:x} lies in no segment the caching allocator holds on any device "
+            "(memory from outside the allocator, or not mapped at all)."
+        )
     return Attribution(
         address=address,
         access=access,
@@ -1236,17 +1429,22 @@ def attribute_address(
         sanitizer_device=sanitizer_device,
         cross_device=cross,
         sentences=tuple(sentences),
+        allocator=place,
     )
 
 
 def attribute(
-    report: SanitizerReport, tensor_tables: Mapping[str, Sequence[TensorInfo]]
+    report: SanitizerReport,
+    tensor_tables: Mapping[str, Sequence[TensorInfo]],
+    *,
+    snapshot: AllocatorSnapshot | None = None,
 ) -> tuple[Attribution, ...]:
     """Attribute every distinct faulting address of the report (one per group and address).
 
     ``tensor_tables`` maps a device string ("cuda:0") to the tensors known on it (our probes'
     ``Outcome.tensors``); include every device, since a cross-GPU dereference shows up as an
-    out-of-bounds address that is a live tensor on the other GPU.
+    out-of-bounds address that is a live tensor on the other GPU. ``snapshot`` is the same run's
+    ``allocator_snapshot`` fact (``read_allocator_snapshot``), when it has one.
     """
     out: list[Attribution] = []
     for g in report.groups:
@@ -1262,6 +1460,7 @@ def attribute(
                     kernel=g.kernel,
                     nearest=member.nearest,
                     reported_out_of_bounds=member.out_of_bounds or member.category == "invalid-access",
+                    snapshot=snapshot,
                 )
             )
     return tuple(out)

@@ -175,6 +175,9 @@ def render_repro(console: Console, report: ReproReport) -> None:
         console.print(Text.assemble(("  bad access: ", "dim"), (s.touched, "bold")))
     for what, n in s.tensors_hit.items():
         console.print(Text(f"  {n} address(es) nearest {what}", style="dim"))
+    if s.xid is not None and s.xid.xids:
+        for line in s.xid_evidence:
+            console.print(Text(f"  {line}", style="dim"))
     if s.log_path:
         console.print(Text(f"  log: {s.log_path}", style="dim"))
     if report.script:

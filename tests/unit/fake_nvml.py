@@ -5,11 +5,23 @@ Function names, argument order, return shapes and error codes follow nvidia-ml-p
 (``pynvml.py``): lists for [current, pending] modes, tuples for compute capability and
 remapped rows, objects with ``busId`` / ``total`` / ``free`` attributes, ``NVMLError(code)``
 with ``.value``.
+
+Events (``qmoe_doctor.xid``): ``nvmlEventSetCreate``, ``nvmlDeviceGetSupportedEventTypes``,
+``nvmlDeviceRegisterEvents``, ``nvmlEventSetWait_v2`` (NVML_ERROR_TIMEOUT when nothing is due)
+and ``nvmlEventSetFree``, as nvidia-ml-py 13.x spells them; the waited-for record has the
+fields of ``c_nvmlEventData_t`` (``device``, ``eventType``, ``eventData`` = the Xid number,
+``gpuInstanceId``, ``computeInstanceId``). A GPU's ``xids`` are delivered to the first wait
+after its registration; ``FakeNvml.inject_xid`` delivers one later (from another thread: a
+scripted fault in the middle of a run). ``FakeGpu.event_types=None`` makes the GPU answer
+NVML_ERROR_NOT_SUPPORTED, as GPUs in many VMs do.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 import types
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +34,7 @@ NOT_SUPPORTED = 3
 NO_PERMISSION = 4
 NOT_FOUND = 6
 DRIVER_NOT_LOADED = 9
+TIMEOUT = 10
 LIBRARY_NOT_FOUND = 12
 FUNCTION_NOT_FOUND = 13
 GPU_IS_LOST = 15
@@ -34,6 +47,7 @@ _MESSAGES = {
     NO_PERMISSION: "Insufficient Permissions",
     NOT_FOUND: "Not Found",
     DRIVER_NOT_LOADED: "Driver Not Loaded",
+    TIMEOUT: "Timeout",
     LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
     FUNCTION_NOT_FOUND: "Function Not Found",
     GPU_IS_LOST: "GPU is lost",
@@ -48,6 +62,9 @@ P2P_OK, P2P_CNS, P2P_GNS, P2P_TNS, P2P_DRK, P2P_NS, P2P_UNKNOWN = range(7)
 CAPS_READ, CAPS_WRITE, CAPS_NVLINK = 0, 1, 2
 # nvmlNvLinkDeviceType_t
 LINK_GPU, LINK_NPU, LINK_SWITCH = 0, 1, 2
+# nvmlEventType bits (pynvml.nvmlEventType*)
+EVENT_SBE, EVENT_DBE, EVENT_PSTATE, EVENT_XID = 0x1, 0x2, 0x4, 0x8
+EVENT_TYPES_DEFAULT = EVENT_SBE | EVENT_DBE | EVENT_PSTATE | EVENT_XID
 
 
 class NVMLError(Exception):
@@ -85,6 +102,8 @@ class FakeGpu:
     remapped: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # corr, unc, pending, failure
     links: list[FakeLink] = field(default_factory=list)  # empty: no NVLink at all
     fail: dict[str, int] = field(default_factory=dict)  # function name -> error code it raises
+    event_types: int | None = EVENT_TYPES_DEFAULT  # supported event mask; None: NOT_SUPPORTED
+    xids: list[int] = field(default_factory=list)  # Xids delivered to the first waits after registration
 
 
 @dataclass
@@ -109,6 +128,24 @@ class _Memory:
     used: int
 
 
+@dataclass
+class _EventData:
+    """c_nvmlEventData_t's fields."""
+
+    device: Any
+    eventType: int
+    eventData: int
+    gpuInstanceId: int = 0xFFFFFFFF  # NVML_GPU_INSTANCE_ID_ANY: not attributable to a MIG instance
+    computeInstanceId: int = 0xFFFFFFFF
+
+
+@dataclass
+class _EventSet:
+    registered: dict[int, int] = field(default_factory=dict)  # GPU position -> event mask
+    pending: deque[_EventData] = field(default_factory=deque)
+    freed: bool = False
+
+
 class FakeNvml:
     """The whole fake machine. ``module()`` builds a fresh module object each call."""
 
@@ -124,6 +161,8 @@ class FakeNvml:
         init_error: int | None = None,
         count_error: int | None = None,
         handle_errors: dict[int, int] | None = None,
+        event_set_error: int | None = None,
+        wait_error: int | None = None,
     ) -> None:
         self.gpus = gpus
         self.topology = topology or {}
@@ -134,8 +173,19 @@ class FakeNvml:
         self.init_error = init_error
         self.count_error = count_error
         self.handle_errors = handle_errors or {}
+        self.event_set_error = event_set_error  # nvmlEventSetCreate raises it
+        self.wait_error = wait_error  # nvmlEventSetWait_v2 raises it (other than TIMEOUT)
         self.initialized = 0
         self.calls: list[str] = []
+        self.event_sets: list[_EventSet] = []
+        self._events_lock = threading.Lock()
+
+    def inject_xid(self, pos: int, xid: int) -> None:
+        """Deliver Xid ``xid`` on GPU ``pos`` to every event set that registered it for Xids."""
+        with self._events_lock:
+            for es in self.event_sets:
+                if not es.freed and es.registered.get(pos, 0) & EVENT_XID:
+                    es.pending.append(_EventData(device=_Handle(pos), eventType=EVENT_XID, eventData=xid))
 
     # -- helpers --------------------------------------------------------------------------
     def _gpu(self, handle: Any, fn: str) -> FakeGpu:
@@ -157,6 +207,9 @@ class FakeNvml:
         mod.NVML_ERROR_NOT_SUPPORTED = NOT_SUPPORTED  # type: ignore[attr-defined]
         mod.NVML_ERROR_NOT_FOUND = NOT_FOUND  # type: ignore[attr-defined]
         mod.NVML_ERROR_FUNCTION_NOT_FOUND = FUNCTION_NOT_FOUND  # type: ignore[attr-defined]
+        mod.NVML_ERROR_NO_PERMISSION = NO_PERMISSION  # type: ignore[attr-defined]
+        mod.NVML_ERROR_TIMEOUT = TIMEOUT  # type: ignore[attr-defined]
+        mod.nvmlEventTypeXidCriticalError = EVENT_XID  # type: ignore[attr-defined]
 
         def nvmlInit() -> None:
             if fake.init_error is not None:
@@ -286,6 +339,54 @@ class FakeNvml:
                 raise TypeError(f"p2pIndex must be an int, got {caps!r}")
             return fake.p2p.get((a.pos, b.pos, caps), fake.p2p_default)
 
+        def nvmlDeviceGetSupportedEventTypes(h: Any) -> int:
+            g = fake._gpu(h, "nvmlDeviceGetSupportedEventTypes")
+            if g.event_types is None:
+                raise NVMLError(NOT_SUPPORTED)
+            return g.event_types
+
+        def nvmlEventSetCreate() -> _EventSet:
+            fake.calls.append("nvmlEventSetCreate")
+            if not fake.initialized:
+                raise NVMLError(UNINITIALIZED)
+            if fake.event_set_error is not None:
+                raise NVMLError(fake.event_set_error)
+            es = _EventSet()
+            with fake._events_lock:
+                fake.event_sets.append(es)
+            return es
+
+        def nvmlDeviceRegisterEvents(h: Any, event_types: int, es: Any) -> None:
+            g = fake._gpu(h, "nvmlDeviceRegisterEvents")
+            if not isinstance(es, _EventSet) or es.freed:
+                raise NVMLError(INVALID_ARGUMENT)
+            if g.event_types is None or event_types & ~g.event_types:
+                raise NVMLError(NOT_SUPPORTED)
+            with fake._events_lock:
+                es.registered[h.pos] = es.registered.get(h.pos, 0) | event_types
+                if event_types & EVENT_XID:
+                    for xid in g.xids:
+                        es.pending.append(_EventData(device=_Handle(h.pos), eventType=EVENT_XID, eventData=xid))
+
+        def nvmlEventSetWait_v2(es: Any, timeoutms: int) -> _EventData:
+            if not isinstance(es, _EventSet) or es.freed:
+                raise NVMLError(INVALID_ARGUMENT)
+            if fake.wait_error is not None:
+                raise NVMLError(fake.wait_error)
+            with fake._events_lock:
+                if es.pending:
+                    return es.pending.popleft()
+            time.sleep(min(timeoutms, 5) / 1000)  # a real wait would block up to timeoutms
+            with fake._events_lock:
+                if es.pending:
+                    return es.pending.popleft()
+            raise NVMLError(TIMEOUT)
+
+        def nvmlEventSetFree(es: Any) -> None:
+            if not isinstance(es, _EventSet) or es.freed:
+                raise NVMLError(INVALID_ARGUMENT)
+            es.freed = True
+
         for fn in (
             nvmlInit,
             nvmlShutdown,
@@ -312,6 +413,11 @@ class FakeNvml:
             nvmlDeviceGetNvLinkRemotePciInfo,
             nvmlDeviceGetTopologyCommonAncestor,
             nvmlDeviceGetP2PStatus,
+            nvmlDeviceGetSupportedEventTypes,
+            nvmlEventSetCreate,
+            nvmlDeviceRegisterEvents,
+            nvmlEventSetWait_v2,
+            nvmlEventSetFree,
         ):
             setattr(mod, fn.__name__, fn)
         return mod
