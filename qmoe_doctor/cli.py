@@ -10,10 +10,12 @@ import typer
 
 from qmoe_doctor import __version__
 from qmoe_doctor.commands import audit as _audit
+from qmoe_doctor.commands import bench as _bench
 from qmoe_doctor.commands import check as _check
 from qmoe_doctor.commands import env as _env
 from qmoe_doctor.commands import explain as _explain
 from qmoe_doctor.commands import lint as _lint
+from qmoe_doctor.commands import parallel as _parallel
 from qmoe_doctor.commands import repro as _repro
 from qmoe_doctor.commands import scan as _scan
 from qmoe_doctor.commands import specimens as _specimens
@@ -50,11 +52,13 @@ def _root(
 app.command("scan")(_scan.scan_command)
 app.command("check")(_check.check_command)
 app.command("repro")(_repro.repro_command)
+app.command("parallel")(_parallel.parallel_command)
 app.command("env")(_env.env_command)
 app.command("specimens")(_specimens.specimens_command)
 app.command("audit")(_audit.audit_command)
 app.command("lint")(_lint.lint_command)
 app.command("explain")(_explain.explain_command)
+app.command("bench")(_bench.bench_command)
 
 
 def main() -> None:

@@ -53,6 +53,13 @@ class Condition(StrEnum):
     # interpreter: if it fails, the CPU tier cannot run here (an environment fact, no kernel's)
     PIPELINE = "pipeline"  # MoE blocks placed over params["devices"] as device_map="auto" places
     # them, the first GPU current, forward and backward for a few steps, against the torch twin
+    # --- parallel modes (qmoe-doctor scan --parallel; probes/parallel/): one outcome per rank,
+    # each rank compared with a single-device run of the same weights and inputs it makes itself ---
+    PARALLEL_SINGLE = "parallel-single"  # the block on one device: the modes' timing baseline
+    PARALLEL_DP = "parallel-dp"  # DistributedDataParallel, gradients all-reduced
+    PARALLEL_PP = "parallel-pp"  # layers over the GPUs of one process, as device_map="auto"
+    PARALLEL_TP = "parallel-tp"  # gate_up split by columns, down by rows, outputs all-reduced
+    PARALLEL_EP = "parallel-ep"  # experts sharded, tokens dispatched and combined by all-to-all
     # --- isolation self-tests: children that misbehave on purpose (no torch needed) ---
     SELFTEST_OK = "selftest-ok"
     SELFTEST_RAISE = "selftest-raise"  # raises an exception whose text params["message"] gives

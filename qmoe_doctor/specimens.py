@@ -99,6 +99,26 @@ SPECIMENS: tuple[SpecimenInfo, ...] = (
         trigger="first call per process for a shape: benchmark runs add into y",
         misbehaves_under=(Condition.REPEAT_CALL,),
     ),
+    # Rank-level specimens (qmoe-doctor scan --parallel): the fault is in what a framework does
+    # around the kernel in each rank, planted through a rank hook (probes/parallel/hooks.py).
+    SpecimenInfo(
+        name="rank_no_set_device",
+        cause="device-never-set",
+        module="rank_no_set_device",
+        function="moe_grouped_gemm",
+        summary="ranks never call torch.cuda.set_device; the wrapper allocates its output on the current device",
+        trigger="any rank whose local rank is not 0: its current device stays cuda:0",
+        misbehaves_under=(Condition.PARALLEL_DP, Condition.PARALLEL_TP, Condition.PARALLEL_EP),
+    ),
+    SpecimenInfo(
+        name="global_expert_ids",
+        cause="invalid-routing",
+        module="global_expert_ids",
+        function="moe_grouped_gemm",
+        summary="expert parallelism without the global -> local expert id remap",
+        trigger="expert parallelism: every rank but the first gets ids past its local weight stack",
+        misbehaves_under=(Condition.PARALLEL_EP,),
+    ),
 )
 
 _BY_NAME = {s.name: s for s in SPECIMENS}

@@ -61,6 +61,7 @@ def check_kernel_ref(ref: str) -> None:
 
 
 def scan_command(
+    ctx: typer.Context,
     kernel: str = typer.Option("builtin", "--kernel", "-k", help=KERNEL_HELP),
     gpus: str | None = typer.Option(
         None, "--gpus", help="NVML / nvidia-smi GPU indices, e.g. 0,1 (default: all). The report says which CUDA ordinal each became."
@@ -77,12 +78,20 @@ def scan_command(
     configs: str | None = typer.Option(
         None, "--configs", help="Launch configs to pin, comma-separated BMxBNxBK-wW-sS (default: the kernel's own table)."
     ),
+    parallel: str | None = typer.Option(
+        None, "--parallel", help="Instead, run the MoE block under these parallel modes (dp,pp,tp,ep), each rank against one GPU; `qmoe-doctor parallel --help` has every knob."
+    ),
 ) -> None:
     """Run the kernel under controlled placements, peer-access states and stream orderings,
     each probe in an isolated process, and name the cause of every failure.
 
     Exit codes: 0 healthy, 1 fault diagnosed, 2 usage error, 4 the scan could not run.
     """
+    if parallel is not None:
+        from qmoe_doctor.commands.parallel import run_from_scan
+
+        run_from_scan(ctx, parallel=parallel, kernel=kernel, gpus=gpus, preset=preset, cpu=cpu,
+                      json_out=json_out, save=save, log_dir=log_dir, timeout=timeout)
     err = stderr_console()
     if preset not in PRESETS:
         raise typer.BadParameter(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}", param_hint="--preset")

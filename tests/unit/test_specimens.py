@@ -95,8 +95,8 @@ def _last_json(stdout: str) -> dict[str, Any]:
 
 def test_registry_names_and_causes_are_unique_and_known() -> None:
     assert len(set(NAMES)) == len(NAMES)
-    causes = [s.cause for s in SPECIMENS]
-    assert len(set(causes)) == len(causes), "one specimen per cause"
+    planted = [(s.cause, s.misbehaves_under) for s in SPECIMENS]
+    assert len(set(planted)) == len(planted), "one specimen per cause and condition"
     for spec in SPECIMENS:
         assert spec.cause in CAUSES, spec
         assert spec.misbehaves_under, spec

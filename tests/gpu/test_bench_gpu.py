@@ -1,0 +1,62 @@
+"""`qmoe-doctor bench` on real GPUs at a small shape: it must run, time every row and, with
+--placement, see the remote launch as slower than the guarded one. Speeds are not asserted
+(the figures go to docs/performance.md with the device and versions)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from qmoe_doctor.bench import DENSE, GROUPED_MM, QMOE
+from qmoe_doctor.cli import app
+from qmoe_doctor.tolerances import tolerance
+
+runner = CliRunner()
+
+
+@pytest.mark.gpu
+def test_bench_times_every_row_on_one_gpu(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, ["bench", "--gpus", "0", "--tokens", "128,512", "--no-plot", "--json", "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["timed"] is True and doc["interpreter"] is False and doc["gpus"] == [0]
+    assert not [r for r in doc["rows"] if r["note"]], [r["note"] for r in doc["rows"] if r["note"]]
+    for r in doc["rows"]:
+        assert r["ms"] and r["tflops"], r
+        if r["impl"] == DENSE:
+            assert r["frac_dense"] == pytest.approx(1.0)
+        if r["impl"] in (QMOE, GROUPED_MM):
+            assert r["rel_err"] < tolerance(doc["dtype"]), r
+
+
+@pytest.mark.multigpu
+def test_bench_placement_sees_the_remote_launch(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "--gpus",
+            "0,1",
+            "--tokens",
+            "512",
+            "--no-block",
+            "--placement",
+            "--json",
+            "--out",
+            str(tmp_path),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    rows = {p["placement"]: p for p in doc["placement"]}
+    assert set(rows) == {"local", "guarded", "remote"}, doc["placement"]
+    assert rows["guarded"]["current"] == 0 and rows["guarded"]["device"] == 1
+    assert rows["remote"]["kernel"] == "specimen:unguarded" and rows["remote"]["peer_enabled"] is True
+    for p in rows.values():
+        assert p["ms"] and p["rel_err"] < tolerance(doc["dtype"]), p
+    assert rows["remote"]["slowdown"] > 1.0  # runs on a, reading b's memory over the link

@@ -1,0 +1,448 @@
+"""`qmoe-doctor bench` on the CPU: the --tiny run end to end (a real child, the Triton
+interpreter), usage and exit codes, the report's JSON contract, the renderer and the plot.
+
+Nothing here times anything or asserts a speed: --tiny claims none, and the plot and table tests
+draw the numbers recorded on an H200 (validation run 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from qmoe_doctor import knobs
+from qmoe_doctor.bench import (
+    BLOCK_IMPLS,
+    BLOCK_OPS,
+    DEFAULT_TOKENS,
+    DENSE,
+    GEMM_IMPLS,
+    GEMM_OPS,
+    QMOE,
+    BenchReport,
+    BenchRow,
+    PlacementRow,
+    default_tokens,
+    load_report,
+    parse_tokens,
+    render_report,
+    report_document,
+    report_from_jsonable,
+    with_fractions,
+    with_slowdowns,
+)
+from qmoe_doctor.cli import app
+from qmoe_doctor.exitcodes import ExitCode
+from qmoe_doctor.inventory import GpuInfo, Inventory
+from qmoe_doctor.tolerances import tolerance
+
+runner = CliRunner()
+RUN3 = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "h200x2-run3" / "bench.json"
+TINY_BUDGET_S = 60.0  # the CI smoke run must stay well under a minute
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(autouse=True)
+def _cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a dev box with a GPU still tests the CPU tier; the child inherits this
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+
+def _inventory(monkeypatch: pytest.MonkeyPatch, gpus: int) -> None:
+    """Make the command see ``gpus`` fake GPUs (NVML is not asked)."""
+    inv = Inventory(
+        gpus=tuple(
+            GpuInfo(index=i, name="NVIDIA H200", uuid=f"GPU-{i:08d}", pci_bus_id=f"00000000:{i:02x}:00.0")
+            for i in range(gpus)
+        ),
+        nvml_error=None if gpus else "NVML Shared Library Not Found",
+    )
+    monkeypatch.setattr("qmoe_doctor.commands.bench.collect_inventory", lambda: inv)
+
+
+# --------------------------------------------------------------------------------------------
+# The CPU smoke run, end to end
+# --------------------------------------------------------------------------------------------
+
+
+def test_bench_tiny_json_runs_every_row_in_a_child(tmp_path: Path) -> None:
+    start = time.monotonic()
+    result = runner.invoke(app, ["bench", "--tiny", "--json", "--out", str(tmp_path)])
+    took = time.monotonic() - start
+    assert result.exit_code == 0, result.output
+    assert took < TINY_BUDGET_S, f"--tiny took {took:.0f} s"
+    doc = json.loads(result.stdout)
+    assert doc["kind"] == "bench" and doc["schema_version"] == 1
+    assert doc["timed"] is False and doc["interpreter"] is True
+    assert doc["preset"] == "tiny" and doc["tokens"] == list(DEFAULT_TOKENS["tiny"])
+    assert doc["placement"] == [] and doc["gpus"] == []
+    rows = {(r["op"], r["impl"], r["tokens"]): r for r in doc["rows"]}
+    for tokens in DEFAULT_TOKENS["tiny"]:
+        for op in GEMM_OPS:
+            for impl in GEMM_IMPLS:
+                assert (op, impl, tokens) in rows, (op, impl, tokens)
+        for op in BLOCK_OPS:
+            for impl in BLOCK_IMPLS:
+                assert (op, impl, tokens) in rows, (op, impl, tokens)
+    assert all(r["ms"] is None and r["tflops"] is None and r["frac_dense"] is None for r in doc["rows"])
+    assert not [r for r in doc["rows"] if r["note"]], [r["note"] for r in doc["rows"] if r["note"]]
+    tol = tolerance(doc["dtype"])
+    for r in doc["rows"]:
+        if r["op"] != "block-forward-backward" and r["impl"] != DENSE:
+            assert r["rel_err"] is not None and r["rel_err"] < tol, r
+        assert r["m"] == r["tokens"] * doc["shape"]["top_k"]
+    # the files under --out: the same document, the child's log, no plot for an untimed run
+    assert doc["files"] == {
+        "json": str(tmp_path / "bench.json"),
+        "plot": None,
+        "log": str(tmp_path / "bench.log"),
+    }
+    assert json.loads((tmp_path / "bench.json").read_text()) == doc
+    assert "T=" in (tmp_path / "bench.log").read_text()
+    assert not (tmp_path / ".bench-child.json").exists()
+    assert "--tiny" in doc["command"]
+
+
+def test_bench_tiny_table_says_nothing_is_timed(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["bench", "--tiny", "--tokens", "8", "--no-block", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "nothing timed, no speed claims" in result.stdout
+    assert "MoE block" not in result.stdout and "block fwd" not in result.stdout
+    assert "ran" in result.stdout
+
+
+# --------------------------------------------------------------------------------------------
+# Usage, GPUs and a failing child: exit codes
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--preset", "nope"], "unknown preset"),
+        (["--tiny", "--tokens", "0"], "positive"),
+        (["--tiny", "--tokens", "a,b"], "positive"),
+        (["--tiny", "--tokens", ","], "names no token count"),
+        (["--tiny", "--tokens", "100000"], "at most"),
+        (["--tiny", "--dtype", "fp8"], "bf16, fp16 or fp32"),
+        (["--tiny", "--gpus", "0"], "--tiny runs on the CPU"),
+        (["--tiny", "--placement"], "--tiny runs on the CPU"),
+    ],
+)
+def test_bench_usage_errors_exit_2(tmp_path: Path, args: list[str], says: str) -> None:
+    result = runner.invoke(app, ["bench", *args, "--out", str(tmp_path)])
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert says in " ".join(result.output.split())  # rich may wrap the message
+
+
+def test_bench_unknown_gpu_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _inventory(monkeypatch, gpus=2)
+    result = runner.invoke(app, ["bench", "--gpus", "7", "--out", str(tmp_path)])
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert "no GPU 7" in result.output
+
+
+def test_bench_gpus_given_on_a_machine_without_gpus_is_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _inventory(monkeypatch, gpus=0)
+    result = runner.invoke(app, ["bench", "--gpus", "0", "--out", str(tmp_path)])
+    assert result.exit_code == ExitCode.USAGE, result.output
+
+
+def test_bench_without_a_gpu_says_use_tiny_and_exits_3(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _inventory(monkeypatch, gpus=0)
+    result = runner.invoke(app, ["bench", "--out", str(tmp_path)])
+    assert result.exit_code == ExitCode.TOO_FEW_GPUS, result.output
+    text = " ".join(result.output.split())
+    assert "no GPU found" in text and "qmoe-doctor bench --tiny" in text
+    assert not (tmp_path / "bench.json").exists()
+
+
+def test_bench_placement_on_one_gpu_exits_3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _inventory(monkeypatch, gpus=1)
+    result = runner.invoke(app, ["bench", "--placement", "--out", str(tmp_path)])
+    assert result.exit_code == ExitCode.TOO_FEW_GPUS, result.output
+    assert "--placement needs 2 GPUs" in " ".join(result.output.split())
+
+
+def _fake_python(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "fake-python"
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_bench_child_that_dies_exits_4_with_its_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(
+        knobs.QMOE_CHILD_PYTHON, _fake_python(tmp_path, "echo 'boom: no CUDA here' >&2; exit 7")
+    )
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["bench", "--tiny", "--out", str(out)])
+    assert result.exit_code == ExitCode.CHECK_BROKEN, result.output
+    assert "exited with status 7" in result.output and "boom: no CUDA here" in result.output
+    assert "boom: no CUDA here" in (out / "bench.log").read_text()
+
+
+def test_bench_child_that_hangs_is_killed_at_the_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(knobs.QMOE_CHILD_PYTHON, _fake_python(tmp_path, "echo started; exec sleep 60"))
+    start = time.monotonic()
+    result = runner.invoke(app, ["bench", "--tiny", "--timeout", "1", "--out", str(tmp_path / "out")])
+    assert result.exit_code == ExitCode.CHECK_BROKEN, result.output
+    assert time.monotonic() - start < 20
+    assert "did not finish in 1 s" in result.output
+
+
+def test_bench_child_that_writes_no_report_exits_4(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(knobs.QMOE_CHILD_PYTHON, _fake_python(tmp_path, "exit 0"))
+    result = runner.invoke(app, ["bench", "--tiny", "--out", str(tmp_path / "out")])
+    assert result.exit_code == ExitCode.CHECK_BROKEN, result.output
+    assert "no readable report" in result.output
+
+
+def _recorded_child(tmp_path: Path) -> str:
+    """A child interpreter that measures nothing and writes run 3's report where asked: the
+    parent's timed path (table, JSON, plot) without a GPU."""
+    path = tmp_path / "recorded-child"
+    path.write_text(
+        f"#!{sys.executable}\n"
+        "import json, shutil, sys\n"
+        "request = json.loads(sys.argv[-1])\n"
+        "print('T=2048 forward qmoe', file=sys.stderr)\n"
+        f"shutil.copy({str(RUN3)!r}, request['result_path'])\n"
+    )
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_bench_timed_report_table_json_and_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _inventory(monkeypatch, gpus=2)
+    monkeypatch.setenv(knobs.QMOE_CHILD_PYTHON, _recorded_child(tmp_path))
+    out = tmp_path / "out"
+    result = runner.invoke(
+        app, ["bench", "--gpus", "1", "--tokens", "2048", "--out", str(out)], env={"COLUMNS": "200"}
+    )
+    assert result.exit_code == 0, result.output
+    assert "326.5 46%" in result.stdout and "(GPU 1)" in result.stdout
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["kind"] == "bench" and doc["gpus"] == [1] and doc["timed"] is True
+    assert doc["command"] == "qmoe-doctor bench --preset qwen3-30b-a3b --tokens 2048 --gpus 1 --dtype bf16"
+    if importlib.util.find_spec("matplotlib") is None:
+        assert doc["files"]["plot"] is None and "matplotlib is not installed" in result.output
+    else:
+        assert doc["files"]["plot"] == str(out / "bench.png")
+        assert (out / "bench.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_bench_without_matplotlib_says_so_and_still_writes_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _inventory(monkeypatch, gpus=1)
+    monkeypatch.setenv(knobs.QMOE_CHILD_PYTHON, _recorded_child(tmp_path))
+    monkeypatch.setattr("qmoe_doctor.bench_plot.plot_available", lambda: False)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["bench", "--json", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "matplotlib is not installed" in " ".join(result.output.split())
+    doc = json.loads(result.stdout)
+    assert doc["files"]["plot"] is None and not (out / "bench.png").exists()
+    assert json.loads((out / "bench.json").read_text()) == doc
+
+
+def test_bench_modules_never_import_torch_or_matplotlib() -> None:
+    code = (
+        "import sys, qmoe_doctor.cli, qmoe_doctor.bench, qmoe_doctor.bench_plot, qmoe_doctor.commands.bench\n"
+        "bad = [m for m in ('torch', 'triton', 'matplotlib') if m in sys.modules]\n"
+        "sys.exit(f'imported {bad}' if bad else 0)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_bench_help_documents_the_exit_codes() -> None:
+    result = runner.invoke(app, ["bench", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    assert "3 too few GPUs" in text and "4 the benchmark child failed" in text and "--tiny" in text
+
+
+# --------------------------------------------------------------------------------------------
+# The report: tokens, fractions, slowdowns, JSON, the run-3 format, the table
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [("2048", (2048,)), ("512, 128,2048", (128, 512, 2048)), ("128,128", (128,)), ("64,", (64,))],
+)
+def test_parse_tokens(text: str, want: tuple[int, ...]) -> None:
+    assert parse_tokens(text) == want
+
+
+@pytest.mark.parametrize("text", ["", "0", "-4", "1.5", "x", " , "])
+def test_parse_tokens_refuses(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_tokens(text)
+
+
+def test_default_tokens_cover_issue_8s_shape_and_every_preset() -> None:
+    from qmoe_doctor.presets import PRESETS
+
+    assert 2048 * PRESETS["qwen3-30b-a3b"].top_k == 16384
+    assert 2048 in default_tokens("qwen3-30b-a3b")
+    for name in PRESETS:
+        assert default_tokens(name)
+    assert default_tokens("qwen3-30b-a3b", tiny=True) == DEFAULT_TOKENS["tiny"]
+
+
+def test_run3_report_reads_as_one_token_count() -> None:
+    report = load_report(RUN3)
+    assert report.timed and report.device == "NVIDIA H200" and report.tokens == (2048,)
+    fwd = report.row("forward", QMOE, 2048)
+    dense = report.row("forward", DENSE, 2048)
+    assert fwd is not None and dense is not None and fwd.m == 16384
+    assert fwd.tflops is not None and dense.tflops is not None
+    assert fwd.frac_dense == pytest.approx(fwd.tflops / dense.tflops)
+    assert fwd.frac_dense == pytest.approx(0.46, abs=0.01)  # docs/performance.md: 46% of dense
+    assert report.ops() == ["forward", "dx", "dw", "block-forward", "block-forward-backward"]
+
+
+def _multi_token_report() -> BenchReport:
+    """Run 3's rows repeated over four token counts (scaled), with placement rows: a report
+    of the shape a GPU run writes, for the JSON, table and plot tests."""
+    base = load_report(RUN3)
+    rows: list[BenchRow] = []
+    placement: list[PlacementRow] = []
+    for tokens, scale in ((128, 0.3), (512, 0.6), (2048, 1.0), (8192, 1.1)):
+        for r in base.rows:
+            if r.tflops is not None and r.ms is not None:
+                rows.append(
+                    dataclasses.replace(
+                        r, tokens=tokens, m=tokens * 8, tflops=r.tflops * scale, ms=r.ms / scale
+                    )
+                )
+        for name, kernel, ms in (
+            ("local", "builtin", 0.30),
+            ("guarded", "builtin", 0.31),
+            ("remote", "specimen:unguarded", 3.6),
+        ):
+            placement.append(
+                PlacementRow(
+                    placement=name,  # type: ignore[arg-type]
+                    kernel=kernel,
+                    tokens=tokens,
+                    m=tokens * 8,
+                    current=1 if name == "local" else 0,
+                    device=1,
+                    peer_enabled=name == "remote",
+                    ms=ms * tokens / 2048,
+                    ms_scan=ms * tokens / 2048 + 0.02,
+                    tflops=100.0 / ms,
+                    rel_err=1.7e-3,
+                )
+            )
+    return dataclasses.replace(
+        base,
+        tokens=(128, 512, 2048, 8192),
+        gpus=(0, 1),
+        rows=with_fractions(rows),
+        placement=with_slowdowns(placement),
+        notes=(),
+        command="qmoe-doctor bench --gpus 0,1 --placement",
+    )
+
+
+def test_slowdowns_are_against_the_guarded_row_of_the_same_tokens() -> None:
+    report = _multi_token_report()
+    remote = [p for p in report.placement if p.placement == "remote"]
+    assert all(p.slowdown == pytest.approx(3.6 / 0.31) for p in remote)
+    guarded = [p for p in report.placement if p.placement == "guarded"]
+    assert all(p.slowdown == pytest.approx(1.0) and p.slowdown_scan == pytest.approx(1.0) for p in guarded)
+    big = next(p for p in remote if p.tokens == 8192)
+    assert big.slowdown_scan == pytest.approx((3.6 * 4 + 0.02) / (0.31 * 4 + 0.02))
+
+
+def test_report_round_trips_through_its_json_document() -> None:
+    report = _multi_token_report()
+    doc = json.loads(json.dumps(report_document(report, {"json": "x.json", "plot": None, "log": "x.log"})))
+    assert doc["kind"] == "bench" and doc["schema_version"] == 1 and doc["files"]["plot"] is None
+    assert report_from_jsonable(doc) == report
+
+
+def test_table_shows_tflops_fraction_of_dense_and_slowdowns() -> None:
+    console = Console(record=True, width=200)
+    render_report(console, load_report(RUN3))
+    text = console.export_text()
+    assert "326.5 46%" in text and "279.3 39%" in text and "707.5" in text
+    assert "M=16384" in text and "NVIDIA H200" in text
+    console = Console(record=True, width=200)
+    render_report(console, _multi_token_report())
+    text = console.export_text()
+    assert "M=65536" in text and "11.6x" in text and "GPU 1" in text
+    assert "'slow' at 3.0x" in text
+
+
+# --------------------------------------------------------------------------------------------
+# The plot (needs matplotlib: the 'plot' extra)
+# --------------------------------------------------------------------------------------------
+
+
+def test_plot_of_run3_is_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the 'plot' extra (matplotlib) is not installed")
+    from qmoe_doctor.bench_plot import write_plot
+
+    out = write_plot(load_report(RUN3), tmp_path / "sub" / "run3.png", targets={"forward": 450.0})
+    data = out.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 20_000
+
+
+def test_plot_of_token_counts_and_placement_is_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the 'plot' extra (matplotlib) is not installed")
+    from qmoe_doctor.bench_plot import write_plot
+
+    out = write_plot(_multi_token_report(), tmp_path / "multi.png")
+    assert out.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_plot_refuses_an_untimed_report(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the 'plot' extra (matplotlib) is not installed")
+    from qmoe_doctor.bench_plot import write_plot
+
+    untimed = dataclasses.replace(load_report(RUN3), timed=False)
+    with pytest.raises(RuntimeError, match="nothing to plot"):
+        write_plot(untimed, tmp_path / "x.png")
+
+
+def test_plot_tool_renders_the_docs_figure(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the 'plot' extra (matplotlib) is not installed")
+    repo = Path(__file__).resolve().parents[2]
+    out = tmp_path / "perf.png"
+    proc = subprocess.run(
+        [sys.executable, str(repo / "tools" / "plot_bench.py"), str(RUN3), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "MPLBACKEND": "Agg"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes().startswith(PNG_MAGIC)

@@ -1,0 +1,793 @@
+"""Parallel modes (issue 7) on the CPU: planning, launch, collection, classification, and the
+expert- and tensor-parallel arithmetic.
+
+End-to-end cases launch real ranks: ``torch.distributed.run`` with two CPU processes, the gloo
+backend, our Triton kernels under ``TRITON_INTERPRET=1`` in float32 (bf16 ``tl.dot`` is broken in
+the interpreter), the ``tiny`` preset and 8 tokens. Each takes 5-25 s on a 2-core machine; the
+rest are pure and take milliseconds. Device placement, NCCL and timings need GPUs:
+``tools/gpu_parallel.sh``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from qmoe_doctor import knobs
+from qmoe_doctor.cli import app
+from qmoe_doctor.isolate import child_env
+from qmoe_doctor.parallel import (
+    LaunchRecord,
+    Mode,
+    ModeResult,
+    ParallelOptions,
+    ParallelPlanError,
+    PlannedRun,
+    build_command,
+    classify_parallel,
+    collect_run,
+    parse_modes,
+    parse_torchrun_failures,
+    plan_parallel,
+    run_parallel,
+    summarize,
+    with_scaling,
+)
+from qmoe_doctor.probes.parallel import ep, tp
+from qmoe_doctor.probes.parallel.hooks import hooks_for
+from qmoe_doctor.records import (
+    Condition,
+    Confidence,
+    ErrorKind,
+    Outcome,
+    Phase,
+    ProbeSpec,
+    Shape,
+    Status,
+    to_json,
+)
+
+runner = CliRunner()
+
+#: Small enough for the interpreter: 8 tokens, 4 per rank under dp and ep.
+E2E = {"tokens": 8, "timeout_s": 120.0}
+
+
+@pytest.fixture(autouse=True)
+def _cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning (pure)
+# ---------------------------------------------------------------------------------------------
+
+
+class FakeGpu:
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.uuid = f"GPU-{index:04d}"
+
+
+def test_parse_modes() -> None:
+    assert parse_modes("dp,pp,tp,ep") == (Mode.DP, Mode.PP, Mode.TP, Mode.EP)
+    assert parse_modes(" ep , dp,ep") == (Mode.EP, Mode.DP)
+    for bad in ("", "dp,zz", ","):
+        with pytest.raises(ParallelPlanError):
+            parse_modes(bad)
+
+
+def test_cpu_plan_defaults() -> None:
+    plan = plan_parallel("builtin", [], ParallelOptions(), cpu=True)
+    assert plan.tier == "cpu" and plan.gpus == ()
+    assert [r.mode for r in plan.runs] == [Mode.DP, Mode.PP, Mode.TP, Mode.EP]  # no baseline on the CPU
+    for run in plan.runs:
+        p = run.spec.params
+        assert (p["preset"], p["tokens"], p["backend"], p["steps"]) == ("tiny", 16, "gloo", 0)
+        assert run.spec.shape.dtype == "float32"
+        assert run.env == {knobs.TRITON_INTERPRET: "1", knobs.CUDA_VISIBLE_DEVICES: ""}
+        assert p["devices"] == [None, None]
+        assert run.torchrun == (run.mode is not Mode.PP)
+        assert run.nproc == (1 if run.mode is Mode.PP else 2)
+    assert plan.runs[1].spec.params["layers"] == 4  # pp: two layers per device
+
+
+def test_gpu_plan_pins_the_gpus_and_times_one_gpu_first() -> None:
+    gpus = [FakeGpu(3), FakeGpu(1)]
+    plan = plan_parallel("specimen:global_expert_ids", gpus, ParallelOptions(modes=(Mode.EP, Mode.PP)))
+    assert [r.mode for r in plan.runs] == [Mode.SINGLE, Mode.EP, Mode.PP]
+    assert plan.gpus == (3, 1) and plan.gpu_of_ordinal == {0: 3, 1: 1}
+    single, ep_run, pp_run = plan.runs
+    assert single.spec.params["devices"] == [0] and single.devices_used == 1
+    assert ep_run.spec.params["devices"] == [0, 1] and ep_run.world_size == 2
+    assert ep_run.spec.condition is Condition.PARALLEL_EP
+    assert ep_run.env[knobs.CUDA_VISIBLE_DEVICES] == "GPU-0003,GPU-0001"  # --gpus order
+    assert ep_run.env[knobs.CUDA_DEVICE_ORDER] == "PCI_BUS_ID"
+    p = ep_run.spec.params
+    assert (p["preset"], p["tokens"], p["backend"]) == ("qwen3-30b-a3b", 16384, "nccl")
+    assert ep_run.spec.shape.dtype == "bfloat16"
+    assert pp_run.devices_used == 2 and not pp_run.torchrun
+    env = child_env(ep_run.env)  # what the launcher really gets: NVLink multicast stays off
+    for name, value in knobs.NVLS_OFF.items():
+        assert env[name] == value
+
+
+def test_torchrun_command(tmp_path: Path) -> None:
+    plan = plan_parallel("builtin", [], ParallelOptions(modes=(Mode.EP,)), cpu=True)
+    (run,) = plan.runs
+    cmd = build_command(run, tmp_path / "spec.json", tmp_path, python="py", opts=plan.options, port=29777)
+    assert cmd[:3] == ["py", "-m", "torch.distributed.run"]
+    text = " ".join(cmd)
+    assert "--nproc-per-node 2" in text and "--nnodes 1" in text
+    assert "--rdzv-backend c10d --rdzv-endpoint localhost:29777" in text
+    assert text.endswith(
+        f"-m qmoe_doctor.probes.parallel.rank --spec {tmp_path / 'spec.json'} --out {tmp_path}"
+    )
+    opts = ParallelOptions(modes=(Mode.DP,), nnodes=2, rdzv_endpoint="node0:29500", rdzv_id="job7")
+    plan = plan_parallel("builtin", [], opts, cpu=True)
+    cmd = build_command(plan.runs[0], tmp_path / "s", tmp_path, python="py", opts=plan.options)
+    text = " ".join(cmd)
+    assert "--nnodes 2" in text and "--rdzv-endpoint node0:29500" in text and "--rdzv-id job7-dp" in text
+    assert plan.runs[0].world_size == 4 and plan.runs[0].nproc == 2
+
+
+@pytest.mark.parametrize(
+    ("opts", "needle"),
+    [
+        (ParallelOptions(modes=(Mode.DP,), tokens=15), "15 tokens do not split"),
+        (ParallelOptions(modes=(Mode.EP,), nproc_per_node=3, tokens=6), "8 experts do not split"),
+        (ParallelOptions(modes=(Mode.TP,), nproc_per_node=3), "moe_intermediate_size 32"),
+        (ParallelOptions(modes=(Mode.DP,), nnodes=2), "--rdzv-endpoint"),
+        (ParallelOptions(modes=(Mode.DP,), preset="nope"), "unknown preset"),
+        (ParallelOptions(modes=(Mode.DP,), dtype="int8"), "dtype"),
+    ],
+)
+def test_plan_refuses_what_cannot_split(opts: ParallelOptions, needle: str) -> None:
+    with pytest.raises(ParallelPlanError, match=needle):
+        plan_parallel("builtin", [], opts, cpu=True)
+
+
+def test_one_gpu_skips_what_needs_two() -> None:
+    plan = plan_parallel("builtin", [FakeGpu(0)], ParallelOptions())
+    assert [r.mode for r in plan.runs] == [Mode.SINGLE]
+    assert {s.split(":")[0] for s in plan.skipped} == {"dp", "pp", "tp", "ep"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Expert-parallel arithmetic (pure)
+# ---------------------------------------------------------------------------------------------
+
+
+def _topk(tokens: int, experts: int, k: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(tokens)])
+
+
+def test_owner_and_first_expert() -> None:
+    assert ep.experts_per_rank(128, 4) == 32
+    with pytest.raises(ValueError):
+        ep.experts_per_rank(10, 4)
+    assert ep.owner_of(torch.tensor([0, 31, 32, 127]), 32).tolist() == [0, 0, 1, 3]
+    assert [ep.first_expert(r, 32) for r in range(4)] == [0, 32, 64, 96]
+
+
+def test_token_dispatch_one_pair_per_token_and_rank() -> None:
+    ids = torch.tensor([[0, 1], [5, 6], [1, 7], [3, 2]])  # E=8 over W=2: experts 0-3 | 4-7
+    plan = ep.token_dispatch(ids, 8, 2)
+    # (token, rank) pairs by rank, then token: rank 0 gets tokens 0, 2, 3; rank 1 gets 1, 2
+    assert plan.tokens.tolist() == [0, 2, 3, 1, 2]
+    assert plan.dest.tolist() == [0, 0, 0, 1, 1]
+    assert plan.send_counts == (3, 2)
+    with pytest.raises(ValueError):
+        ep.token_dispatch(torch.tensor([[0, 8]]), 8, 2, check=True)
+
+
+def test_local_slots_and_the_remap_hooks() -> None:
+    ids = torch.tensor([[0, 5], [6, 7], [2, 3]])
+    pair, slot = ep.local_slots(ids, rank=1, per_rank=4)
+    assert list(zip(pair.tolist(), slot.tolist(), strict=True)) == [(0, 1), (1, 0), (1, 1)]
+    global_ids = ids[pair, slot]
+    default = hooks_for(object())  # no module hooks: the correct defaults
+    assert default.local_expert_ids(global_ids, 4, 4).tolist() == [1, 2, 3]
+    from qmoe_doctor.kernels.specimens import global_expert_ids, rank_no_set_device
+
+    planted = hooks_for(global_expert_ids.moe_grouped_gemm)
+    assert planted.overridden == ("qmoe_local_expert_ids",)
+    local = planted.local_expert_ids(global_ids, 4, 4)
+    assert local.tolist() == [5, 6, 7]  # global ids, unremapped
+    assert int(ep.out_of_range(local, 4).sum()) == 3
+    no_set = hooks_for(rank_no_set_device.moe_grouped_gemm)
+    assert no_set.overridden == ("qmoe_set_rank_device",)
+    no_set.set_device(torch.device("cpu"))  # does nothing, as planted
+
+
+def test_all_to_all_twin_and_receive_counts() -> None:
+    send = [[1, 2], [3, 0]]
+    a = torch.tensor([10, 11, 12])  # rank 0: one row to 0, two to 1
+    b = torch.tensor([20, 21, 22])  # rank 1: three rows to 0
+    got = ep.all_to_all_torch([a, b], send)
+    assert got[0].tolist() == [10, 20, 21, 22] and got[1].tolist() == [11, 12]
+    assert ep.receive_counts(send, 0) == (1, 3) and ep.receive_counts(send, 1) == (2, 0)
+
+
+def _expert(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    g, u = (x @ gate_up.T).chunk(2, dim=-1)
+    return (torch.nn.functional.silu(g) * u) @ down.T
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_expert_parallel_forward_simulated_in_one_process(world: int) -> None:
+    """Dispatch, remap, local experts, weighted pair sums, combine: W ranks simulated with the
+    all-to-all twin equal the whole block (the stock loop) on every rank's tokens."""
+    from qmoe_doctor.kernels.moe_block import MoEBlockTorch
+
+    torch.manual_seed(0)
+    full = MoEBlockTorch("tiny", dtype=torch.float64)
+    e, per_rank = full.num_experts, full.num_experts // world
+    x = torch.randn(6 * world, full.shape.hidden, dtype=torch.float64)
+    expected, _ = full(x)
+    shards = list(x.chunk(world))
+    plans, payload = [], []
+    for xs in shards:
+        _, weights, ids = full.route(xs)
+        plan = ep.token_dispatch(ids, e, world)
+        plans.append(plan)
+        payload.append((xs[plan.tokens], ids[plan.tokens], weights[plan.tokens]))
+    counts = [list(p.send_counts) for p in plans]
+    x_in, ids_in, w_in = (ep.all_to_all_torch([p[i] for p in payload], counts) for i in range(3))
+    sums = []
+    for r in range(world):
+        pair, slot = ep.local_slots(ids_in[r], r, per_rank)
+        local = hooks_for(object()).local_expert_ids(
+            ids_in[r][pair, slot], ep.first_expert(r, per_rank), per_rank
+        )
+        assert not bool(ep.out_of_range(local, per_rank).any())
+        out = torch.zeros_like(x_in[r])
+        for p, s, j in zip(pair.tolist(), slot.tolist(), local.tolist(), strict=True):
+            g = ep.first_expert(r, per_rank) + j
+            y = _expert(x_in[r][p : p + 1], full.gate_up_proj[g], full.down_proj[g])
+            out[p] += (y * w_in[r][p, s])[0]
+        sums.append(out)
+    back_counts = [[counts[s][r] for s in range(world)] for r in range(world)]  # swapped splits
+    back = ep.all_to_all_torch(sums, back_counts)
+    for r, (xs, plan) in enumerate(zip(shards, plans, strict=True)):
+        got = torch.zeros_like(xs).index_add_(0, plan.tokens, back[r])
+        rows = slice(6 * r, 6 * (r + 1))
+        torch.testing.assert_close(got, expected[rows].detach())
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor-parallel arithmetic (pure)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_tp_shards_are_inverse_and_partials_sum_to_the_block() -> None:
+    from qmoe_doctor.kernels.moe_block import MoEBlockTorch, resolve_shape
+
+    torch.manual_seed(1)
+    full = MoEBlockTorch("tiny", dtype=torch.float64)
+    world = 2
+    gu = [tp.shard_gate_up(full.gate_up_proj.detach(), r, world) for r in range(world)]
+    dn = [tp.shard_down(full.down_proj.detach(), r, world) for r in range(world)]
+    torch.testing.assert_close(tp.gather_gate_up(gu), full.gate_up_proj.detach())
+    torch.testing.assert_close(tp.gather_down(dn), full.down_proj.detach())
+    half = resolve_shape(full.shape, intermediate=full.shape.intermediate // world)
+    x = torch.randn(10, full.shape.hidden, dtype=torch.float64)
+    total = torch.zeros_like(x)
+    for r in range(world):
+        part = MoEBlockTorch(half, dtype=torch.float64)
+        part.load_state_dict({"gate.weight": full.gate.weight, "gate_up_proj": gu[r], "down_proj": dn[r]})
+        total += part(x)[0].detach()
+    torch.testing.assert_close(total, full(x)[0].detach())
+    with pytest.raises(ValueError):
+        tp.tp_slice(32, 0, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Collection and torchrun's failure summary (pure, on files)
+# ---------------------------------------------------------------------------------------------
+
+# recorded from torch 2.13.0+cpu: rank 1 called os._exit(3), torchrun stopped rank 0
+TORCHRUN_SUMMARY = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+/tmp/t3.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-22_01:48:31
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 31198)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 31198
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-22_01:48:31
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 3 (pid: 31199)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def test_parse_torchrun_failures() -> None:
+    found = parse_torchrun_failures(TORCHRUN_SUMMARY)
+    assert found[1].exit_code == 3 and found[1].root_cause and found[1].local_rank == 1
+    assert found[0].exit_code == -15 and not found[0].root_cause
+    assert parse_torchrun_failures("all good") == {}
+
+
+def _spec(condition: Condition, device: int | None = None, **params: Any) -> ProbeSpec:
+    return ProbeSpec(
+        probe_id="x",
+        kernel="builtin",
+        condition=condition,
+        device=device,
+        current=device,
+        shape=Shape(m=16, e=8, n=64, k=64, dtype="float32"),
+        params={"devices": [None, None], **params},
+    )
+
+
+def test_collect_reads_results_and_makes_outcomes_for_dead_ranks(tmp_path: Path) -> None:
+    plan = plan_parallel("builtin", [], ParallelOptions(modes=(Mode.DP,)), cpu=True)
+    (run,) = plan.runs
+    spec = run.spec
+    ok = Outcome(probe_id="rank 0/parallel-dp", spec=spec, status=Status.PASS, phase=Phase.DONE)
+    (tmp_path / "rank-0.json").write_text(to_json(ok) + "\n")
+    crumbs = [
+        {"type": "start", "pid": 1, "rank": 1, "local_rank": 1, "world_size": 2, "stage": "start"},
+        {"type": "crumb", "phase": "setup", "stage": "init-process-group"},
+        {"type": "fact", "key": "parallel.device", "value": "cpu", "stage": "init-process-group"},
+    ]
+    (tmp_path / "rank-1.crumbs").write_text("\n".join(json.dumps(c) for c in crumbs) + '\n{"type": "fa')
+    (tmp_path / "rank-1.log").write_text("Traceback ...\nRuntimeError: boom\n")
+    (tmp_path / "launcher.log").write_text(
+        TORCHRUN_SUMMARY.replace("rank      : 0 (local_rank: 0)", "rank      : 7 (local_rank: 7)")
+    )
+    outcomes = collect_run(run, tmp_path, exit_code=1, timed_out=False, timeout_s=60)
+    by_id = {o.probe_id: o for o in outcomes}
+    assert by_id["rank 0/parallel-dp"].status is Status.PASS
+    dead = by_id["rank 1/parallel-dp"]
+    assert dead.status is Status.ERROR and dead.exit_code == 3 and dead.error_type == "exit"
+    assert dead.phase is Phase.SETUP and dead.facts["parallel.at"] == "init-process-group"
+    assert dead.facts["parallel.device"] == "cpu"  # facts survive in the crumbs
+    assert "RuntimeError: boom" in dead.stderr_tail
+    terminated = by_id["rank 7/parallel-dp"]
+    assert terminated.error_type == "terminated" and terminated.facts["parallel.terminated_after"] == 1
+    timed_out = collect_run(run, tmp_path, exit_code=-9, timed_out=True, timeout_s=60)
+    assert {o.error_kind for o in timed_out if o.status is Status.ERROR} == {ErrorKind.TIMEOUT}
+
+
+def _record(mode: Mode) -> LaunchRecord:
+    return LaunchRecord(mode=mode, command=(), run_dir="", exit_code=0, timed_out=False, wall_s=1.0)
+
+
+def test_summaries_and_scaling() -> None:
+    runs = {
+        m: PlannedRun(
+            mode=m,
+            spec=_spec(Condition.PARALLEL_EP, tokens=1000),
+            nproc=n,
+            world_size=n,
+            devices_used=n,
+            env={},
+        )
+        for m, n in ((Mode.SINGLE, 1), (Mode.EP, 2))
+    }
+
+    def ranks(n: int, step_ms: list[float]) -> list[Outcome]:
+        return [
+            Outcome(
+                probe_id=f"rank {r}/x",
+                spec=_spec(Condition.PARALLEL_EP),
+                status=Status.PASS,
+                phase=Phase.DONE,
+                rel_error=1e-3 * (r + 1),
+                facts={"parallel.step_ms": step_ms[r]},
+            )
+            for r in range(n)
+        ]
+
+    single = summarize(runs[Mode.SINGLE], _record(Mode.SINGLE), ranks(1, [100.0]))
+    ep_mode = summarize(runs[Mode.EP], _record(Mode.EP), ranks(2, [52.0, 55.0]))
+    assert ep_mode.step_ms == 55.0 and ep_mode.max_rel_error == 2e-3  # the slowest rank, the worst error
+    scaled = {r.mode: r for r in with_scaling([single, ep_mode])}
+    assert scaled[Mode.SINGLE].tokens_per_s == pytest.approx(10_000)
+    assert scaled[Mode.EP].speedup == pytest.approx(100 / 55)
+    assert scaled[Mode.EP].efficiency == pytest.approx(100 / 55 / 2)
+    never_timed = Outcome(
+        probe_id="rank 0/x", spec=_spec(Condition.PARALLEL_EP), status=Status.PASS, phase=Phase.DONE
+    )
+    untimed = summarize(runs[Mode.EP], _record(Mode.EP), [never_timed])
+    assert isinstance(untimed, ModeResult) and untimed.tokens_per_s is None and untimed.step_ms is None
+
+
+# ---------------------------------------------------------------------------------------------
+# The rules, on synthetic per-rank outcomes
+# ---------------------------------------------------------------------------------------------
+
+SINGLE_OK = {"parallel.single": {"ok": True, "rel_error": 3e-3, "checks": []}}
+
+
+def _rank(condition: Condition, rank: int, status: Status, facts: dict[str, Any], **fields: Any) -> Outcome:
+    return Outcome(
+        probe_id=f"rank {rank}/{condition.value}",
+        spec=_spec(condition, device=rank),
+        status=status,
+        phase=fields.pop("phase", Phase.DONE),
+        facts={"parallel.rank": rank, **facts},
+        tolerance=2e-2,
+        **fields,
+    )
+
+
+def test_rule_device_never_set_on_the_rank_that_never_set_it() -> None:
+    cond = Condition.PARALLEL_DP
+    rank0 = _rank(
+        cond,
+        0,
+        Status.ERROR,
+        {
+            "parallel.current_device_after_setup": 0,
+            "parallel.terminated_after": 1,
+            "parallel.at": "parallel-step",
+        },
+        error_kind=ErrorKind.SIGNAL,
+        error_type="terminated",
+        error_message="rank 0 killed by SIGTERM",
+    )
+    rank1 = _rank(
+        cond,
+        1,
+        Status.ERROR,
+        {
+            **SINGLE_OK,
+            "parallel.current_device_after_setup": 0,
+            "parallel.kernel_calls": {
+                "calls": {"parallel": 1},
+                "off_device": {"parallel": 1},
+                "misplaced": {},
+                "examples": [{"what": "current device differs", "current_device": 0, "x_device": "cuda:1"}],
+            },
+            "parallel.peak_allocated": {"0": 8192, "1": 1 << 30},
+            "parallel.contexts": [0, 1],
+        },
+        phase=Phase.LAUNCH,
+        error_kind=ErrorKind.POINTER_INACCESSIBLE,
+        error_type="ValueError",
+        error_message="Pointer argument (at 2) cannot be accessed from Triton (cpu tensor?)",
+    )
+    result = classify_parallel([rank0, rank1], kernel="specimen:rank_no_set_device")
+    (d,) = result.diagnoses
+    assert d.cause == "device-never-set" and d.confidence is Confidence.HIGH
+    assert d.where == ("rank 1 (cuda:1)",)
+    detail = " ".join(e.detail for e in d.evidence)
+    assert "8,192 bytes on cuda:0" in detail and "current device cuda:0" in detail
+    assert result.unexplained == ()  # rank 0 was stopped because of rank 1
+    assert any(
+        "rank 0" in note and "stopped by torchrun after rank 1" in note for note in result.explanations
+    )
+    assert d.repro == "qmoe-doctor scan --parallel dp --kernel specimen:rank_no_set_device"
+
+
+def test_rule_device_never_set_needs_something_to_land() -> None:
+    quiet = _rank(
+        Condition.PARALLEL_TP, 1, Status.PASS, {**SINGLE_OK, "parallel.current_device_after_setup": 0}
+    )
+    result = classify_parallel([quiet], kernel="builtin")
+    assert result.diagnoses == () and result.unexplained == ()
+    assert "nothing of it ran or was allocated there" in result.explanations[0]
+
+
+def test_rule_invalid_routing_names_the_rank_whose_ids_were_global() -> None:
+    cond = Condition.PARALLEL_EP
+    checks = [{"name": "out", "rel_error": 0.6, "ok": False}]
+    rank0 = _rank(
+        cond,
+        0,
+        Status.WRONG,
+        {
+            **SINGLE_OK,
+            "ep.ids_out_of_range": 0,
+            "ep.local_expert_ok": True,
+            "ep.local_expert_rel_error": 0.0,
+            "parallel.checks": checks,
+        },
+        rel_error=0.6,
+    )
+    rank1 = _rank(
+        cond,
+        1,
+        Status.WRONG,
+        {
+            **SINGLE_OK,
+            "ep.ids_out_of_range": 14,
+            "ep.recv_rows": 14,
+            "ep.experts_per_rank": 4,
+            "ep.bad_id_examples": [{"global": 5, "local": 5}],
+            "ep.local_expert_ok": False,
+            "ep.local_expert_rel_error": 1.0,
+            "parallel.checks": checks,
+        },
+        rel_error=1.0,
+    )
+    result = classify_parallel([rank0, rank1], kernel="specimen:global_expert_ids")
+    (d,) = result.diagnoses
+    assert (
+        d.cause == "invalid-routing" and d.confidence is Confidence.HIGH and d.where == ("rank 1 (cuda:1)",)
+    )
+    assert "14 of 14 received rows" in " ".join(e.detail for e in d.evidence)
+    assert any(e.probe_id == "rank 0/parallel-ep" and "own experts are right" in e.detail for e in d.evidence)
+    assert result.unexplained == ()
+
+
+def test_rules_leave_what_they_cannot_name_unexplained() -> None:
+    cond = Condition.PARALLEL_TP
+    wrong = _rank(
+        cond,
+        0,
+        Status.WRONG,
+        {
+            **SINGLE_OK,
+            "parallel.current_device_after_setup": 0,
+            "parallel.checks": [{"name": "dx", "rel_error": 0.3, "ok": False}],
+        },
+        rel_error=0.3,
+    )
+    single_bad = _rank(
+        cond, 1, Status.WRONG, {"parallel.single": {"ok": False, "rel_error": 0.9}}, rel_error=0.0
+    )
+    ok = _rank(Condition.PARALLEL_DP, 0, Status.PASS, SINGLE_OK)
+    result = classify_parallel([wrong, single_bad, ok], kernel="builtin")
+    assert result.diagnoses == ()
+    assert [e.probe_id for e in result.unexplained] == ["rank 0/parallel-tp", "rank 1/parallel-tp"]
+    assert "dx rel. error 0.3" in result.unexplained[0].detail
+    assert any("single-device run is wrong too" in n for n in result.explanations)
+    assert classify_parallel([ok], kernel="builtin").diagnoses == ()
+
+
+def test_out_of_resources_goes_through_the_generic_engine() -> None:
+    oor = _rank(
+        Condition.PARALLEL_EP,
+        0,
+        Status.ERROR,
+        {},
+        phase=Phase.LAUNCH,
+        error_kind=ErrorKind.OUT_OF_RESOURCES,
+        error_type="triton.runtime.errors.OutOfResources",
+        error_message="out of resource: shared memory",
+    )
+    result = classify_parallel([oor], kernel="builtin")
+    assert [d.cause for d in result.diagnoses] == ["launch-config-fault"] and result.unexplained == ()
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end: real ranks (torchrun, gloo, two CPU processes, the interpreter)
+# ---------------------------------------------------------------------------------------------
+
+
+def _run(tmp_path: Path, modes: tuple[Mode, ...], kernel: str = "builtin", **opts: Any) -> Any:
+    plan = plan_parallel(kernel, [], ParallelOptions(modes=modes, **{**E2E, **opts}), cpu=True)
+    return run_parallel(plan, log_dir=tmp_path)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+@pytest.mark.slow
+def test_dp_end_to_end_with_timing_against_one_process(tmp_path: Path) -> None:
+    report = _run(tmp_path, (Mode.DP,), steps=1, baseline=True)
+    assert report.healthy, (report.unexplained, [o.error_message for o in report.outcomes])
+    single, dp = report.modes
+    assert (single.mode, dp.mode) == (Mode.SINGLE, Mode.DP)
+    assert dp.world_size == 2 and dp.status is Status.PASS and dp.max_rel_error is not None
+    assert dp.max_rel_error <= dp.tolerance
+    assert dp.tokens_per_s and single.tokens_per_s and dp.speedup and dp.efficiency  # the timing path ran
+    ranks = [o for o in report.outcomes if o.spec.condition is Condition.PARALLEL_DP]
+    assert [o.probe_id for o in ranks] == ["rank 0/parallel-dp", "rank 1/parallel-dp"]
+    for o in ranks:
+        names = {c["name"] for c in o.facts["parallel.checks"]}
+        assert {"out", "dx", "grad:gate.weight", "grad:gate_up_proj", "grad:down_proj"} <= names
+        assert o.facts["parallel.single"]["ok"] is True
+        assert o.facts["parallel.env"]["NCCL_NVLS_ENABLE"] == "0"  # in every rank
+        assert o.facts["parallel.env"]["TRITON_INTERPRET"] == "1"
+    assert ranks[0].facts["parallel.tokens"] == [0, 4] and ranks[1].facts["parallel.tokens"] == [4, 8]
+    for name in ("spec.json", "launcher.log", "rank-0.json", "rank-1.log", "rank-1.crumbs"):
+        assert (tmp_path / "dp" / name).is_file(), name
+
+
+@pytest.mark.slow
+def test_tp_end_to_end(tmp_path: Path) -> None:
+    report = _run(tmp_path, (Mode.TP,))
+    assert report.healthy, [o.error_message or o.facts.get("parallel.checks") for o in report.outcomes]
+    assert {o.facts["tp.intermediate_per_rank"] for o in report.outcomes} == {16}
+
+
+@pytest.mark.slow
+def test_ep_end_to_end(tmp_path: Path) -> None:
+    report = _run(tmp_path, (Mode.EP,))
+    assert report.healthy, [o.error_message or o.facts.get("parallel.checks") for o in report.outcomes]
+    rank0, rank1 = report.outcomes
+    assert rank0.facts["ep.first_expert"] == 0 and rank1.facts["ep.first_expert"] == 4
+    for o in report.outcomes:
+        assert o.facts["ep.ids_out_of_range"] == 0 and o.facts["ep.local_expert_ok"] is True
+        lo, hi = o.facts["ep.local_id_range"]
+        assert 0 <= lo <= hi < 4
+
+
+@pytest.mark.slow
+def test_pp_in_one_process(tmp_path: Path) -> None:
+    report = _run(tmp_path, (Mode.PP,), layers=2)
+    assert report.healthy, [o.error_message for o in report.outcomes]
+    (o,) = report.outcomes
+    assert o.probe_id == "rank 0/parallel-pp" and o.facts["pp.placement"] == [0, 1]
+    assert len(o.facts["pp.results"]) == 2 and all(r["ok"] for r in o.facts["pp.results"])
+
+
+@pytest.mark.slow
+def test_scan_parallel_names_invalid_routing_on_rank_1(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app,
+        [
+            "scan",
+            "--parallel",
+            "ep",
+            "--cpu",
+            "--kernel",
+            "specimen:global_expert_ids",
+            "--json",
+            "--log-dir",
+            str(tmp_path),
+        ],
+    )
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.stdout)
+    assert doc["kind"] == "parallel" and doc["preset"] == "tiny" and doc["tier"] == "cpu"
+    (d,) = doc["diagnoses"]
+    assert d["cause"] == "invalid-routing" and d["confidence"] == "high" and d["where"] == ["rank 1"]
+    rank1 = next(o for o in doc["outcomes"] if o["probe_id"] == "rank 1/parallel-ep")
+    assert rank1["facts"]["ep.ids_out_of_range"] > 0 and rank1["facts"]["parallel.single"]["ok"] is True
+    assert doc["unexplained"] == []
+
+
+def test_rank_that_exits_is_an_outcome(tmp_path: Path) -> None:
+    inject = {"rank": 1, "stage": "start", "action": "exit", "code": 3}
+    report = _run(tmp_path, (Mode.DP,), inject=inject)
+    by_id = {o.probe_id: o for o in report.outcomes}
+    dead = by_id["rank 1/parallel-dp"]
+    assert dead.status is Status.ERROR and dead.exit_code == 3 and dead.phase is Phase.SPAWN
+    assert "exited with status 3" in (dead.error_message or "")
+    assert "injected exit" in dead.stderr_tail
+    peer = by_id["rank 0/parallel-dp"]
+    assert peer.status is Status.ERROR and peer.facts.get("parallel.terminated_after") == 1
+    assert [e.probe_id for e in report.unexplained] == ["rank 1/parallel-dp"]  # the root cause only
+
+
+@pytest.mark.slow
+def test_rank_that_raises_writes_its_own_outcome(tmp_path: Path) -> None:
+    inject = {"rank": 1, "stage": "setup", "action": "raise", "message": "injected failure in setup"}
+    report = _run(tmp_path, (Mode.TP,), inject=inject)
+    by_id = {o.probe_id: o for o in report.outcomes}
+    raised = by_id["rank 1/parallel-tp"]
+    assert raised.error_type == "RuntimeError" and raised.error_message == "injected failure in setup"
+    assert raised.phase is Phase.SETUP and raised.facts["parallel.backend"] == "gloo"
+    assert "Traceback" in raised.stderr_tail
+    assert (tmp_path / "tp" / "rank-1.json").is_file()
+    assert by_id["rank 0/parallel-tp"].status is Status.ERROR
+
+
+@pytest.mark.slow
+def test_timeout_kills_every_rank(tmp_path: Path) -> None:
+    inject = {"rank": 1, "stage": "start", "action": "hang"}
+    t0 = time.monotonic()
+    report = _run(tmp_path, (Mode.DP,), inject=inject, timeout_s=6.0)
+    assert time.monotonic() - t0 < 30
+    (mode,) = report.modes
+    assert mode.timed_out
+    assert {o.error_kind for o in report.outcomes} == {ErrorKind.TIMEOUT}
+    assert len(report.outcomes) == 2
+    pids = []
+    for path in (tmp_path / "dp").glob("rank-*.crumbs"):
+        start = json.loads(path.read_text().splitlines()[0])
+        pids.append(int(start["pid"]))
+    assert pids
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not all(_gone(p) for p in pids):
+        time.sleep(0.1)
+    assert all(_gone(p) for p in pids), pids
+    hung = (tmp_path / "dp" / "rank-1.log").read_text()
+    assert "in inject" in hung  # faulthandler's stack, asked for with SIGUSR1 before the kill
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI and the parent's imports
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["scan", "--parallel", "dp,zz", "--cpu"], "unknown parallel mode"),
+        (["parallel", "--cpu", "--modes", "dp", "--tokens", "15"], "do not split"),
+        (["parallel", "--cpu", "--backend", "mpi"], "nccl or gloo"),
+        (["parallel", "--cpu", "--nnodes", "2"], "--rdzv-endpoint"),
+    ],
+)
+def test_usage_errors(args: list[str], needle: str) -> None:
+    result = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert needle in result.output
+
+
+def test_parent_never_imports_torch() -> None:
+    code = (
+        "import sys\n"
+        "import qmoe_doctor.parallel, qmoe_doctor.commands.parallel, qmoe_doctor.cli\n"
+        "from qmoe_doctor.parallel import plan_parallel, ParallelOptions\n"
+        "plan_parallel('builtin', [], ParallelOptions(), cpu=True)\n"
+        "print('torch' in sys.modules, 'triton' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_rel_error_of_nothing_is_infinite() -> None:
+    from qmoe_doctor.probes.parallel.modes import Check, compare
+
+    assert math.isinf(compare("out", None, torch.ones(2), 1e-2).rel_error)
+    assert not Check("x", float("nan"), 1e-2).ok
+
+
+_INTERRUPTED_PARENT = """
+import sys
+from pathlib import Path
+from qmoe_doctor.parallel import Mode, ParallelOptions, plan_parallel, run_parallel
+inject = {"rank": 1, "stage": "start", "action": "hang"}
+plan = plan_parallel("builtin", [], ParallelOptions(modes=(Mode.DP,), inject=inject, timeout_s=120), cpu=True)
+run_parallel(plan, log_dir=Path(sys.argv[1]))
+"""
+
+
+@pytest.mark.slow
+def test_an_interrupted_parent_leaves_no_rank_behind(tmp_path: Path) -> None:
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-c", _INTERRUPTED_PARENT, str(tmp_path)])
+    crumbs = tmp_path / "dp" / "rank-1.crumbs"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (crumbs.is_file() and crumbs.read_text().strip()):
+        time.sleep(0.1)
+    assert crumbs.is_file(), "rank 1 never started"
+    proc.send_signal(signal.SIGINT)  # KeyboardInterrupt in the parent, mid-launch
+    assert proc.wait(timeout=20) != 0
+    pid = int(json.loads(crumbs.read_text().splitlines()[0])["pid"])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not _gone(pid):
+        time.sleep(0.1)
+    assert _gone(pid)
