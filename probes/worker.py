@@ -77,16 +77,18 @@ class _Emitter:
                 os._exit(3)
 
 
-def _type_name(exc: BaseException) -> str:
+def exception_type_name(exc: BaseException) -> str:
+    """``module.Class`` of an exception (bare for builtins), as Outcome.error_type holds it."""
     cls = type(exc)
     if cls.__module__ in ("builtins", "__main__"):
         return cls.__qualname__
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _message(exc: BaseException) -> str:
+def exception_message(exc: BaseException, who: str = "probe") -> str:
+    """The first ERROR_MESSAGE_LINES lines of an exception's text, as Outcome.error_message."""
     if isinstance(exc, SystemExit):
-        return f"the probe called sys.exit({exc.code!r})"
+        return f"the {who} called sys.exit({exc.code!r})"
     text = str(exc).strip() or repr(exc)
     return "\n".join(text.splitlines()[:ERROR_MESSAGE_LINES])
 
@@ -152,8 +154,8 @@ def execute(spec: ProbeSpec, emit: Emit | None = None) -> tuple[Outcome, bool]:
         wall_s = time.perf_counter() - start
         traceback.print_exc()  # to the worker log: the parent attaches its tail
         sys.stderr.flush()
-        error_type = _type_name(exc)
-        message = _message(exc)
+        error_type = exception_type_name(exc)
+        message = exception_message(exc)
         kind = classify(exc, error_type, message)
         outcome = Outcome(
             probe_id=spec.probe_id,

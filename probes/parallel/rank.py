@@ -40,6 +40,7 @@ from typing import Any
 
 from qmoe_doctor import errors, knobs
 from qmoe_doctor.probes.context import ProbeContext
+from qmoe_doctor.probes.worker import exception_message, exception_type_name
 from qmoe_doctor.records import (
     ErrorKind,
     Outcome,
@@ -52,7 +53,6 @@ from qmoe_doctor.records import (
     to_jsonable,
 )
 
-ERROR_MESSAGE_LINES = 20
 #: Outcome fields a runner may return (the rest the rank fills itself).
 _RUNNER_FIELDS = frozenset({"status", "rel_error", "tolerance", "out_device", "kernel_ms"})
 
@@ -128,20 +128,6 @@ class RankContext(ProbeContext):
             os.kill(os.getpid(), signal.SIGABRT)
             time.sleep(5.0)
         raise ValueError(f"unknown injected action {action!r}")
-
-
-def _type_name(exc: BaseException) -> str:
-    cls = type(exc)
-    if cls.__module__ in ("builtins", "__main__"):
-        return cls.__qualname__
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _message(exc: BaseException) -> str:
-    if isinstance(exc, SystemExit):
-        return f"the rank called sys.exit({exc.code!r})"
-    text = str(exc).strip() or repr(exc)
-    return "\n".join(text.splitlines()[:ERROR_MESSAGE_LINES])
 
 
 def _environment() -> tuple[int, int, int]:
@@ -269,8 +255,8 @@ def execute(ctx: RankContext) -> Outcome:
         traceback.print_exc()
         sys.stderr.flush()
         _failure_facts(ctx)
-        error_type = _type_name(exc)
-        message = _message(exc)
+        error_type = exception_type_name(exc)
+        message = exception_message(exc, who="rank")
         kind = (
             ErrorKind.OTHER
             if isinstance(exc, (SystemExit, KeyboardInterrupt))
