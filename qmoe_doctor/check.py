@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 from qmoe_doctor import __version__, knobs
 from qmoe_doctor.adapters import NAMED_REFS, is_adapter_ref, parse_adapter_ref
-from qmoe_doctor.classify import cell_label, group_of
+from qmoe_doctor.classify import Cell, cell_label, describe, group_of
 from qmoe_doctor.exitcodes import ExitCode
 from qmoe_doctor.isolate import Event
 from qmoe_doctor.lint import LintError, LintFinding, LintReport, lint_paths
@@ -290,30 +290,6 @@ def default_lint_paths(ref: str) -> tuple[str, ...]:
 # --------------------------------------------------------------------------------------------
 
 
-def _first_line(text: str | None) -> str:
-    lines = (text or "").strip().splitlines()
-    return lines[0][:200] if lines else ""
-
-
-def _fallback_detail(o: Outcome, label: str, slowdown: float | None) -> str:
-    if o.status is Status.SKIPPED:
-        return "; ".join(o.notes) or "skipped"
-    if o.status is Status.ERROR:
-        return f"{o.error_type or 'error'}: {_first_line(o.error_message) or o.error_kind or 'failed'}"
-    if o.status is Status.WRONG:
-        parts = []
-        if o.rel_error is not None:
-            parts.append(f"rel. error {o.rel_error:.3g}" + (f" (tolerance {o.tolerance:g})" if o.tolerance else ""))
-        if o.unwritten:
-            parts.append(f"{o.unwritten} output elements never written")
-        if o.canary_hits:
-            parts.append("wrote past the output (" + ", ".join(o.canary_hits) + ")")
-        return "; ".join(parts) or "wrong result"
-    if label == "slow" and slowdown:
-        return f"correct but {slowdown:.1f}x slower than the guarded baseline"
-    return "correct"
-
-
 def _log(o: Outcome) -> str:
     parts = [p for p in (o.error_message or "", o.stderr_tail) if p]
     text = "\n--- child stderr (tail) ---\n".join(parts) if len(parts) == 2 else "".join(parts)
@@ -367,7 +343,7 @@ def cell_results(
                 name=name if slash else str(o.spec.condition),
                 label=label,
                 verdict=verdict,
-                detail=details.get(o.probe_id) or _fallback_detail(o, label, slowdown),
+                detail=details.get(o.probe_id) or describe(Cell(outcome=o, label=label, slowdown=slowdown)),
                 cause=cause,
                 wall_s=o.wall_s,
                 notes=o.notes,

@@ -132,7 +132,8 @@ def build_matrix(outcomes: Iterable[Outcome]) -> Matrix:
     return Matrix(cells=cells)
 
 
-def _describe(cell: Cell) -> str:
+def describe(cell: Cell) -> str:
+    """One line: what a cell showed (the report's evidence detail, check's JUnit detail)."""
     o = cell.outcome
     if cell.label == "slow" and cell.slowdown:
         return f"correct but {cell.slowdown:.1f}x slower than the guarded baseline: it ran remotely"
@@ -142,7 +143,7 @@ def _describe(cell: Cell) -> str:
     if o.status is Status.WRONG:
         parts = []
         if o.rel_error is not None:
-            parts.append(f"rel. error {o.rel_error:.3g} (tolerance {o.tolerance:g})")
+            parts.append(f"rel. error {o.rel_error:.3g}" + (f" (tolerance {o.tolerance:g})" if o.tolerance else ""))
         if o.unwritten:
             parts.append(f"{o.unwritten} output elements never written")
         if o.canary_hits:
@@ -159,7 +160,7 @@ def _describe(cell: Cell) -> str:
 
 def _ev(cell: Cell, detail: str | None = None) -> Evidence:
     o = cell.outcome
-    return Evidence(probe_id=o.probe_id, condition=o.spec.condition, label=cell.label, detail=detail or _describe(cell))
+    return Evidence(probe_id=o.probe_id, condition=o.spec.condition, label=cell.label, detail=detail or describe(cell))
 
 
 def _alloc_on_current(cell: Cell | None) -> int:
@@ -236,7 +237,7 @@ def classify(
                     extra = f"; the call allocated {_alloc_on_current(c):,} bytes on the current device"
                 elif c is peer_cell and foreign_pointer:
                     extra = "; peer access a->b is on, so the rejected pointer is not on b"
-                buffer_ev.append(_ev(c, _describe(c) + extra))
+                buffer_ev.append(_ev(c, describe(c) + extra))
                 explained.add(c.outcome.probe_id)
             buffer_where.append(where(group))
             continue
@@ -423,7 +424,7 @@ def classify(
                 # a cell that is the first call of its process, or the first for its shape (the
                 # untouched cell runs alone; M = 4093 is a new autotune key), cannot tell its own
                 # condition apart from the first-call fault
-                ev_rerun.append(_ev(c, "first call for its process or shape: " + _describe(c)))
+                ev_rerun.append(_ev(c, "first call for its process or shape: " + describe(c)))
                 explained.add(c.outcome.probe_id)
             elif c.failed and facts.get("baseline_ok") is False and facts.get("variant_ok") is True:
                 ev_rerun.append(
@@ -455,13 +456,13 @@ def classify(
                     f" (config {facts.get('config')}: about {int(facts['smem_bytes_estimate']):,} B of "
                     f"shared memory asked, {int(facts['smem_limit_bytes']):,} B per block on this device)"
                 )
-            ev_cfg.append(_ev(c, _describe(c) + limit))
+            ev_cfg.append(_ev(c, describe(c) + limit))
         elif cond is Condition.LAUNCH_CONFIG and c.failed:
             base = matrix.get(group, Condition.SINGLE)
             if base is None or not base.ok:
                 continue
             ev_cfg.append(_ev(base, "correct with the kernel's own config choice"))
-            ev_cfg.append(_ev(c, f"config {o.facts.get('config')}: " + _describe(c)))
+            ev_cfg.append(_ev(c, f"config {o.facts.get('config')}: " + describe(c)))
         else:
             continue
         explained.add(o.probe_id)
@@ -487,7 +488,7 @@ def classify(
             explained.add(c.outcome.probe_id)
             explanations.append(
                 "the Triton interpreter cannot run a trivial reference kernel on this machine ("
-                + _describe(c)
+                + describe(c)
                 + "): the CPU tier was skipped; that says nothing about the kernel under test"
             )
     unexplained = tuple(

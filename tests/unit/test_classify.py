@@ -398,3 +398,13 @@ def test_recorded_run3(name: str, expected: set[str]) -> None:
     result = classify([from_jsonable(Outcome, o) for o in report["outcomes"]], kernel=report["kernel"])
     assert {d.cause for d in result.diagnoses} == expected
     assert result.unexplained == ()
+
+
+def test_describe_a_wrong_cell_without_a_tolerance() -> None:
+    """A WRONG outcome recorded without a tolerance (a kernel that returned the wrong shape or
+    device) is described, not a TypeError."""
+    from qmoe_doctor.classify import Cell, describe
+
+    o = mk("GPU 1/single", Condition.SINGLE, Status.WRONG, rel=0.5)
+    o = Outcome(**{**{f: getattr(o, f) for f in o.__dataclass_fields__}, "tolerance": None})
+    assert describe(Cell(outcome=o, label="wrong")) == "rel. error 0.5"
