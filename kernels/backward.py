@@ -15,6 +15,7 @@ Each kernel has its slow, obvious twin: ``moe_grouped_gemm_dx_torch``, ``moe_gro
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol
 
 import torch
@@ -23,6 +24,7 @@ import triton.language as tl
 
 from qmoe_doctor.kernels.grouped_gemm import (
     GemmConfig,
+    _tma_ready,
     _clamped_sizes,
     check_routing_sizes,
     device_guard,
@@ -31,12 +33,14 @@ from qmoe_doctor.kernels.grouped_gemm import (
     moe_grouped_gemm_torch,
     num_sms,
     smem_limit,
+    tensor_descriptor_class,
 )
 
 __all__ = [
     "GroupedGemm",
     "check_dw_operands",
     "dw_grid_size",
+    "dw_tma_plan",
     "launch_grouped_gemm_dw",
     "moe_fused_linear",
     "moe_grouped_gemm_dw",
@@ -154,22 +158,28 @@ def _dw_smem_bytes(cfg: GemmConfig, itemsize: int) -> int:
     return (cfg.block_n + cfg.block_k) * cfg.block_m * itemsize * cfg.num_stages
 
 
-def pick_dw_config(n: int, k: int, device: torch.device, dtype: torch.dtype) -> GemmConfig:
+def pick_dw_config(n: int, k: int, device: torch.device, dtype: torch.dtype, *, avg_rows: float = 128.0) -> GemmConfig:
     """dw tile: block_n x block_k of dw, block_m rows of reduction per step.
 
-    Pruned against this device's shared memory (128x256x64 with 3 stages asks 245760 B on an
-    H200, which has 232448 B: a launch-config fault).
+    The measured table (``kernels/tuning.py``) on the devices it was measured for, a built-in
+    rule elsewhere; pruned against this device's shared memory (128x256x64 with 3 stages asks
+    245760 B on an H200, which has 232448 B: a launch-config fault).
     """
     if device.type != "cuda":
         return GemmConfig(32, 32, 32, num_warps=4, num_stages=1)  # interpreter: small and quick
-    if n >= 128 and k >= 128:
-        cfg = GemmConfig(64, 128, 128, num_warps=8, num_stages=3)
-    else:
-        cfg = GemmConfig(64, 64, 64, num_warps=4, num_stages=3)
-    limit = smem_limit(device.index if device.index is not None else torch.cuda.current_device())
+    from qmoe_doctor.kernels import tuning
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    cfg = tuning.lookup("dw", avg_rows, n, k, torch.cuda.get_device_capability(index))
+    if cfg is None:
+        if n >= 128 and k >= 128:
+            cfg = GemmConfig(64, 128, 128, num_warps=8, num_stages=3)
+        else:
+            cfg = GemmConfig(64, 64, 64, num_warps=4, num_stages=3)
+    limit = smem_limit(index)
     itemsize = torch.empty((), dtype=dtype).element_size()
     while cfg.num_stages > 1 and _dw_smem_bytes(cfg, itemsize) > limit:
-        cfg = GemmConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages - 1)
+        cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
     return cfg
 
 
@@ -179,7 +189,7 @@ def dw_grid_size(e: int, n: int, k: int, cfg: GemmConfig, device: torch.device) 
     tiles = e * triton.cdiv(n, cfg.block_n) * triton.cdiv(k, cfg.block_k)
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
-        return max(1, min(num_sms(index), tiles))
+        return max(1, min(num_sms(index) * max(1, cfg.programs_per_sm), tiles))
     return max(1, min(4, tiles))  # interpreter: a few programs exercise the tile walk
 
 
@@ -300,6 +310,291 @@ def launch_grouped_gemm_dw(
     )
 
 
+@triton.jit
+def _grouped_gemm_dw_tma_kernel(
+    dy_desc,  # (M, N) block (BLOCK_M, BLOCK_N)
+    x_desc,  # (M, K) block (BLOCK_M, BLOCK_K)
+    dw_desc,  # (E * N, K) block (BLOCK_N, BLOCK_K) when DW_TMA (the host checks N % BLOCK_N == 0)
+    dy_ptr,
+    x_ptr,
+    dw_ptr,
+    bounds_ptr,
+    M,
+    N,
+    K,
+    E,
+    stride_dym,
+    stride_dyn,
+    stride_xm,
+    stride_xk,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    NUM_PROGRAMS,  # runtime: one compiled kernel serves every grid size
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DW_TMA: tl.constexpr,
+):
+    """``_grouped_gemm_dw_kernel`` with the expert's whole BLOCK_M-row chunks loaded by the
+    copy engine and its last partial chunk by masked pointer loads (a descriptor cannot stop
+    at the expert's last row, and rows of the next expert must not enter this sum)."""
+    pid = tl.program_id(0)
+    num_n_tiles = tl.cdiv(N, BLOCK_N)
+    num_k_tiles = tl.cdiv(K, BLOCK_K)
+    tiles_per_expert = num_n_tiles * num_k_tiles
+    num_tiles = E * tiles_per_expert
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+
+    tile = pid
+    while tile < num_tiles:
+        expert = tile // tiles_per_expert
+        local = tile % tiles_per_expert
+        tile_n = local // num_k_tiles
+        tile_k = local % num_k_tiles
+        n0 = tile_n * BLOCK_N
+        k0 = tile_k * BLOCK_K
+        cols_n = n0 + offs_n
+        cols_k = k0 + offs_k
+        n_mask = cols_n < N
+        k_mask = cols_k < K
+        row_start = tl.minimum(tl.maximum(tl.load(bounds_ptr + expert), 0), M)
+        row_end = tl.minimum(tl.maximum(tl.load(bounds_ptr + expert + 1), row_start), M)
+        rows_in_expert = (row_end - row_start).to(tl.int32)
+        first = row_start.to(tl.int32)  # < M < 2**31: a descriptor coordinate
+        full_chunks = rows_in_expert // BLOCK_M
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for chunk in range(0, full_chunks):
+            a = dy_desc.load([first + chunk * BLOCK_M, n0])  # (BLOCK_M, BLOCK_N)
+            b = x_desc.load([first + chunk * BLOCK_M, k0])  # (BLOCK_M, BLOCK_K)
+            acc = tl.dot(a.T, b, acc)
+        tail = full_chunks * BLOCK_M
+        if tail < rows_in_expert:
+            rows = row_start + tail  # int64: rows * stride passes 2**31 for M*K > 2**31
+            row_mask = (tail + offs_m) < rows_in_expert
+            dy_ptrs = dy_ptr + rows * stride_dym + offs_m[None, :] * stride_dym + cols_n[:, None] * stride_dyn
+            x_ptrs = x_ptr + rows * stride_xm + offs_m[:, None] * stride_xm + cols_k[None, :] * stride_xk
+            a_t = tl.load(dy_ptrs, mask=n_mask[:, None] & row_mask[None, :], other=0.0)
+            b_t = tl.load(x_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+            acc = tl.dot(a_t, b_t, acc)
+        out = acc.to(dw_ptr.dtype.element_ty)
+        if DW_TMA:
+            dw_desc.store([expert * N + n0, k0], out)  # columns past K are clipped
+        else:
+            dw_ptrs = (
+                dw_ptr
+                + tl.cast(expert, tl.int64) * stride_we
+                + cols_n[:, None] * stride_wn
+                + cols_k[None, :] * stride_wk
+            )
+            tl.store(dw_ptrs, out, mask=n_mask[:, None] & k_mask[None, :])
+        tile += NUM_PROGRAMS
+
+
+def dw_tma_plan(dy: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, cfg: GemmConfig) -> tuple[Any, Any, Any] | None:
+    """(dy_desc, x_desc, dw_desc or None) for the TMA dw kernel, or None for the pointer kernel."""
+    TensorDescriptor = tensor_descriptor_class(x, cfg)
+    if TensorDescriptor is None:
+        return None
+    item = x.element_size()
+    m, n = dy.shape
+    k = x.shape[1]
+    e = dw.shape[0]
+    for t in (dy, x):
+        if t.stride(1) != 1 or (t.stride(0) * item) % 16 or not _tma_ready(t):
+            return None
+    dy_desc = TensorDescriptor(dy, [m, n], [dy.stride(0), 1], [cfg.block_m, cfg.block_n])
+    x_desc = TensorDescriptor(x, [m, k], [x.stride(0), 1], [cfg.block_m, cfg.block_k])
+    dw_desc = None
+    if (
+        dw.stride(2) == 1
+        and dw.stride(0) == n * dw.stride(1)
+        and (dw.stride(1) * dw.element_size()) % 16 == 0
+        and _tma_ready(dw)
+        and n % cfg.block_n == 0
+    ):
+        dw_desc = TensorDescriptor(dw, [e * n, k], [dw.stride(1), 1], [cfg.block_n, cfg.block_k])
+    return dy_desc, x_desc, dw_desc
+
+
+def launch_grouped_gemm_dw_tma(
+    plan: tuple[Any, Any, Any],
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    dw: torch.Tensor,
+    bounds: torch.Tensor,
+    cfg: GemmConfig,
+    num_programs: int,
+) -> None:
+    """Launch the TMA dw kernel on the current device and stream. Callers hold the device guard."""
+    dy_desc, x_desc, dw_desc = plan
+    m, n = dy.shape
+    k = x.shape[1]
+    e = dw.shape[0]
+    _grouped_gemm_dw_tma_kernel[(num_programs,)](
+        dy_desc,
+        x_desc,
+        dw_desc,
+        dy,
+        x,
+        dw,
+        bounds,
+        m,
+        n,
+        k,
+        e,
+        dy.stride(0),
+        dy.stride(1),
+        x.stride(0),
+        x.stride(1),
+        dw.stride(0),
+        dw.stride(1),
+        dw.stride(2),
+        NUM_PROGRAMS=num_programs,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        DW_TMA=dw_desc is not None,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+
+
+@triton.jit
+def _grouped_gemm_dw_flat_kernel(
+    dy_ptr,
+    x_ptr,
+    dw_ptr,
+    bounds_ptr,
+    M,
+    N,
+    K,
+    E,
+    stride_dym,
+    stride_dyn,
+    stride_xm,
+    stride_xk,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    NUM_PROGRAMS,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    E_POW2: tl.constexpr,  # a power of two >= E
+):
+    """``_grouped_gemm_dw_kernel``'s tiles, walked as ONE loop over this program's (tile, row
+    chunk) pairs: each tile has only cdiv(rows of its expert, BLOCK_M) chunks (about two for
+    128 rows per expert), so a loop per tile spends its time filling and draining the software
+    pipeline; flattened, the next tile's loads are in flight during this tile's store. An
+    empty expert's tile takes one all-masked chunk and stores zeros."""
+    pid = tl.program_id(0)
+    num_n_tiles = tl.cdiv(N, BLOCK_N)
+    num_k_tiles = tl.cdiv(K, BLOCK_K)
+    tiles_per_expert = num_n_tiles * num_k_tiles
+    offs_e = tl.arange(0, E_POW2)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+
+    in_range = offs_e < E
+    lo = tl.load(bounds_ptr + offs_e, mask=in_range, other=0)
+    hi = tl.load(bounds_ptr + offs_e + 1, mask=in_range, other=0)
+    lo = tl.minimum(tl.maximum(lo, 0), M)  # clamped again, as in the unflattened kernel
+    hi = tl.minimum(tl.maximum(hi, lo), M)
+    rows = (hi - lo).to(tl.int32)
+    chunks = tl.maximum(tl.cdiv(rows, BLOCK_M), 1)
+    # tiles of expert e this program owns: p + j * NUM_PROGRAMS in [e * TPE, (e + 1) * TPE)
+    below_hi = (tl.maximum((offs_e + 1) * tiles_per_expert - pid, 0) + NUM_PROGRAMS - 1) // NUM_PROGRAMS
+    below_lo = (tl.maximum(offs_e * tiles_per_expert - pid, 0) + NUM_PROGRAMS - 1) // NUM_PROGRAMS
+    my_steps = tl.sum(tl.where(in_range, (below_hi - below_lo) * chunks, 0), 0)
+
+    tile = pid - NUM_PROGRAMS
+    chunk = 0
+    expert = 0
+    n0 = 0
+    k0 = 0
+    row_start = tl.zeros((), dtype=tl.int64)
+    rows_in_expert = 0
+    last_chunk = 0
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for _ in range(0, my_steps):
+        if chunk == 0:
+            tile += NUM_PROGRAMS
+            expert = tile // tiles_per_expert
+            local = tile % tiles_per_expert
+            n0 = (local // num_k_tiles) * BLOCK_N
+            k0 = (local % num_k_tiles) * BLOCK_K
+            here = offs_e == expert
+            row_start = tl.sum(tl.where(here, lo, 0), 0)
+            rows_in_expert = tl.sum(tl.where(here, rows, 0), 0)
+            last_chunk = tl.sum(tl.where(here, chunks, 0), 0) - 1
+        cols_n = n0 + offs_n
+        cols_k = k0 + offs_k
+        n_mask = cols_n < N
+        k_mask = cols_k < K
+        r = chunk * BLOCK_M
+        row_mask = (r + offs_m) < rows_in_expert
+        first = row_start + r  # int64: first * stride passes 2**31 for M*K > 2**31
+        dy_ptrs = dy_ptr + first * stride_dym + offs_m[None, :] * stride_dym + cols_n[:, None] * stride_dyn
+        x_ptrs = x_ptr + first * stride_xm + offs_m[:, None] * stride_xm + cols_k[None, :] * stride_xk
+        a = tl.load(dy_ptrs, mask=n_mask[:, None] & row_mask[None, :], other=0.0)
+        b = tl.load(x_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        acc = tl.dot(a, b, acc)
+        if chunk == last_chunk:
+            dw_ptrs = (
+                dw_ptr
+                + tl.cast(expert, tl.int64) * stride_we
+                + cols_n[:, None] * stride_wn
+                + cols_k[None, :] * stride_wk
+            )
+            tl.store(dw_ptrs, acc.to(dw_ptr.dtype.element_ty), mask=n_mask[:, None] & k_mask[None, :])
+            acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+            chunk = 0
+        else:
+            chunk += 1
+
+
+def launch_grouped_gemm_dw_flat(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    dw: torch.Tensor,
+    bounds: torch.Tensor,
+    cfg: GemmConfig,
+    num_programs: int,
+) -> None:
+    """Launch the flattened dw kernel on the current device and stream. Callers hold the guard."""
+    m, n = dy.shape
+    k = x.shape[1]
+    e = dw.shape[0]
+    _grouped_gemm_dw_flat_kernel[(num_programs,)](
+        dy,
+        x,
+        dw,
+        bounds,
+        m,
+        n,
+        k,
+        e,
+        dy.stride(0),
+        dy.stride(1),
+        x.stride(0),
+        x.stride(1),
+        dw.stride(0),
+        dw.stride(1),
+        dw.stride(2),
+        num_programs,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        E_POW2=triton.next_power_of_2(e),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+
+
 def moe_grouped_gemm_dw(
     dy: torch.Tensor,
     x: torch.Tensor,
@@ -328,8 +623,15 @@ def moe_grouped_gemm_dw(
         if m == 0:
             return dw.zero_()
         bounds = row_bounds(m_sizes, m)  # on x.device, inside the guard: the current stream
-        cfg = config or pick_dw_config(n, k, x.device, x.dtype)
-        launch_grouped_gemm_dw(dy, x, dw, bounds, cfg, dw_grid_size(e, n, k, cfg, x.device))
+        cfg = config or pick_dw_config(n, k, x.device, x.dtype, avg_rows=m / max(1, e))
+        programs = dw_grid_size(e, n, k, cfg, x.device)
+        plan = None if cfg.flat else dw_tma_plan(dy, x, dw, cfg)
+        if cfg.flat:
+            launch_grouped_gemm_dw_flat(dy, x, dw, bounds, cfg, programs)
+        elif plan is not None:
+            launch_grouped_gemm_dw_tma(plan, dy, x, dw, bounds, cfg, programs)
+        else:
+            launch_grouped_gemm_dw(dy, x, dw, bounds, cfg, programs)
     return dw
 
 

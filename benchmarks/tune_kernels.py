@@ -1,0 +1,371 @@
+"""Measure candidate launch configs of our forward, dx and dw kernels on this GPU, side by side
+with ``torch._grouped_mm``, over the presets' GEMM shapes and several token counts; write the
+best per (op, shape) as a config table (``kernels/configs_sm90.json`` is one such file).
+
+    python benchmarks/tune_kernels.py --out tune/                 # every preset shape, 4 token counts
+    python benchmarks/tune_kernels.py --shapes 30b-gate_up:2048 --ops forward --out tune/
+    python benchmarks/tune_kernels.py --tiny                      # CPU, interpreter: a smoke run
+
+Writes ``OUT/tune.json`` (every measurement: config, ms, TFLOP/s, relative difference from
+``torch._grouped_mm``'s result) and ``OUT/configs.json`` (the table: the fastest correct config
+per point). Compilation is spread over ``--jobs`` processes first (it fills the Triton cache;
+nothing is timed then); timing runs in this process alone, one kernel at a time, with
+``triton.testing.do_bench`` (median, L2 flushed between calls). A config that fails to compile
+or launch, or whose result differs from torch's by more than ``--max-rel-diff``, is recorded
+with its reason and never chosen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# rows: (label, E, N, K) of each preset GEMM: gate_up (N = 2I, K = H) and down (N = H, K = I)
+PRESET_GEMMS = {
+    "30b-gate_up": (128, 1536, 2048),
+    "30b-down": (128, 2048, 768),
+    "235b-gate_up": (128, 3072, 4096),
+    "235b-down": (128, 4096, 1536),
+    "480b-gate_up": (160, 5120, 6144),
+    "480b-down": (160, 6144, 2560),
+}
+TOP_K = 8
+DEFAULT_POINTS = (
+    [f"30b-gate_up:{t}" for t in (128, 512, 2048, 8192)]
+    + [f"30b-down:{t}" for t in (128, 512, 2048, 8192)]
+    + [f"{g}:{t}" for g in ("235b-gate_up", "235b-down", "480b-gate_up", "480b-down") for t in (512, 2048)]
+)
+
+FWD_CONFIGS = [
+    "128x256x64-w8-s3",  # the built-in rule before this table (pointer kernel)
+    "128x256x64-w8-s3-tma",
+    "64x128x64-w4-s4-p2",
+    "64x128x64-w4-s4-p2-tma",
+    "64x256x64-w4-s4-tma",
+    "64x128x128-w4-s3-tma",
+    # one flattened loop per program (the pipeline runs on across tiles)
+    "128x256x64-w8-s3-flat",
+    "128x256x64-w8-s4-flat",
+    "128x256x64-w8-s3-tma-flat",
+    "128x256x64-w8-s4-tma-flat",
+    "128x128x64-w8-s4-flat",
+    "128x128x64-w8-s4-tma-flat",
+    "128x128x64-w4-s4-tma-flat",
+    "128x128x128-w8-s3-tma-flat",
+    "64x256x64-w4-s4-flat",
+    "64x256x64-w4-s4-tma-flat",
+    "64x256x64-w8-s4-tma-flat",
+    "64x128x64-w4-s4-p2-flat",
+    "64x128x64-w4-s4-p2-tma-flat",
+    "64x128x64-w4-s5-tma-flat",
+]
+DW_CONFIGS = [
+    "64x128x128-w8-s3",  # the built-in rule before this table (pointer kernel)
+    "32x128x128-w4-s4-p2-tma",
+    "64x128x128-w8-s3-p2-tma",
+    # one flattened loop per program
+    "64x128x128-w8-s3-flat",
+    "64x128x128-w8-s4-flat",
+    "64x128x128-w4-s3-p2-flat",
+    "32x128x128-w4-s4-flat",
+    "32x128x128-w4-s5-flat",
+    "32x128x128-w4-s4-p2-flat",
+    "16x128x128-w4-s6-flat",
+    "16x128x128-w4-s6-p2-flat",
+    "64x128x256-w8-s3-flat",
+    "32x128x256-w8-s4-flat",
+    "64x256x128-w8-s3-flat",
+    "32x256x128-w8-s4-flat",
+    "128x128x128-w8-s2-flat",
+    "64x128x64-w4-s4-p2-flat",
+    "64x128x64-w4-s4-p3-flat",
+]
+CONFIGS = {"forward": FWD_CONFIGS, "dx": FWD_CONFIGS, "dw": DW_CONFIGS}
+TINY_CONFIGS = {
+    "forward": ["32x32x32-w4-s1", "32x32x32-w4-s1-tma", "32x32x32-w4-s1-flat", "32x32x32-w4-s1-tma-flat"],
+    "dx": ["32x32x32-w4-s1", "32x32x32-w4-s1-tma", "32x32x32-w4-s1-flat", "32x32x32-w4-s1-tma-flat"],
+    "dw": ["32x32x32-w4-s1", "16x32x32-w4-s1-tma", "16x32x32-w4-s1-flat"],
+}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def parse_points(text: str, tiny: bool) -> list[tuple[str, int, int, int, int]]:
+    """``"30b-gate_up:2048,30b-down:512"`` -> [(label, E, N, K, tokens)]."""
+    if tiny:
+        return [("tiny", 4, 32, 64, 24)]
+    points = []
+    for item in text.split(","):
+        label, _, tokens = item.strip().partition(":")
+        if label not in PRESET_GEMMS or not tokens.isdigit():
+            raise SystemExit(f"--shapes: {item!r} is not GEMM:TOKENS with GEMM one of {sorted(PRESET_GEMMS)}")
+        e, n, k = PRESET_GEMMS[label]
+        points.append((label, e, n, k, int(tokens)))
+    return points
+
+
+class Point:
+    """Operands of one (GEMM, tokens) point, and torch._grouped_mm's results as references."""
+
+    def __init__(self, label: str, e: int, n: int, k: int, tokens: int, device: Any, dtype: Any, top_k: int) -> None:
+        import torch
+
+        from qmoe_doctor.kernels.routing import sort_by_expert
+
+        self.label, self.e, self.n, self.k, self.tokens = label, e, n, k, tokens
+        gen = torch.Generator(device=device).manual_seed(tokens * 7 + n)
+        ids = torch.rand(tokens, e, generator=gen, device=device).topk(top_k, dim=-1).indices
+        self.m_sizes = sort_by_expert(ids, e).m_sizes
+        self.m = tokens * top_k
+        self.offs = torch.cumsum(self.m_sizes, 0).to(torch.int32)
+        self.x = (torch.randn(self.m, k, generator=gen, device=device)).to(dtype)
+        self.dy = torch.randn(self.m, n, generator=gen, device=device).to(dtype)
+        self.w = (torch.randn(e, n, k, generator=gen, device=device) / k**0.5).to(dtype)
+        self.flops = 2.0 * self.m * n * k
+
+    def theirs(self, op: str) -> Callable[[], Any]:
+        import torch
+
+        if not hasattr(torch, "_grouped_mm") or self.x.device.type != "cuda":
+            from qmoe_doctor.kernels.backward import moe_grouped_gemm_dw_torch, moe_grouped_gemm_dx_torch
+            from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm_torch
+
+            fallback = {
+                "forward": lambda: moe_grouped_gemm_torch(self.x, self.w, self.m_sizes),
+                "dx": lambda: moe_grouped_gemm_dx_torch(self.dy, self.w, self.m_sizes),
+                "dw": lambda: moe_grouped_gemm_dw_torch(self.dy, self.x, self.m_sizes),
+            }
+            return fallback[op]
+        gm = torch._grouped_mm
+        return {
+            "forward": lambda: gm(self.x, self.w.transpose(1, 2), offs=self.offs),
+            "dx": lambda: gm(self.dy, self.w, offs=self.offs),
+            "dw": lambda: gm(self.dy.T, self.x, offs=self.offs),
+        }[op]
+
+    def ours(self, op: str, config: Any) -> Callable[[], Any]:
+        from qmoe_doctor.kernels.backward import moe_grouped_gemm_dw, moe_grouped_gemm_dx
+        from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm
+
+        return {
+            "forward": lambda: moe_grouped_gemm(self.x, self.w, self.m_sizes, config=config),
+            "dx": lambda: moe_grouped_gemm_dx(self.dy, self.w, self.m_sizes, config=config),
+            "dw": lambda: moe_grouped_gemm_dw(self.dy, self.x, self.m_sizes, config=config),
+        }[op]
+
+    def path(self, op: str, config: Any) -> str:
+        from qmoe_doctor.kernels.backward import dw_tma_plan
+        from qmoe_doctor.kernels.grouped_gemm import kernel_path
+
+        if op == "forward":
+            return kernel_path(self.x, self.w, config)
+        if op == "dx":
+            return kernel_path(self.dy, self.w.transpose(1, 2), config)
+        import torch
+
+        dw = torch.empty((1, 1, 1), device=self.x.device, dtype=self.x.dtype).expand(self.e, self.n, self.k)
+        if config.flat:
+            return "pointer+flat"
+        return "tma" if dw_tma_plan(self.dy, self.x, dw, config) is not None else "pointer"
+
+
+def rel_diff(a: Any, b: Any) -> float:
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def warm(args: argparse.Namespace, job: int, jobs: int) -> int:
+    """Compile this job's share of (op, config) pairs at the first point (nothing timed)."""
+    import torch
+
+    from qmoe_doctor.kernels.tuning import config_from_name
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    label, e, n, k, tokens = parse_points(args.shapes, args.tiny)[0]
+    pt = Point(label, e, n, k, tokens, device, torch.bfloat16 if not args.tiny else torch.float16, args.top_k)
+    pairs = [(op, c) for op in args.ops for c in configs_for(args, op)]
+    for i, (op, name) in enumerate(pairs):
+        if i % jobs != job:
+            continue
+        t0 = time.perf_counter()
+        try:
+            pt.ours(op, config_from_name(name))()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            log(f"  warm {op:<8} {name:<28} {time.perf_counter() - t0:5.1f} s")
+        except Exception as exc:  # reported again, with its reason, by the timing pass
+            log(f"  warm {op:<8} {name:<28} failed: {type(exc).__name__}: {str(exc)[:120]}")
+    return 0
+
+
+def configs_for(args: argparse.Namespace, op: str) -> list[str]:
+    if args.configs:
+        return [c.strip() for c in args.configs.split(",") if c.strip()]
+    return (TINY_CONFIGS if args.tiny else CONFIGS)[op]
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    import triton
+    import triton.testing
+
+    from qmoe_doctor.kernels.tuning import config_from_name
+
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+    dtype = torch.float16 if args.tiny else torch.bfloat16
+    timed = device.type == "cuda"
+    rows: list[dict[str, Any]] = []
+    for label, e, n, k, tokens in parse_points(args.shapes, args.tiny):
+        pt = Point(label, e, n, k, tokens, device, dtype, args.top_k)
+        log(f"{label} T={tokens} M={pt.m} E={e} N={n} K={k}")
+        for op in args.ops:
+            ref_fn = pt.theirs(op)
+            ref = ref_fn()
+            base = {"point": label, "tokens": tokens, "m": pt.m, "e": e, "n": n, "k": k, "op": op}
+            ms = float(triton.testing.do_bench(ref_fn, warmup=args.warmup, rep=args.rep)) if timed else None
+            rows.append({**base, "impl": "torch._grouped_mm", "config": "", "path": "", "ms": ms,
+                         "tflops": pt.flops / ms / 1e9 if ms else None, "rel_diff": 0.0, "note": ""})
+            for name in configs_for(args, op):
+                cfg = config_from_name(name)
+                row = {**base, "impl": "qmoe", "config": name, "path": "", "ms": None, "tflops": None,
+                       "rel_diff": None, "note": ""}
+                try:
+                    row["path"] = pt.path(op, cfg)
+                    fn = pt.ours(op, cfg)
+                    row["rel_diff"] = rel_diff(fn(), ref)
+                    if row["rel_diff"] > args.max_rel_diff:
+                        row["note"] = f"result differs from torch._grouped_mm by {row['rel_diff']:.3g}"
+                    elif timed:
+                        row["ms"] = float(triton.testing.do_bench(fn, warmup=args.warmup, rep=args.rep))
+                        row["tflops"] = pt.flops / row["ms"] / 1e9
+                except Exception as exc:
+                    row["note"] = f"{type(exc).__name__}: {str(exc)[:160]}".replace("\n", " ")
+                rows.append(row)
+                shown = f"{row['tflops']:7.1f} TFLOP/s" if row["tflops"] else row["note"][:60] or "ok"
+                log(f"  {op:<8} {name:<28} {row['path']:<8} {shown}")
+            del ref
+        del pt
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return {
+        "format": 1,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "capability": list(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None,
+        "versions": {"torch": torch.__version__, "triton": triton.__version__,
+                     "cuda": torch.version.cuda, "python": platform.python_version()},
+        "command": " ".join(["benchmarks/tune_kernels.py", *sys.argv[1:]]),
+        "timed": timed,
+        "rows": rows,
+    }
+
+
+def best_table(result: dict[str, Any]) -> dict[str, Any]:
+    """The fastest correct config per (point, tokens, op), with torch's figure beside it."""
+    entries = []
+    keys = sorted({(r["point"], r["tokens"], r["op"]) for r in result["rows"]}, key=str)
+    for point, tokens, op in keys:
+        rows = [r for r in result["rows"] if (r["point"], r["tokens"], r["op"]) == (point, tokens, op)]
+        ours = [r for r in rows if r["impl"] == "qmoe" and r["ms"] is not None]
+        theirs = next((r for r in rows if r["impl"] != "qmoe"), None)
+        if not ours:
+            continue
+        best = min(ours, key=lambda r: r["ms"])
+        first = rows[1] if len(rows) > 1 else None
+        entries.append({
+            "op": op, "point": point, "tokens": tokens, "avg_rows": best["m"] / best["e"],
+            "n": best["n"] if op != "dx" else best["k"], "k": best["k"] if op != "dx" else best["n"],
+            "config": best["config"], "path": best["path"], "ms": round(best["ms"], 5),
+            "tflops": round(best["tflops"], 1),
+            "grouped_mm_tflops": round(theirs["tflops"], 1) if theirs and theirs["tflops"] else None,
+            "previous_rule_tflops": round(first["tflops"], 1) if first and first["tflops"] else None,
+        })
+    return {
+        "format": 1,
+        "about": "launch configs measured by benchmarks/tune_kernels.py; kernels/tuning.py reads this",
+        "tuned_on": {k: result[k] for k in ("date", "device", "capability", "versions", "command")},
+        "entries": entries,
+    }
+
+
+def render(table: dict[str, Any]) -> str:
+    lines = [f"{'op':<8} {'point':<14} {'tokens':>6}  {'best config':<26} {'path':<7} "
+             f"{'TFLOP/s':>8} {'grouped_mm':>10} {'ratio':>6} {'before':>7}"]
+    for e in table["entries"]:
+        ratio = e["tflops"] / e["grouped_mm_tflops"] if e["grouped_mm_tflops"] else float("nan")
+        lines.append(
+            f"{e['op']:<8} {e['point']:<14} {e['tokens']:>6}  {e['config']:<26} {e['path']:<7} "
+            f"{e['tflops']:>8.1f} {e['grouped_mm_tflops'] or float('nan'):>10.1f} {ratio:>6.2f} "
+            f"{e['previous_rule_tflops'] or float('nan'):>7.1f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default=",".join(DEFAULT_POINTS), help="GEMM:TOKENS,... (GEMM: " + ", ".join(PRESET_GEMMS) + ")")
+    ap.add_argument("--ops", default="forward,dx,dw", help="any of forward,dx,dw")
+    ap.add_argument("--configs", default="", help="pin the candidate list (BMxBNxBK-wW-sS[-pP][-tma],...)")
+    ap.add_argument("--top-k", type=int, default=TOP_K)
+    ap.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1), help="compile processes (0: none)")
+    ap.add_argument("--warmup", type=int, default=5, help="do_bench warmup, ms")
+    ap.add_argument("--rep", type=int, default=25, help="do_bench repetitions, ms")
+    ap.add_argument("--max-rel-diff", type=float, default=2e-2)
+    ap.add_argument("--out", type=Path, default=Path("tune"))
+    ap.add_argument("--tiny", action="store_true", help="CPU, TRITON_INTERPRET=1: checks that the script works")
+    ap.add_argument("--warm-job", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    bad = [o for o in args.ops if o not in CONFIGS]
+    if bad:
+        ap.error(f"--ops: unknown {bad}; choose from forward, dx, dw")
+    if args.tiny:
+        os.environ["TRITON_INTERPRET"] = "1"
+        args.jobs = 0
+        args.top_k = min(args.top_k, 2)
+    if args.warm_job:
+        job, jobs = (int(v) for v in args.warm_job.split("/"))
+        return warm(args, job, jobs)
+    t0 = time.perf_counter()
+    if args.jobs > 0:
+        log(f"compiling in {args.jobs} processes")
+        procs = [
+            subprocess.Popen([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),
+                              "--warm-job", f"{j}/{args.jobs}"])
+            for j in range(args.jobs)
+        ]
+        for p in procs:
+            p.wait()
+        log(f"compiled in {time.perf_counter() - t0:.0f} s")
+    result = measure(args)
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "tune.json").write_text(json.dumps(result, indent=1))
+    table = best_table(result)
+    (args.out / "configs.json").write_text(json.dumps(table, indent=1))
+    if result["timed"]:
+        print(render(table))
+    else:
+        failed = [r for r in result["rows"] if r["impl"] == "qmoe" and r["note"]]
+        print(f"smoke run: {len(result['rows'])} rows, nothing timed; failures: {len(failed)}")
+        for r in failed:
+            print(f"  {r['op']} {r['config']}: {r['note']}")
+        if failed:
+            return 1
+    log(f"wrote {args.out / 'tune.json'} and {args.out / 'configs.json'} ({result['wall_s']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
