@@ -118,7 +118,9 @@ def parse_points(text: str, tiny: bool) -> list[tuple[str, int, int, int, int]]:
 class Point:
     """Operands of one (GEMM, tokens) point, and torch._grouped_mm's results as references."""
 
-    def __init__(self, label: str, e: int, n: int, k: int, tokens: int, device: Any, dtype: Any, top_k: int) -> None:
+    def __init__(
+        self, label: str, e: int, n: int, k: int, tokens: int, device: Any, dtype: Any, top_k: int
+    ) -> None:
         import torch
 
         from qmoe_doctor.kernels.routing import sort_by_expert
@@ -234,12 +236,30 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             ref = ref_fn()
             base = {"point": label, "tokens": tokens, "m": pt.m, "e": e, "n": n, "k": k, "op": op}
             ms = float(triton.testing.do_bench(ref_fn, warmup=args.warmup, rep=args.rep)) if timed else None
-            rows.append({**base, "impl": "torch._grouped_mm", "config": "", "path": "", "ms": ms,
-                         "tflops": pt.flops / ms / 1e9 if ms else None, "rel_diff": 0.0, "note": ""})
+            rows.append(
+                {
+                    **base,
+                    "impl": "torch._grouped_mm",
+                    "config": "",
+                    "path": "",
+                    "ms": ms,
+                    "tflops": pt.flops / ms / 1e9 if ms else None,
+                    "rel_diff": 0.0,
+                    "note": "",
+                }
+            )
             for name in configs_for(args, op):
                 cfg = config_from_name(name)
-                row = {**base, "impl": "qmoe", "config": name, "path": "", "ms": None, "tflops": None,
-                       "rel_diff": None, "note": ""}
+                row = {
+                    **base,
+                    "impl": "qmoe",
+                    "config": name,
+                    "path": "",
+                    "ms": None,
+                    "tflops": None,
+                    "rel_diff": None,
+                    "note": "",
+                }
                 try:
                     row["path"] = pt.path(op, cfg)
                     fn = pt.ours(op, cfg)
@@ -263,8 +283,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "capability": list(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None,
-        "versions": {"torch": torch.__version__, "triton": triton.__version__,
-                     "cuda": torch.version.cuda, "python": platform.python_version()},
+        "versions": {
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "cuda": torch.version.cuda,
+            "python": platform.python_version(),
+        },
         "command": " ".join(["benchmarks/tune_kernels.py", *sys.argv[1:]]),
         "timed": timed,
         "rows": rows,
@@ -283,14 +307,22 @@ def best_table(result: dict[str, Any]) -> dict[str, Any]:
             continue
         best = min(ours, key=lambda r: r["ms"])
         first = rows[1] if len(rows) > 1 else None
-        entries.append({
-            "op": op, "point": point, "tokens": tokens, "avg_rows": best["m"] / best["e"],
-            "n": best["n"] if op != "dx" else best["k"], "k": best["k"] if op != "dx" else best["n"],
-            "config": best["config"], "path": best["path"], "ms": round(best["ms"], 5),
-            "tflops": round(best["tflops"], 1),
-            "grouped_mm_tflops": round(theirs["tflops"], 1) if theirs and theirs["tflops"] else None,
-            "previous_rule_tflops": round(first["tflops"], 1) if first and first["tflops"] else None,
-        })
+        entries.append(
+            {
+                "op": op,
+                "point": point,
+                "tokens": tokens,
+                "avg_rows": best["m"] / best["e"],
+                "n": best["n"] if op != "dx" else best["k"],
+                "k": best["k"] if op != "dx" else best["n"],
+                "config": best["config"],
+                "path": best["path"],
+                "ms": round(best["ms"], 5),
+                "tflops": round(best["tflops"], 1),
+                "grouped_mm_tflops": round(theirs["tflops"], 1) if theirs and theirs["tflops"] else None,
+                "previous_rule_tflops": round(first["tflops"], 1) if first and first["tflops"] else None,
+            }
+        )
     return {
         "format": 1,
         "about": "launch configs measured by benchmarks/tune_kernels.py; kernels/tuning.py reads this",
@@ -300,8 +332,10 @@ def best_table(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(table: dict[str, Any]) -> str:
-    lines = [f"{'op':<8} {'point':<14} {'tokens':>6}  {'best config':<26} {'path':<7} "
-             f"{'TFLOP/s':>8} {'grouped_mm':>10} {'ratio':>6} {'before':>7}"]
+    lines = [
+        f"{'op':<8} {'point':<14} {'tokens':>6}  {'best config':<26} {'path':<7} "
+        f"{'TFLOP/s':>8} {'grouped_mm':>10} {'ratio':>6} {'before':>7}"
+    ]
     for e in table["entries"]:
         ratio = e["tflops"] / e["grouped_mm_tflops"] if e["grouped_mm_tflops"] else float("nan")
         lines.append(
@@ -313,17 +347,27 @@ def render(table: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default=",".join(DEFAULT_POINTS), help="GEMM:TOKENS,... (GEMM: " + ", ".join(PRESET_GEMMS) + ")")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--shapes",
+        default=",".join(DEFAULT_POINTS),
+        help="GEMM:TOKENS,... (GEMM: " + ", ".join(PRESET_GEMMS) + ")",
+    )
     ap.add_argument("--ops", default="forward,dx,dw", help="any of forward,dx,dw")
     ap.add_argument("--configs", default="", help="pin the candidate list (BMxBNxBK-wW-sS[-pP][-tma],...)")
     ap.add_argument("--top-k", type=int, default=TOP_K)
-    ap.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1), help="compile processes (0: none)")
+    ap.add_argument(
+        "--jobs", type=int, default=min(8, os.cpu_count() or 1), help="compile processes (0: none)"
+    )
     ap.add_argument("--warmup", type=int, default=5, help="do_bench warmup, ms")
     ap.add_argument("--rep", type=int, default=25, help="do_bench repetitions, ms")
     ap.add_argument("--max-rel-diff", type=float, default=2e-2)
     ap.add_argument("--out", type=Path, default=Path("tune"))
-    ap.add_argument("--tiny", action="store_true", help="CPU, TRITON_INTERPRET=1: checks that the script works")
+    ap.add_argument(
+        "--tiny", action="store_true", help="CPU, TRITON_INTERPRET=1: checks that the script works"
+    )
     ap.add_argument("--warm-job", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
@@ -341,8 +385,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs > 0:
         log(f"compiling in {args.jobs} processes")
         procs = [
-            subprocess.Popen([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),
-                              "--warm-job", f"{j}/{args.jobs}"])
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    *(argv if argv is not None else sys.argv[1:]),
+                    "--warm-job",
+                    f"{j}/{args.jobs}",
+                ]
+            )
             for j in range(args.jobs)
         ]
         for p in procs:

@@ -24,8 +24,8 @@ import triton.language as tl
 
 from qmoe_doctor.kernels.grouped_gemm import (
     GemmConfig,
-    _tma_ready,
     _clamped_sizes,
+    _tma_ready,
     check_routing_sizes,
     device_guard,
     interpreting,
@@ -158,7 +158,9 @@ def _dw_smem_bytes(cfg: GemmConfig, itemsize: int) -> int:
     return (cfg.block_n + cfg.block_k) * cfg.block_m * itemsize * cfg.num_stages
 
 
-def pick_dw_config(n: int, k: int, device: torch.device, dtype: torch.dtype, *, avg_rows: float = 128.0) -> GemmConfig:
+def pick_dw_config(
+    n: int, k: int, device: torch.device, dtype: torch.dtype, *, avg_rows: float = 128.0
+) -> GemmConfig:
     """dw tile: block_n x block_k of dw, block_m rows of reduction per step.
 
     The measured table (``kernels/tuning.py``) on the devices it was measured for, a built-in
@@ -393,7 +395,9 @@ def _grouped_gemm_dw_tma_kernel(
         tile += NUM_PROGRAMS
 
 
-def dw_tma_plan(dy: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, cfg: GemmConfig) -> tuple[Any, Any, Any] | None:
+def dw_tma_plan(
+    dy: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, cfg: GemmConfig
+) -> tuple[Any, Any, Any] | None:
     """(dy_desc, x_desc, dw_desc or None) for the TMA dw kernel, or None for the pointer kernel."""
     TensorDescriptor = tensor_descriptor_class(x, cfg)
     if TensorDescriptor is None:

@@ -336,11 +336,18 @@ def launch_grouped_gemm(
 
 
 @triton.jit
-def _store_rows(y_ptr, out, first_row, n0, row_end, N, stride_ym, stride_yn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _store_rows(
+    y_ptr, out, first_row, n0, row_end, N, stride_ym, stride_yn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
     """Masked store of an output tile: rows below row_end, columns below N."""
     offs_m = tl.arange(0, BLOCK_M)
     cols = n0 + tl.arange(0, BLOCK_N)
-    y_ptrs = y_ptr + tl.cast(first_row, tl.int64) * stride_ym + offs_m[:, None] * stride_ym + cols[None, :] * stride_yn
+    y_ptrs = (
+        y_ptr
+        + tl.cast(first_row, tl.int64) * stride_ym
+        + offs_m[:, None] * stride_ym
+        + cols[None, :] * stride_yn
+    )
     mask = ((first_row + offs_m) < row_end)[:, None] & (cols < N)[None, :]
     tl.store(y_ptrs, out, mask=mask)
 
@@ -462,7 +469,9 @@ def tma_plan(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor | None, cfg: Gemm
     if w.stride(2) == 1 and w.stride(0) == n * w.stride(1) and aligned(w.stride(1)):
         w_desc = TensorDescriptor(w, [e * n, k], [w.stride(1), 1], [cfg.block_n, cfg.block_k])
         w_rows, w_kn = n, False
-    elif w.stride(1) == 1 and w.stride(0) == k * w.stride(2) and aligned(w.stride(2)) and k % cfg.block_k == 0:
+    elif (
+        w.stride(1) == 1 and w.stride(0) == k * w.stride(2) and aligned(w.stride(2)) and k % cfg.block_k == 0
+    ):
         w_desc = TensorDescriptor(w, [e * k, n], [w.stride(2), 1], [cfg.block_k, cfg.block_n])
         w_rows, w_kn = k, True
     else:
@@ -614,7 +623,16 @@ def _grouped_gemm_flat_kernel(
             acc = tl.dot(a, b, acc)
         if ki == k_tiles - 1:
             _store_rows(
-                y_ptr, acc.to(y_ptr.dtype.element_ty), first_row, n0, row_end, N, stride_ym, stride_yn, BLOCK_M, BLOCK_N
+                y_ptr,
+                acc.to(y_ptr.dtype.element_ty),
+                first_row,
+                n0,
+                row_end,
+                N,
+                stride_ym,
+                stride_yn,
+                BLOCK_M,
+                BLOCK_N,
             )
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 

@@ -7,7 +7,8 @@
 2. ``sort_by_expert``: the T*k (token, slot) rows sorted by expert, gathered from the tokens;
 3. ``moe_fused_linear`` with ``gate_up_proj`` (E, 2*I, H): gate is the first I columns, up the
    last I; ``SiLU(gate) * up``; ``moe_fused_linear`` with ``down_proj`` (E, H, I);
-4. each row times its routing weight, summed back to its token with ``index_add_``.
+4. each row times its routing weight, summed back to its token (``combine.combine_rows``: a
+   segment sum without atomics; ``gather_rows`` is step 2's gather with the same backward).
 
 ``kernel=`` is the forward grouped GEMM (the signature of ``moe_grouped_gemm``), ours by default,
 so the doctor can run the same block on another kernel; backward is always our dx/dw kernels.
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qmoe_doctor.kernels.backward import GroupedGemm, moe_fused_linear
+from qmoe_doctor.kernels.combine import combine_rows, gather_rows
 from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm
 from qmoe_doctor.kernels.routing import sort_by_expert
 from qmoe_doctor.presets import MoEShape, get_preset
@@ -169,14 +171,16 @@ class MoEBlock(_SparseMoEBase):
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         router_logits, topk_weights, topk_ids = self.route(hidden_states)
         routing = sort_by_expert(topk_ids, self.num_experts)
-        x = hidden_states[routing.token_idx]  # (T*k, H) rows sorted by expert
+        tokens, k = topk_ids.shape
+        # token t's k rows sit at sorted positions inv_perm[t*k : t*k + k]
+        starts = torch.arange(0, tokens * k + 1, k, device=hidden_states.device)
+        x = gather_rows(hidden_states, routing.token_idx, routing.inv_perm, starts)  # (T*k, H) sorted
         gate_up = moe_fused_linear(x, self.gate_up_proj, routing.m_sizes, kernel=self.kernel)  # (T*k, 2I)
         gate, up = gate_up.chunk(2, dim=-1)
         act = F.silu(gate) * up  # (T*k, I)
         down = moe_fused_linear(act, self.down_proj, routing.m_sizes, kernel=self.kernel)  # (T*k, H)
-        row_weights = topk_weights.reshape(-1)[routing.perm]  # (T*k,) weight of each sorted row
-        out = torch.zeros_like(hidden_states)
-        out.index_add_(0, routing.token_idx, down * row_weights[:, None])
+        # out[t] = sum_k topk_weights[t, k] * down[inv_perm[t*k + k]]: one pass, no atomics
+        out = combine_rows(down, routing.inv_perm, starts, topk_weights.reshape(-1))
         return out, router_logits
 
 

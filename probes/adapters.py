@@ -233,7 +233,9 @@ def not_applicable(kernel: object, spec: ProbeSpec) -> str | None:
         return None
     limits = kernel.limits
     if spec.device is None and not limits.supports_cpu:
-        return "the kernel's adapter declares no CPU support (supports_cpu=False): the CPU tier does not apply"
+        return (
+            "the kernel's adapter declares no CPU support (supports_cpu=False): the CPU tier does not apply"
+        )
     if limits.dtypes is not None and spec.shape.dtype not in limits.dtypes:
         return (
             f"the kernel's adapter takes {', '.join(sorted(limits.dtypes))} only; "

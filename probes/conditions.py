@@ -497,7 +497,9 @@ def _launch_config(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
     from qmoe_doctor.kernels.grouped_gemm import GemmConfig
 
     p = spec.params
-    cfg = GemmConfig(int(p["block_m"]), int(p["block_n"]), int(p["block_k"]), int(p["num_warps"]), int(p["num_stages"]))
+    cfg = GemmConfig(
+        int(p["block_m"]), int(p["block_n"]), int(p["block_k"]), int(p["num_warps"]), int(p["num_stages"])
+    )
     dev = _device(spec.device)
     ctx.crumb(Phase.SETUP)
     itemsize = torch.empty((), dtype=_DTYPES[spec.shape.dtype]).element_size()
@@ -548,7 +550,9 @@ def _int32_boundary(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
     ctx.fact("bytes_needed", int(need))
     ctx.fact("bytes_free", int(free))
     if need > free * 0.9:
-        return _skip(ctx, f"the stack needs {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free on the device")
+        return _skip(
+            ctx, f"the stack needs {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free on the device"
+        )
     ctx.crumb(Phase.SETUP)
     dtype = _DTYPES[s.dtype]
     gen = torch.Generator(device=dev).manual_seed(spec.seed)

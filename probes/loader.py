@@ -78,7 +78,9 @@ def resolve_object(ref: str) -> Any:
         try:
             module = importlib.import_module(where)
         except Exception as exc:  # any import-time failure of the user's module
-            raise KernelResolutionError(f"cannot import module {where!r}: {type(exc).__name__}: {exc}") from exc
+            raise KernelResolutionError(
+                f"cannot import module {where!r}: {type(exc).__name__}: {exc}"
+            ) from exc
     fn = getattr(module, name, None)
     if fn is None:
         public = sorted(n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n)))

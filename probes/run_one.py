@@ -84,7 +84,9 @@ def _recorder(spec: ProbeSpec) -> AllocatorRecorder | None:
 def _with_snapshot(outcome: Outcome, recorder: AllocatorRecorder) -> Outcome:
     snap = recorder.finish()
     notes = outcome.notes if snap.taken else (*outcome.notes, f"no allocator snapshot: {snap.reason}")
-    return dataclasses.replace(outcome, facts={**outcome.facts, SNAPSHOT_FACT: to_jsonable(snap)}, notes=notes)
+    return dataclasses.replace(
+        outcome, facts={**outcome.facts, SNAPSHOT_FACT: to_jsonable(snap)}, notes=notes
+    )
 
 
 def run(spec: ProbeSpec) -> str:

@@ -102,9 +102,7 @@ _CAUSES = (
             "device, not the input's. The kernel then mixes pointers from two GPUs: a device "
             "mismatch error, a pointer-check failure, or remote traffic."
         ),
-        fix=(
-            "offsets = torch.empty(E + 1, dtype=torch.int32, device=x.device)  # not device='cuda'"
-        ),
+        fix=("offsets = torch.empty(E + 1, dtype=torch.int32, device=x.device)  # not device='cuda'"),
         public_evidence=("mamba #103", "TileKernels #28", "apex #319"),
     ),
     Cause(

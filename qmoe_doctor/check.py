@@ -384,7 +384,10 @@ def _judge(
         return ExitCode.FAULT, ""
     errors = [c for c in cells if c.verdict == "error"]
     if errors:
-        return ExitCode.CHECK_BROKEN, f"{len(errors)} probe(s) could not run: {errors[0].probe_id}: {errors[0].detail}"
+        return (
+            ExitCode.CHECK_BROKEN,
+            f"{len(errors)} probe(s) could not run: {errors[0].probe_id}: {errors[0].detail}",
+        )
     # the interpreter check runs our own reference kernel: it checks the machine, not the kernel
     kernel_cells = [c for c in cells if not c.name.startswith(Condition.INTERPRETER_CHECK.value)]
     if not any(c.verdict == "pass" for c in kernel_cells):

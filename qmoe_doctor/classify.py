@@ -143,7 +143,9 @@ def describe(cell: Cell) -> str:
     if o.status is Status.WRONG:
         parts = []
         if o.rel_error is not None:
-            parts.append(f"rel. error {o.rel_error:.3g}" + (f" (tolerance {o.tolerance:g})" if o.tolerance else ""))
+            parts.append(
+                f"rel. error {o.rel_error:.3g}" + (f" (tolerance {o.tolerance:g})" if o.tolerance else "")
+            )
         if o.unwritten:
             parts.append(f"{o.unwritten} output elements never written")
         if o.canary_hits:
@@ -160,7 +162,9 @@ def describe(cell: Cell) -> str:
 
 def _ev(cell: Cell, detail: str | None = None) -> Evidence:
     o = cell.outcome
-    return Evidence(probe_id=o.probe_id, condition=o.spec.condition, label=cell.label, detail=detail or describe(cell))
+    return Evidence(
+        probe_id=o.probe_id, condition=o.spec.condition, label=cell.label, detail=detail or describe(cell)
+    )
 
 
 def _alloc_on_current(cell: Cell | None) -> int:
@@ -355,8 +359,11 @@ def classify(
                     continue
                 base_err = facts.get("baseline_rel_error")
                 evidence.append(
-                    _ev(cell, "same operands, valid routing, same process: correct"
-                        + (f" (rel. error {base_err:.3g})" if isinstance(base_err, float) else ""))
+                    _ev(
+                        cell,
+                        "same operands, valid routing, same process: correct"
+                        + (f" (rel. error {base_err:.3g})" if isinstance(base_err, float) else ""),
+                    )
                 )
                 evidence.append(_ev(cell))
             else:
@@ -407,8 +414,11 @@ def classify(
         tol = cell.outcome.tolerance or 0.0
         if not (first <= tol) and second <= tol:
             ev_rerun.append(
-                _ev(cell, f"first call of the process rel. error {first:.3g}, second call {second:.3g} "
-                    f"(tolerance {tol:g}), identical inputs")
+                _ev(
+                    cell,
+                    f"first call of the process rel. error {first:.3g}, second call {second:.3g} "
+                    f"(tolerance {tol:g}), identical inputs",
+                )
             )
             explained.add(cell.outcome.probe_id)
             rerun_where.append(where(group))
@@ -428,8 +438,11 @@ def classify(
                 explained.add(c.outcome.probe_id)
             elif c.failed and facts.get("baseline_ok") is False and facts.get("variant_ok") is True:
                 ev_rerun.append(
-                    _ev(c, "first call for this shape in the process wrong "
-                        f"(rel. error {facts.get('baseline_rel_error')}), the next call right")
+                    _ev(
+                        c,
+                        "first call for this shape in the process wrong "
+                        f"(rel. error {facts.get('baseline_rel_error')}), the next call right",
+                    )
                 )
                 explained.add(c.outcome.probe_id)
         diagnoses.append(

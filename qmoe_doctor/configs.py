@@ -44,7 +44,9 @@ def parse_config(text: str) -> TileConfig:
             raise ValueError
         cfg = TileConfig(bm, bn, bk, int(warps[1:]), int(stages[1:]))
     except ValueError:
-        raise ValueError(f"launch config {text!r}: expected BMxBNxBK-wWARPS-sSTAGES, e.g. 128x256x64-w8-s3") from None
+        raise ValueError(
+            f"launch config {text!r}: expected BMxBNxBK-wWARPS-sSTAGES, e.g. 128x256x64-w8-s3"
+        ) from None
     if min(cfg) <= 0:
         raise ValueError(f"launch config {text!r}: every value must be positive")
     return cfg

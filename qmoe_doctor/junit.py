@@ -71,7 +71,9 @@ class _Counts:
 
 def _case(suite: ET.Element, counts: _Counts, classname: str, name: str, wall_s: float) -> ET.Element:
     counts.tests += 1
-    return ET.SubElement(suite, "testcase", {"classname": _clean(classname), "name": _clean(name), "time": _seconds(wall_s)})
+    return ET.SubElement(
+        suite, "testcase", {"classname": _clean(classname), "name": _clean(name), "time": _seconds(wall_s)}
+    )
 
 
 def _cause_text(cause: str | None, diagnoses: dict[str, Diagnosis]) -> str:
@@ -99,7 +101,9 @@ def _cell_case(suite: ET.Element, counts: _Counts, kernel: KernelCheck, cell: Ce
         ET.SubElement(case, "skipped", {"message": _one_line(cell.detail)})
     elif cell.verdict == "error":
         counts.errors += 1
-        error = ET.SubElement(case, "error", {"message": _one_line(f"{cell.label}: {cell.detail}"), "type": cell.label})
+        error = ET.SubElement(
+            case, "error", {"message": _one_line(f"{cell.label}: {cell.detail}"), "type": cell.label}
+        )
         error.text = _clean(cell.log or cell.detail)
     elif cell.verdict == "fail":
         counts.failures += 1
@@ -109,7 +113,9 @@ def _cell_case(suite: ET.Element, counts: _Counts, kernel: KernelCheck, cell: Ce
             "failure",
             {"message": _one_line(f"{cell.label}: {cell.detail}"), "type": cell.cause or "unexplained"},
         )
-        failure.text = _clean(f"{cell.probe_id} ({cell.tier} tier): {cell.detail}\n{_cause_text(cell.cause, diagnoses)}")
+        failure.text = _clean(
+            f"{cell.probe_id} ({cell.tier} tier): {cell.detail}\n{_cause_text(cell.cause, diagnoses)}"
+        )
     out = [f"probe {cell.probe_id} ({cell.tier} tier): {cell.label}"]
     out += [f"note: {n}" for n in cell.notes]
     if cell.log:
@@ -138,9 +144,9 @@ def _lint_cases(suite: ET.Element, counts: _Counts, classname: str, lint: LintRe
     for e in lint.errors:
         case = _case(suite, counts, classname, e.path, 0.0)
         counts.errors += 1
-        ET.SubElement(case, "error", {"message": _one_line(e.as_line()), "type": f"lint-{e.kind}"}).text = _clean(
-            e.as_line() + (f"\n    {e.source}" if e.source else "")
-        )
+        ET.SubElement(
+            case, "error", {"message": _one_line(e.as_line()), "type": f"lint-{e.kind}"}
+        ).text = _clean(e.as_line() + (f"\n    {e.source}" if e.source else ""))
 
 
 def _properties(suite: ET.Element, items: Iterable[tuple[str, str]]) -> None:
@@ -159,7 +165,10 @@ def junit_element(report: CheckReport) -> ET.Element:
     timestamp = report.started[:19]  # the schema's xs:dateTime without a zone
     for kernel in report.kernels:
         suite = _suite(root, kernel.kernel, timestamp)
-        props = [("exit_code", str(kernel.exit_code)), ("exit_status", ExitCode(kernel.exit_code).name.lower())]
+        props = [
+            ("exit_code", str(kernel.exit_code)),
+            ("exit_status", ExitCode(kernel.exit_code).name.lower()),
+        ]
         if kernel.problem:
             props.append(("problem", kernel.problem))
         _properties(suite, props)

@@ -258,9 +258,7 @@ def plan_scan(kernel: str, gpus: Sequence[PlannedGpu], opts: ScanOptions | None 
             label = f"GPU {a.index} -> GPU {b.index}"
             specs = []
             if b.index not in singles_done:
-                specs += _single_specs(
-                    kernel, f"GPU {b.index}", 1, opts, with_boundary=not boundary_done
-                )
+                specs += _single_specs(kernel, f"GPU {b.index}", 1, opts, with_boundary=not boundary_done)
                 if opts.sweeps and not boundary_done:  # sweeps on the first GPU only
                     specs += _sweep_specs(kernel, f"GPU {b.index}", 1, opts)
                 boundary_done = True

@@ -65,7 +65,13 @@ def matrix_tables(report: ScanReport) -> list[Table]:
             if any(matrix.get(g, cond) for g in single_groups):
                 t.add_row(CONDITION_TEXT[cond], *[_cell_text(matrix.get(g, cond)) for g in single_groups])
         for cond in SWEEP_CONDITIONS:
-            names = list(dict.fromkeys(v for g in single_groups for v in (c.outcome.spec.params.get("variant", "") for c in matrix.variants(g, cond))))
+            names = list(
+                dict.fromkeys(
+                    v
+                    for g in single_groups
+                    for v in (c.outcome.spec.params.get("variant", "") for c in matrix.variants(g, cond))
+                )
+            )
             for name in names:
                 t.add_row(
                     f"{CONDITION_TEXT[cond]}: {name}",
@@ -89,11 +95,17 @@ def diagnosis_panel(d: Diagnosis) -> Panel:
     cause = get_cause(d.cause)
     body: list[RenderableType] = [
         Text.assemble((d.summary, "bold"), "\n"),
-        Text.assemble(("where: ", "dim"), ", ".join(d.where) or "-", ("   confidence: ", "dim"), str(d.confidence)),
+        Text.assemble(
+            ("where: ", "dim"), ", ".join(d.where) or "-", ("   confidence: ", "dim"), str(d.confidence)
+        ),
         Text("evidence:", style="dim"),
     ]
     for e in d.evidence:
-        body.append(Text.assemble("  ", (e.probe_id, "cyan"), " ", (e.label, STYLE.get(e.label, "red")), ": ", e.detail))
+        body.append(
+            Text.assemble(
+                "  ", (e.probe_id, "cyan"), " ", (e.label, STYLE.get(e.label, "red")), ": ", e.detail
+            )
+        )
     body += [
         Text.assemble(("mechanism: ", "dim"), cause.mechanism),
         Text("fix:", style="dim"),
@@ -135,13 +147,20 @@ def render_report(console: Console, report: ScanReport) -> None:
                 )
             )
         else:
-            console.print(Text(f"int32 audit: {audit.shape_name} at {audit.tokens} tokens: every offset fits", style="dim"))
+            console.print(
+                Text(
+                    f"int32 audit: {audit.shape_name} at {audit.tokens} tokens: every offset fits",
+                    style="dim",
+                )
+            )
     for d in report.diagnoses:
         console.print(diagnosis_panel(d))
     for note in report.explanations:
         console.print(Text.assemble(("note: ", "yellow"), note))
     if report.unexplained:
-        console.print(Text("Failing cells no rule accounts for (a fault, cause not named):", style="bold red"))
+        console.print(
+            Text("Failing cells no rule accounts for (a fault, cause not named):", style="bold red")
+        )
         for e in report.unexplained:
             console.print(Text.assemble("  ", (e.probe_id, "cyan"), " ", (e.label, "red"), ": ", e.detail))
     for note in report.skipped:

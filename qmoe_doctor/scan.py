@@ -159,7 +159,9 @@ def _first_line_of(text: str | None) -> str:
 
 
 def _skipped(spec: ProbeSpec, reason: str) -> Outcome:
-    return Outcome(probe_id=spec.probe_id, spec=spec, status=Status.SKIPPED, phase=Phase.SPAWN, notes=(reason,))
+    return Outcome(
+        probe_id=spec.probe_id, spec=spec, status=Status.SKIPPED, phase=Phase.SPAWN, notes=(reason,)
+    )
 
 
 def nothing_ran(report: ScanReport) -> bool:

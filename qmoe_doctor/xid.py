@@ -178,9 +178,7 @@ class XidReport:
 _PCI_RE = re.compile(
     r"^(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<dev>[0-9a-fA-F]{1,2})(?:\.[0-7])?$"
 )
-_XID_LINE = re.compile(
-    r"NVRM: Xid \(PCI:(?P<pci>[0-9a-fA-F:.]+)\): (?P<xid>\d+)\b,?\s*(?P<text>.*?)\s*$"
-)
+_XID_LINE = re.compile(r"NVRM: Xid \(PCI:(?P<pci>[0-9a-fA-F:.]+)\): (?P<xid>\d+)\b,?\s*(?P<text>.*?)\s*$")
 _GPU_AT = re.compile(r"NVRM: GPU at PCI:(?P<pci>[0-9a-fA-F:.]+): (?P<uuid>GPU-[0-9a-fA-F-]+)")
 _DMESG_STAMP = re.compile(r"^\s*\[\s*(?P<s>\d+\.\d+)\]")
 _BRACKET_STAMP = re.compile(r"^\s*\[(?P<s>[^\]]+)\]")
@@ -292,7 +290,9 @@ def read_dmesg() -> tuple[str | None, str]:
     return proc.stdout, ""
 
 
-def new_kernel_lines(before: str, after: str, *, gpu_of_pci: Mapping[str, int] | None = None) -> list[KernelXid]:
+def new_kernel_lines(
+    before: str, after: str, *, gpu_of_pci: Mapping[str, int] | None = None
+) -> list[KernelXid]:
     """The Xid lines of ``after`` that ``before`` did not have (each line counted as often as
     it appears, so a repeated identical line still counts once more)."""
     seen: dict[str, int] = {}
@@ -692,9 +692,8 @@ def xid_evidence(
         times = "" if n == 1 else f", {n} times"
         text = f"NVML: Xid {xid} ({XID_NAMES.get(xid, 'see the Xid catalogue')}) on {where} during the run{times}"
         if xid == XID_MMU_FAULT and not any(k.xid == XID_MMU_FAULT for k in report.kernel_lines):
-            text += (
-                "; NVML gives no address: the kernel log's Xid 31 line has it"
-                + (f" ({report.kernel_log})" if report.kernel_log else "")
+            text += "; NVML gives no address: the kernel log's Xid 31 line has it" + (
+                f" ({report.kernel_log})" if report.kernel_log else ""
             )
         out.append(text + ".")
     for k in report.kernel_lines:
@@ -712,7 +711,9 @@ def xid_evidence(
     if report.unavailable is not None:
         out.append(f"NVML Xid events: unavailable: {report.unavailable}.")
     elif not report.events:
-        out.append(f"NVML Xid events: none on {', '.join(f'GPU {g}' for g in report.watched)} during the run.")
+        out.append(
+            f"NVML Xid events: none on {', '.join(f'GPU {g}' for g in report.watched)} during the run."
+        )
     if report.kernel_log is not None:
         out.append(f"kernel log: not read ({report.kernel_log}).")
     return tuple(out)

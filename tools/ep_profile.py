@@ -40,15 +40,17 @@ def main() -> int:
     dev = torch.device("cuda", local)
     dist.init_process_group("nccl", device_id=dev)
 
+    from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm
     from qmoe_doctor.kernels.moe_block import MoEBlock
     from qmoe_doctor.probes.parallel.hooks import hooks_for
     from qmoe_doctor.probes.parallel.modes import ExpertParallelBlock
-    from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm
 
     torch.manual_seed(0)
     full = MoEBlock(args.preset, device=dev, dtype=torch.bfloat16)
     kw = {"dispatch": args.dispatch} if args.dispatch else {}
-    layer = ExpertParallelBlock(full, rank=rank, world=world, kernel=moe_grouped_gemm, hooks=hooks_for(None), **kw)
+    layer = ExpertParallelBlock(
+        full, rank=rank, world=world, kernel=moe_grouped_gemm, hooks=hooks_for(None), **kw
+    )
     g = torch.Generator(device=dev).manual_seed(1)
     x_all = torch.randn(args.tokens, full.shape.hidden, generator=g, device=dev).to(torch.bfloat16)
     part = args.tokens // world
@@ -82,7 +84,12 @@ def main() -> int:
         t0 = time.perf_counter()
         ep_step(True)
         phases["step"].append((time.perf_counter() - t0) * 1e3)
-    result: dict[str, object] = {"rank": rank, "world": world, "tokens": args.tokens, "dispatch": args.dispatch or "default"}
+    result: dict[str, object] = {
+        "rank": rank,
+        "world": world,
+        "tokens": args.tokens,
+        "dispatch": args.dispatch or "default",
+    }
     result.update({f"{k}_ms": round(statistics.median(v), 3) for k, v in phases.items()})
 
     # bare all_to_all of the dispatch payload: every token to every other rank, bf16 rows
@@ -100,13 +107,17 @@ def main() -> int:
     result["all_to_all_ms"] = round(a2a_ms, 3)
     result["all_to_all_GBps_per_rank"] = round(moved / a2a_ms / 1e6, 1)
 
-    if rank == 0:
-        from torch.profiler import ProfilerActivity, profile
+    # every rank runs the profiled steps (they are collective); rank 0 keeps the table
+    from torch.profiler import ProfilerActivity, profile
 
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(2):
-                ep_step(False)
-        table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(2):
+            ep_step(False)
+    if rank == 0:
+        table = prof.key_averages().table(
+            sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=60
+        )
+        args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "ep_profile_table.txt").write_text(table)
         busy = sum(e.self_device_time_total for e in prof.key_averages()) / 1e3 / 2  # ms per step
         result["gpu_busy_ms_per_step"] = round(busy, 3)
@@ -128,6 +139,16 @@ def main() -> int:
             if i >= 3:
                 times.append((time.perf_counter() - t0) * 1e3)
         result["single_step_ms"] = round(statistics.median(times), 3)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof1:
+            for _ in range(2):
+                out, _ = full(xr)
+                (out.float() * up_all.float()).sum().backward()
+                full.zero_grad(set_to_none=True)
+                xr.grad = None
+        table = prof1.key_averages().table(
+            sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=60
+        )
+        (args.out / "single_profile_table.txt").write_text(table)
         result["ep_speedup"] = round(result["single_step_ms"] / result["step_ms"], 3)  # type: ignore[operator]
     dist.barrier()
     print(json.dumps(result), flush=True)

@@ -21,7 +21,7 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 pack() { tar czf "$OUT/multi.tar.gz" -C "$OUT" m 2>/dev/null; }
 t() { local name=$1 limit=$2; shift 2; local t0; t0=$(date +%s%N)
       timeout -s TERM -k 10 "$limit" "$@" > "$V/$name.log" 2>&1; local rc=$?
-      say "$(printf '%-28s rc=%-3s %7.1f s' "$name" "$rc" "$(echo "($(date +%s%N) - $t0) / 1000000000" | bc -l)")"; pack; return $rc; }
+      say "$(printf '%-28s rc=%-3s %6d ms' "$name" "$rc" "$(( ($(date +%s%N) - t0) / 1000000 ))")"; pack; return $rc; }
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$V/install.log" 2>&1 || say "install failed"
 say "date: $(date -u +%FT%TZ)"
 say "gpus: $(nvidia-smi --query-gpu=index,name,pci.bus_id --format=csv,noheader | tr '\n' ';')"
@@ -33,7 +33,7 @@ if has tune; then
   [ -f "$V/tune/configs.json" ] && export QMOE_CONFIG_TABLE=$V/tune/configs.json && say "QMOE_CONFIG_TABLE=$QMOE_CONFIG_TABLE"
 fi
 if has bench; then
-  t bench 150 qmoe-doctor bench --gpus 0 --out "$V/bench"
+  t bench ${BENCH_TIMEOUT:-150} qmoe-doctor bench --gpus 0 --out "$V/bench"
   sed -n '/Grouped GEMMs/,$p' "$V/bench.log" | head -60 >> "$S"
 fi
 if has placement; then
@@ -41,7 +41,7 @@ if has placement; then
   grep -iA16 "placement" "$V/bench-placement.log" | head -40 >> "$S"
 fi
 if has tests; then
-  t pytest-gpu 200 python3 -m pytest tests/gpu -m "gpu or multigpu" -q -p no:cacheprovider -rfE
+  t pytest-gpu ${TEST_TIMEOUT:-200} python3 -m pytest tests/gpu -m "gpu or multigpu" -q -p no:cacheprovider -rfE
   tail -3 "$V/pytest-gpu.log" >> "$S"
 fi
 if has verdict; then
@@ -62,8 +62,9 @@ PY
   grep -h -iE "verdict|cause|wall|seconds" "$V"/repro-cold.log "$V"/repro-warm.log | head -12 >> "$S"
 fi
 if has ep; then
-  t ep-profile 200 torchrun --standalone --nproc-per-node "$NG" tools/ep_profile.py --out "$V/ep" ${EP_ARGS:-}
-  grep -h '^{' "$V/ep-profile.log" >> "$S"; head -45 "$V/ep/ep_profile_table.txt" >> "$S" 2>/dev/null
+  t ep-profile ${EP_TIMEOUT:-150} torchrun --standalone --nproc-per-node "$NG" tools/ep_profile.py --out "$V/ep" ${EP_ARGS:-}
+  grep -h '^{' "$V/ep-profile.log" >> "$S"; head -46 "$V/ep/ep_profile_table.txt" >> "$S" 2>/dev/null
+  head -36 "$V/ep/single_profile_table.txt" >> "$S" 2>/dev/null
 fi
 if has parallel; then
   OUT=$V SKIP_INSTALL=1 bash tools/gpu_parallel.sh > "$V/parallel.log" 2>&1; say "parallel rc=$?"

@@ -24,7 +24,13 @@ SPEC = "qmoe_doctor.kernels.specimens.{}:moe_grouped_gemm"
 def spec(pid: str, kernel: str, cond: Condition, shape: Shape = SMALL, **params: object) -> ProbeSpec:
     pair = cond.is_pair
     return ProbeSpec(
-        probe_id=pid, kernel=kernel, condition=cond, device=1 if pair else 0, current=0, shape=shape, params=dict(params)
+        probe_id=pid,
+        kernel=kernel,
+        condition=cond,
+        device=1 if pair else 0,
+        current=0,
+        shape=shape,
+        params=dict(params),
     )
 
 
@@ -34,26 +40,88 @@ BOUNDARY = Shape(m=256, e=70, n=5120, k=6144, dtype="bfloat16", routing="expert:
 CASES = [
     ("memcheck-builtin-clean", spec("single", "builtin", Condition.SINGLE), "memcheck", False, {}),
     ("racecheck-builtin-clean", spec("single", "builtin", Condition.SINGLE), "racecheck", False, {}),
-    ("memcheck-unmasked-overrouted-nocache", spec("over", SPEC.format("unmasked_rows"), Condition.OVER_ROUTED),
-     "memcheck", False, {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}),
-    ("memcheck-unmasked-overrouted-cached", spec("over", SPEC.format("unmasked_rows"), Condition.OVER_ROUTED),
-     "memcheck", False, {}),
-    ("traceback-unmasked-far-overrouted", spec("over", SPEC.format("unmasked_rows"), Condition.OVER_ROUTED,
-     extra_rows=1 << 20), None, True, {}),
-    ("memcheck-unmasked-far-overrouted", spec("over", SPEC.format("unmasked_rows"), Condition.OVER_ROUTED,
-     extra_rows=1 << 20), "memcheck", False, {}),
-    ("traceback-unguarded-nopeer", spec("0->1/no-peer", SPEC.format("unguarded"), Condition.NO_PEER), None, True, {}),
-    ("traceback-default-buffer-peer", spec("0->1/peer", SPEC.format("default_buffer"), Condition.PEER), None, True, {}),
+    (
+        "memcheck-unmasked-overrouted-nocache",
+        spec("over", SPEC.format("unmasked_rows"), Condition.OVER_ROUTED),
+        "memcheck",
+        False,
+        {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
+    ),
+    (
+        "memcheck-unmasked-overrouted-cached",
+        spec("over", SPEC.format("unmasked_rows"), Condition.OVER_ROUTED),
+        "memcheck",
+        False,
+        {},
+    ),
+    (
+        "traceback-unmasked-far-overrouted",
+        spec("over", SPEC.format("unmasked_rows"), Condition.OVER_ROUTED, extra_rows=1 << 20),
+        None,
+        True,
+        {},
+    ),
+    (
+        "memcheck-unmasked-far-overrouted",
+        spec("over", SPEC.format("unmasked_rows"), Condition.OVER_ROUTED, extra_rows=1 << 20),
+        "memcheck",
+        False,
+        {},
+    ),
+    (
+        "traceback-unguarded-nopeer",
+        spec("0->1/no-peer", SPEC.format("unguarded"), Condition.NO_PEER),
+        None,
+        True,
+        {},
+    ),
+    (
+        "traceback-default-buffer-peer",
+        spec("0->1/peer", SPEC.format("default_buffer"), Condition.PEER),
+        None,
+        True,
+        {},
+    ),
     ("initcheck-builtin-clean", spec("single", "builtin", Condition.SINGLE), "initcheck", False, {}),
     ("synccheck-builtin-clean", spec("single", "builtin", Condition.SINGLE), "synccheck", False, {}),
-    ("memcheck-xml-unmasked-overrouted-nocache", spec("over", SPEC.format("unmasked_rows"), Condition.OVER_ROUTED),
-     "memcheck-xml", False, {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}),
-    ("traceback-launch-config-over-limit", spec("cfg", "builtin", Condition.LAUNCH_CONFIG, block_m=128, block_n=256,
-     block_k=128, num_warps=8, num_stages=4, variant="128x256x128-w8-s4"), None, True, {}),
-    ("traceback-unguarded-peer-race", spec("0->1/producer-race", SPEC.format("unguarded"), Condition.PRODUCER_RACE),
-     None, True, {}),
-    ("traceback-int32-debug", spec("boundary", SPEC.format("int32_offsets"), Condition.INT32_BOUNDARY, BOUNDARY),
-     None, True, {"TRITON_DEBUG": "1"}),
+    (
+        "memcheck-xml-unmasked-overrouted-nocache",
+        spec("over", SPEC.format("unmasked_rows"), Condition.OVER_ROUTED),
+        "memcheck-xml",
+        False,
+        {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
+    ),
+    (
+        "traceback-launch-config-over-limit",
+        spec(
+            "cfg",
+            "builtin",
+            Condition.LAUNCH_CONFIG,
+            block_m=128,
+            block_n=256,
+            block_k=128,
+            num_warps=8,
+            num_stages=4,
+            variant="128x256x128-w8-s4",
+        ),
+        None,
+        True,
+        {},
+    ),
+    (
+        "traceback-unguarded-peer-race",
+        spec("0->1/producer-race", SPEC.format("unguarded"), Condition.PRODUCER_RACE),
+        None,
+        True,
+        {},
+    ),
+    (
+        "traceback-int32-debug",
+        spec("boundary", SPEC.format("int32_offsets"), Condition.INT32_BOUNDARY, BOUNDARY),
+        None,
+        True,
+        {"TRITON_DEBUG": "1"},
+    ),
 ]
 
 
@@ -67,8 +135,16 @@ def main(out: Path, only: list[str]) -> int:
         env = {**os.environ, **env_extra}
         cmd = [sys.executable, str(here / "run_probe.py")] + (["--raw"] if raw else []) + [to_json(s)]
         if tool == "memcheck-xml":
-            cmd = [sanitizer, "--tool", "memcheck", "--print-limit", "50", "--xml",
-                   "--save", str(out / f"{name}.xml")] + cmd
+            cmd = [
+                sanitizer,
+                "--tool",
+                "memcheck",
+                "--print-limit",
+                "50",
+                "--xml",
+                "--save",
+                str(out / f"{name}.xml"),
+            ] + cmd
         elif tool:
             log = out / f"{name}.log"
             cmd = [sanitizer, "--tool", tool, "--print-limit", "50", "--log-file", str(log)] + cmd

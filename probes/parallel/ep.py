@@ -85,6 +85,30 @@ def token_dispatch(
     return TokenDispatch(tokens=tokens, dest=dest, send_counts=tuple(int(c) for c in counts.tolist()))
 
 
+def token_dispatch_exchange(
+    topk_ids: torch.Tensor, num_experts: int, world: int, group: Any = None
+) -> tuple[TokenDispatch, tuple[int, ...]]:
+    """``token_dispatch`` and ``exchange_counts`` with ONE host synchronization: the per-rank
+    counts are exchanged on the device, then both count vectors come to the host together."""
+    if topk_ids.dim() != 2:
+        raise ValueError(f"topk_ids must be (T, k), got shape {tuple(topk_ids.shape)}")
+    per_rank = experts_per_rank(num_experts, world)
+    ids = topk_ids.to(torch.int64)
+    need = torch.zeros((ids.shape[0], world), dtype=torch.bool, device=ids.device)
+    need.scatter_(1, owner_of(ids, per_rank), True)
+    counts = need.sum(dim=0)  # (W,) pairs to each rank
+    recv_t = torch.empty_like(counts)
+    dist.all_to_all_single(recv_t, counts, group=group)
+    both = torch.cat([counts, recv_t]).tolist()  # the one synchronization
+    total = int(sum(both[:world]))
+    try:  # sized on the host already: no second synchronization
+        dest, tokens = torch.nonzero_static(need.t(), size=total).unbind(1)
+    except (AttributeError, NotImplementedError, RuntimeError):  # a build without it on this device
+        dest, tokens = need.t().nonzero(as_tuple=True)
+    plan = TokenDispatch(tokens=tokens, dest=dest, send_counts=tuple(int(c) for c in both[:world]))
+    return plan, tuple(int(c) for c in both[world:])
+
+
 def local_slots(ids: torch.Tensor, rank: int, per_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Of the received pairs' (P, k) global ids, the slots whose expert ``rank`` owns, as
     (pair index, slot index) of each such row, pair-major."""
@@ -170,4 +194,5 @@ __all__ = [
     "owner_of",
     "receive_counts",
     "token_dispatch",
+    "token_dispatch_exchange",
 ]

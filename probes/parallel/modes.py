@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qmoe_doctor.kernels.backward import moe_fused_linear
+from qmoe_doctor.kernels.combine import combine_rows, gather_rows, grouping, segment_starts, sum_rows
 from qmoe_doctor.kernels.moe_block import MoEBlock, MoEBlockTorch, resolve_shape
 from qmoe_doctor.kernels.routing import sort_by_expert
 from qmoe_doctor.presets import PRESETS, MoEShape, get_preset
@@ -630,37 +631,41 @@ class ExpertParallelBlock(nn.Module):
         x_in (P, H) tokens, ids_in (P, k) their global expert ids, w_in (P, k) their routing
         weights -> (P, H): the weighted sum of the pair's rows on this rank's experts. Local ids
         outside [0, E/W) are counted by no expert (their rows are zero)."""
-        pair, slot = ep_ops.local_slots(ids_in, self.rank, self.per_rank)
+        pair, slot = ep_ops.local_slots(ids_in, self.rank, self.per_rank)  # pair-major
         global_ids = ids_in[pair, slot]  # (R,) one row per (pair, local slot)
         local_ids = self.hooks.local_expert_ids(global_ids, self.first, self.per_rank)
         if self.before_experts is not None:
             self.before_experts(global_ids, local_ids)
         routing = sort_by_expert(local_ids[:, None], self.per_rank)
         src = pair[routing.perm]  # the pair of each row, rows sorted by local expert
-        xs = x_in[src]  # (R, H)
+        # pair p's rows sit at sorted positions inv_perm[starts[p] : starts[p + 1]]
+        starts = segment_starts(torch.bincount(pair, minlength=x_in.shape[0]))
+        xs = gather_rows(x_in, src, routing.inv_perm, starts)  # (R, H)
         gate_up = moe_fused_linear(xs, self.gate_up_proj, routing.m_sizes, kernel=self.kernel)
         gate, up = gate_up.chunk(2, dim=-1)
         down = moe_fused_linear(F.silu(gate) * up, self.down_proj, routing.m_sizes, kernel=self.kernel)
         if self.after_experts is not None:
             self.after_experts(xs, down, global_ids[routing.perm])
-        row_weights = w_in[pair, slot][routing.perm]  # (R,)
-        sums = torch.zeros((x_in.shape[0], x_in.shape[1]), dtype=x_in.dtype, device=x_in.device)
-        sums.index_add_(0, src, down * row_weights[:, None])
-        return sums
+        # each pair's weighted sum over its local rows: one pass, no atomics
+        return combine_rows(down, routing.inv_perm, starts, w_in[pair, slot])
 
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         router_logits, topk_weights, topk_ids = self.route(hidden_states)
-        plan = ep_ops.token_dispatch(topk_ids, self.num_experts, self.world)
+        # one host synchronization for both the send and the receive counts
+        plan, recv = ep_ops.token_dispatch_exchange(topk_ids, self.num_experts, self.world, self.group)
         send = plan.send_counts
-        recv = ep_ops.exchange_counts(send, hidden_states.device, self.group)
-        x_in = ep_ops.all_to_all(hidden_states[plan.tokens], recv, send, self.group)
+        tokens = hidden_states.shape[0]
+        order, starts = grouping(
+            plan.tokens, tokens
+        )  # each token's pairs, for the gather's backward and the sum
+        x_in = ep_ops.all_to_all(
+            gather_rows(hidden_states, plan.tokens, order, starts), recv, send, self.group
+        )
         ids_in = ep_ops.all_to_all(topk_ids[plan.tokens].to(torch.int64), recv, send, self.group)
         w_in = ep_ops.all_to_all(topk_weights[plan.tokens], recv, send, self.group)
         sums = self.expert_sums(x_in, ids_in, w_in)
         back = ep_ops.all_to_all(sums, send, recv, self.group)  # (P, H), in send order
-        out = torch.zeros_like(hidden_states)
-        out.index_add_(0, plan.tokens, back)
-        return out, router_logits
+        return sum_rows(back, plan.tokens, order, starts), router_logits
 
 
 def expected_expert_rows(full: MoEBlock, rows: torch.Tensor, global_ids: torch.Tensor) -> torch.Tensor:

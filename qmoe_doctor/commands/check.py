@@ -60,7 +60,9 @@ def _gpus_for_check(
     err = stderr_console()
     notes: list[str] = []
     if inv.nvml_error and require_gpus > 0 and not any(s in inv.nvml_error for s in _NO_DRIVER):
-        err.print(Text(f"error: --require-gpus {require_gpus}: cannot count GPUs: {inv.nvml_error}", style="red"))
+        err.print(
+            Text(f"error: --require-gpus {require_gpus}: cannot count GPUs: {inv.nvml_error}", style="red")
+        )
         raise typer.Exit(ExitCode.CHECK_BROKEN)
     try:
         selected = select_gpus(inv, gpus) if inv.gpus else ()
@@ -68,7 +70,12 @@ def _gpus_for_check(
         err.print(Text(f"error: {exc}", style="red"))
         raise typer.Exit(ExitCode.USAGE) from None
     if gpus and not inv.gpus and require_gpus == 0:
-        err.print(Text(f"error: --gpus {gpus} given but no GPU is visible ({inv.nvml_error or 'NVML lists none'})", style="red"))
+        err.print(
+            Text(
+                f"error: --gpus {gpus} given but no GPU is visible ({inv.nvml_error or 'NVML lists none'})",
+                style="red",
+            )
+        )
         raise typer.Exit(ExitCode.USAGE)
     if len(selected) < require_gpus:
         why = f" ({inv.nvml_error})" if inv.nvml_error else ""
@@ -98,18 +105,31 @@ def check_command(
         "when --kernel is a path or a module.",
     ),
     require_gpus: int = typer.Option(
-        0, "--require-gpus", min=0, help="Fail with exit 3, before running anything, when fewer GPUs are there."
+        0,
+        "--require-gpus",
+        min=0,
+        help="Fail with exit 3, before running anything, when fewer GPUs are there.",
     ),
-    gpus: str | None = typer.Option(None, "--gpus", help="NVML / nvidia-smi GPU indices for the GPU subset (default: all)."),
+    gpus: str | None = typer.Option(
+        None, "--gpus", help="NVML / nvidia-smi GPU indices for the GPU subset (default: all)."
+    ),
     cpu: bool = typer.Option(False, "--cpu", help="CPU tier only, even when GPUs exist."),
     junit: Path | None = typer.Option(None, "--junit", help="Write a JUnit XML report to this file."),
-    json_file: Path | None = typer.Option(None, "--json", help="Write the versioned JSON report to this file."),
+    json_file: Path | None = typer.Option(
+        None, "--json", help="Write the versioned JSON report to this file."
+    ),
     only: str | None = typer.Option(
         None, "--only", help="Comma-separated conditions (default: the CPU tier's and the fast GPU subset)."
     ),
-    preset: str = typer.Option("qwen3-30b-a3b", "--preset", help=f"Shape preset of the GPU cells: {', '.join(PRESETS)}."),
-    timeout: float = typer.Option(knobs.DEFAULT_PROBE_TIMEOUT_S, "--timeout", min=1.0, help="Seconds each probe may take."),
-    log_dir: Path | None = typer.Option(None, "--log-dir", help="Where probe workers write their logs (default: a temp dir)."),
+    preset: str = typer.Option(
+        "qwen3-30b-a3b", "--preset", help=f"Shape preset of the GPU cells: {', '.join(PRESETS)}."
+    ),
+    timeout: float = typer.Option(
+        knobs.DEFAULT_PROBE_TIMEOUT_S, "--timeout", min=1.0, help="Seconds each probe may take."
+    ),
+    log_dir: Path | None = typer.Option(
+        None, "--log-dir", help="Where probe workers write their logs (default: a temp dir)."
+    ),
 ) -> None:
     """CI health check: lint the kernel source, run the CPU tier, and on a GPU machine a fast
     subset of the scan (the first GPU pair; under a minute on two GPUs).
@@ -119,9 +139,13 @@ def check_command(
     """
     err = stderr_console()
     if cpu and require_gpus:
-        raise typer.BadParameter("--cpu runs no GPU probe; drop --require-gpus or --cpu", param_hint="--require-gpus")
+        raise typer.BadParameter(
+            "--cpu runs no GPU probe; drop --require-gpus or --cpu", param_hint="--require-gpus"
+        )
     if preset not in PRESETS:
-        raise typer.BadParameter(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}", param_hint="--preset")
+        raise typer.BadParameter(
+            f"unknown preset {preset!r}; known: {', '.join(PRESETS)}", param_hint="--preset"
+        )
     kernels = list(kernel or ([] if lint else ["builtin"]))
     for ref in kernels:
         _validate_kernel(ref)
@@ -141,13 +165,17 @@ def check_command(
         err.print(Text(note, style="yellow"))
 
     def on_tier(ref: str, tier: Tier, plan: ScanPlan) -> None:
-        where = "CPU tier" if tier == "cpu" else f"GPU subset on GPUs {', '.join(str(g.index) for g in selected)}"
+        where = (
+            "CPU tier" if tier == "cpu" else f"GPU subset on GPUs {', '.join(str(g.index) for g in selected)}"
+        )
         err.print(Text(f"{ref}: {where}, {len(plan.specs)} probes", style="bold"))
 
     def on_event(event: Event) -> None:
         if event.kind is EventKind.OUTCOME and event.outcome is not None:
             o = event.outcome
-            err.print(f"  {o.probe_id}: {o.status}" + (f" ({o.error_kind})" if o.error_kind else ""), style="dim")
+            err.print(
+                f"  {o.probe_id}: {o.status}" + (f" ({o.error_kind})" if o.error_kind else ""), style="dim"
+            )
         elif event.kind is EventKind.WORKER_RESTARTED:
             err.print(f"  worker replaced: {event.detail}", style="yellow")
 
@@ -164,7 +192,9 @@ def check_command(
     )
     for k in report.kernels:
         if k.exit_code == ExitCode.USAGE and k.problem:
-            err.print(Text(f"error: {k.kernel!r}: {k.problem}\n{USAGE_PARAGRAPH}", style="red"), soft_wrap=True)
+            err.print(
+                Text(f"error: {k.kernel!r}: {k.problem}\n{USAGE_PARAGRAPH}", style="red"), soft_wrap=True
+            )
     if junit is not None:
         write_junit(report, junit)
     if json_file is not None:
@@ -213,7 +243,9 @@ def _render_kernel(k: KernelCheck) -> list[Text]:
         lines.append(Text(f"  {k.problem}", style="red"))
     for d in k.diagnoses:
         docs = CAUSES[d.cause].docs if d.cause in CAUSES else ""
-        lines.append(Text.assemble("  ", (d.cause, "bold red"), f": {d.summary}", (f"  [{d.confidence}]", "dim")))
+        lines.append(
+            Text.assemble("  ", (d.cause, "bold red"), f": {d.summary}", (f"  [{d.confidence}]", "dim"))
+        )
         if d.where:
             lines.append(Text(f"    where: {', '.join(d.where)}", style="dim"))
         if d.repro:
@@ -221,7 +253,9 @@ def _render_kernel(k: KernelCheck) -> list[Text]:
         if docs:
             lines.append(Text(f"    docs: {docs}", style="dim"))
     for e in k.unexplained:
-        lines.append(Text.assemble("  ", ("unexplained ", "bold red"), (e.probe_id, "cyan"), f" {e.label}: {e.detail}"))
+        lines.append(
+            Text.assemble("  ", ("unexplained ", "bold red"), (e.probe_id, "cyan"), f" {e.label}: {e.detail}")
+        )
     for note in k.explanations:
         lines.append(Text.assemble(("  note: ", "yellow"), note))
     if k.lint is not None:

@@ -47,7 +47,9 @@ def check_kernel_ref(ref: str) -> None:
     if ref in ("builtin", "torch:grouped_mm"):
         return
     if ":" not in ref:
-        raise typer.BadParameter(f"{ref!r}: expected module:function or path/to/file.py:function", param_hint="--kernel")
+        raise typer.BadParameter(
+            f"{ref!r}: expected module:function or path/to/file.py:function", param_hint="--kernel"
+        )
     where, _, name = ref.rpartition(":")
     if where == "specimen":
         from qmoe_doctor.specimens import get_specimen
@@ -64,22 +66,36 @@ def scan_command(
     ctx: typer.Context,
     kernel: str = typer.Option("builtin", "--kernel", "-k", help=KERNEL_HELP),
     gpus: str | None = typer.Option(
-        None, "--gpus", help="NVML / nvidia-smi GPU indices, e.g. 0,1 (default: all). The report says which CUDA ordinal each became."
+        None,
+        "--gpus",
+        help="NVML / nvidia-smi GPU indices, e.g. 0,1 (default: all). The report says which CUDA ordinal each became.",
     ),
     preset: str = typer.Option("qwen3-30b-a3b", "--preset", help=f"Shape preset: {', '.join(PRESETS)}."),
     rows: int = typer.Option(4096, "--rows", min=1, help="Rows (tokens x top-k) of the main cells."),
     only: str | None = typer.Option(None, "--only", help="Comma-separated conditions to run (default: all)."),
-    cpu: bool = typer.Option(False, "--cpu", help="Run the CPU tier (Triton interpreter) even when GPUs exist."),
+    cpu: bool = typer.Option(
+        False, "--cpu", help="Run the CPU tier (Triton interpreter) even when GPUs exist."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Write the versioned JSON report to stdout."),
     save: Path | None = typer.Option(None, "--save", help="Also write the JSON report to this file."),
-    log_dir: Path | None = typer.Option(None, "--log-dir", help="Where probe workers write their logs (default: a temp dir)."),
-    timeout: float = typer.Option(knobs.DEFAULT_PROBE_TIMEOUT_S, "--timeout", min=1.0, help="Seconds each probe may take."),
-    sweeps: bool = typer.Option(True, "--sweeps/--no-sweeps", help="Offset/stride and launch-config sweeps on the first GPU."),
+    log_dir: Path | None = typer.Option(
+        None, "--log-dir", help="Where probe workers write their logs (default: a temp dir)."
+    ),
+    timeout: float = typer.Option(
+        knobs.DEFAULT_PROBE_TIMEOUT_S, "--timeout", min=1.0, help="Seconds each probe may take."
+    ),
+    sweeps: bool = typer.Option(
+        True, "--sweeps/--no-sweeps", help="Offset/stride and launch-config sweeps on the first GPU."
+    ),
     configs: str | None = typer.Option(
-        None, "--configs", help="Launch configs to pin, comma-separated BMxBNxBK-wW-sS (default: the kernel's own table)."
+        None,
+        "--configs",
+        help="Launch configs to pin, comma-separated BMxBNxBK-wW-sS (default: the kernel's own table).",
     ),
     parallel: str | None = typer.Option(
-        None, "--parallel", help="Instead, run the MoE block under these parallel modes (dp,pp,tp,ep), each rank against one GPU; `qmoe-doctor parallel --help` has every knob."
+        None,
+        "--parallel",
+        help="Instead, run the MoE block under these parallel modes (dp,pp,tp,ep), each rank against one GPU; `qmoe-doctor parallel --help` has every knob.",
     ),
 ) -> None:
     """Run the kernel under controlled placements, peer-access states and stream orderings,
@@ -90,11 +106,23 @@ def scan_command(
     if parallel is not None:
         from qmoe_doctor.commands.parallel import run_from_scan
 
-        run_from_scan(ctx, parallel=parallel, kernel=kernel, gpus=gpus, preset=preset, cpu=cpu,
-                      json_out=json_out, save=save, log_dir=log_dir, timeout=timeout)
+        run_from_scan(
+            ctx,
+            parallel=parallel,
+            kernel=kernel,
+            gpus=gpus,
+            preset=preset,
+            cpu=cpu,
+            json_out=json_out,
+            save=save,
+            log_dir=log_dir,
+            timeout=timeout,
+        )
     err = stderr_console()
     if preset not in PRESETS:
-        raise typer.BadParameter(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}", param_hint="--preset")
+        raise typer.BadParameter(
+            f"unknown preset {preset!r}; known: {', '.join(PRESETS)}", param_hint="--preset"
+        )
     check_kernel_ref(kernel)
     conditions = parse_conditions(only)
     inv: Inventory | None = None
@@ -110,16 +138,25 @@ def scan_command(
                 raise typer.Exit(ExitCode.USAGE) from None
             selected = tuple(g.index for g in planned)
         elif gpus:
-            err.print(f"[red]error:[/] --gpus {gpus} given but no GPU is visible ({inv.nvml_error or 'NVML found none'})")
+            err.print(
+                f"[red]error:[/] --gpus {gpus} given but no GPU is visible ({inv.nvml_error or 'NVML found none'})"
+            )
             raise typer.Exit(ExitCode.USAGE)
         else:
-            err.print(f"[yellow]no GPU found[/] ({inv.nvml_error or 'NVML lists none'}): running the CPU tier")
+            err.print(
+                f"[yellow]no GPU found[/] ({inv.nvml_error or 'NVML lists none'}): running the CPU tier"
+            )
     try:
         pinned = tuple(parse_config(c) for c in configs.split(",") if c.strip()) if configs else ()
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--configs") from None
     opts = ScanOptions(
-        preset=preset, rows=rows, conditions=conditions, timeout_s=timeout, sweeps=sweeps, launch_configs=pinned
+        preset=preset,
+        rows=rows,
+        conditions=conditions,
+        timeout_s=timeout,
+        sweeps=sweeps,
+        launch_configs=pinned,
     )
     plan = plan_scan(kernel, planned, opts)
     total = len(plan.specs)
@@ -137,7 +174,10 @@ def scan_command(
             if event.kind is EventKind.OUTCOME and event.outcome is not None:
                 progress.advance(task)
                 o = event.outcome
-                err.print(f"  {o.probe_id}: {o.status}" + (f" ({o.error_kind})" if o.error_kind else ""), style="dim")
+                err.print(
+                    f"  {o.probe_id}: {o.status}" + (f" ({o.error_kind})" if o.error_kind else ""),
+                    style="dim",
+                )
             elif event.kind in (EventKind.PROBE_STARTED, EventKind.CRUMB) and event.probe_id:
                 phase = f" [{event.phase}]" if event.phase else ""
                 progress.update(task, description=f"{event.probe_id}{phase}")

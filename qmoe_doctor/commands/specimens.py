@@ -45,4 +45,6 @@ def specimens_command(
         table.add_row(spec.kernel_option, spec.cause, f"{spec.summary}\n[dim]when: {spec.trigger}[/dim]")
     console = stdout_console()
     console.print(table)
-    console.print("Each is qmoe_doctor.kernels.specimens.<name>:moe_grouped_gemm; docs: docs/causes/<cause>.md")
+    console.print(
+        "Each is qmoe_doctor.kernels.specimens.<name>:moe_grouped_gemm; docs: docs/causes/<cause>.md"
+    )

@@ -160,9 +160,13 @@ def test_expert_offset_at_int32_boundary(stride_we: int) -> None:
     dy = torch.randn(ROWS, SMALL_N, device=CUDA, generator=gen).to(BF16)
     for sizes in ((0, ROWS), (ROWS // 2, ROWS // 2)):
         m_sizes = torch.tensor(sizes, dtype=torch.int32, device=CUDA)
-        fwd.assert_close(moe_grouped_gemm(x, w, m_sizes), moe_grouped_gemm_torch(x.double(), w.double(), m_sizes), BF16)
         fwd.assert_close(
-            moe_grouped_gemm_dx(dy, w, m_sizes), moe_grouped_gemm_dx_torch(dy.double(), w.double(), m_sizes), BF16
+            moe_grouped_gemm(x, w, m_sizes), moe_grouped_gemm_torch(x.double(), w.double(), m_sizes), BF16
+        )
+        fwd.assert_close(
+            moe_grouped_gemm_dx(dy, w, m_sizes),
+            moe_grouped_gemm_dx_torch(dy.double(), w.double(), m_sizes),
+            BF16,
         )
         dw = w  # the same layout: expert 1's gradient is written ~2**31 elements in
         dw.fill_(float("nan"))
@@ -188,7 +192,10 @@ ROW_STRIDE_OVER = -(-I32 // 3 // 16) * 16  # row 3 starts past element 2**31
 
 @pytest.mark.parametrize(
     "stride",
-    [pytest.param(ROW_STRIDE_UNDER, id="row-3-just-under-2**31"), pytest.param(ROW_STRIDE_OVER, id="row-3-just-over-2**31")],
+    [
+        pytest.param(ROW_STRIDE_UNDER, id="row-3-just-under-2**31"),
+        pytest.param(ROW_STRIDE_OVER, id="row-3-just-over-2**31"),
+    ],
 )
 def test_row_offset_at_int32_boundary(stride: int) -> None:
     """A (4, 64) operand whose row stride is so wide that row 3 sits ~2**31 elements in, used
@@ -203,7 +210,9 @@ def test_row_offset_at_int32_boundary(stride: int) -> None:
     w = torch.randn(2, SMALL_N, SMALL_K, device=CUDA, generator=gen).to(BF16)
     m_sizes = torch.tensor([1, 3], dtype=torch.int32, device=CUDA)
     wide64 = wide.double()
-    fwd.assert_close(moe_grouped_gemm(wide, w, m_sizes), moe_grouped_gemm_torch(wide64, w.double(), m_sizes), BF16)
+    fwd.assert_close(
+        moe_grouped_gemm(wide, w, m_sizes), moe_grouped_gemm_torch(wide64, w.double(), m_sizes), BF16
+    )
     fwd.assert_close(
         moe_grouped_gemm_dx(wide, w, m_sizes), moe_grouped_gemm_dx_torch(wide64, w.double(), m_sizes), BF16
     )
@@ -228,7 +237,9 @@ def test_large_shape_forward_dx_dw() -> None:
     dy = torch.randn(m, n, device=CUDA, generator=gen).to(BF16)
     w = (torch.randn(e, n, k, device=CUDA, generator=gen) / k**0.5).to(BF16)
     # float32 reference (float64 at this size is slow on some GPUs); bf16 tolerance is 5x looser
-    fwd.assert_close(moe_grouped_gemm(x, w, m_sizes), moe_grouped_gemm_torch(x.float(), w.float(), m_sizes), BF16)
+    fwd.assert_close(
+        moe_grouped_gemm(x, w, m_sizes), moe_grouped_gemm_torch(x.float(), w.float(), m_sizes), BF16
+    )
     fwd.assert_close(
         moe_grouped_gemm_dx(dy, w, m_sizes), moe_grouped_gemm_dx_torch(dy.float(), w.float(), m_sizes), BF16
     )
@@ -239,9 +250,13 @@ def test_large_shape_forward_dx_dw() -> None:
 
 def test_mixed_devices_cuda_and_cpu_refused() -> None:
     with pytest.raises(ValueError, match="different devices.*w on cpu"):
-        moe_grouped_gemm(torch.randn(8, 16, device=CUDA), torch.randn(2, 8, 16), torch.tensor([4, 4], device=CUDA))
+        moe_grouped_gemm(
+            torch.randn(8, 16, device=CUDA), torch.randn(2, 8, 16), torch.tensor([4, 4], device=CUDA)
+        )
     with pytest.raises(ValueError, match="different devices.*m_sizes on cpu"):
-        moe_grouped_gemm_dw(torch.randn(8, 8, device=CUDA), torch.randn(8, 16, device=CUDA), torch.tensor([4, 4]))
+        moe_grouped_gemm_dw(
+            torch.randn(8, 8, device=CUDA), torch.randn(8, 16, device=CUDA), torch.tensor([4, 4])
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -294,7 +309,9 @@ def test_cuda1_kernel_ordered_after_producer_on_cuda1_stream() -> None:
 def test_mixed_gpus_refused() -> None:
     with pytest.raises(ValueError, match="different devices"):
         moe_grouped_gemm(
-            torch.randn(8, 16, device="cuda:0"), torch.randn(2, 8, 16, device="cuda:1"), torch.tensor([4, 4], device="cuda:0")
+            torch.randn(8, 16, device="cuda:0"),
+            torch.randn(2, 8, 16, device="cuda:1"),
+            torch.tensor([4, 4], device="cuda:0"),
         )
 
 
@@ -322,3 +339,70 @@ def test_bench_kernels_runs_on_gpu(tmp_path: Path) -> None:
     assert report["timed"] is True
     ours = [r for r in report["rows"] if r["impl"] == "qmoe"]
     assert len(ours) == 3 and all(r["tflops"] and r["rel_err"] < fwd.TOLERANCE[BF16].gemm for r in ours)
+
+
+# --------------------------------------------------------------------------------------------
+# Hopper paths and the row combine, compiled (the interpreter runs them in the unit tests)
+# --------------------------------------------------------------------------------------------
+
+HOPPER_CONFIGS = [
+    "128x256x64-w8-s4-tma-flat",
+    "64x128x64-w4-s5-tma-flat",
+    "128x256x64-w8-s3-tma",
+    "128x256x64-w8-s4-flat",
+    "64x128x64-w4-s4-p2",
+]
+
+
+@pytest.mark.parametrize("name", HOPPER_CONFIGS)
+@pytest.mark.parametrize("sizes", [[300, 0, 517, 7, 200], [-5, 900, 0, 30, 10], [64, 64, 64, 64, 0]], ids=str)
+def test_hopper_forward_and_dx_paths(name: str, sizes: list[int]) -> None:
+    from qmoe_doctor.kernels.tuning import config_from_name
+
+    cfg = config_from_name(name)
+    dev = torch.device("cuda", 0)
+    gen = torch.Generator(device=dev).manual_seed(len(name))
+    m, n, k = 1024, 384, 512
+    x = torch.randn(m, k, generator=gen, device=dev).bfloat16()
+    w = (torch.randn(len(sizes), n, k, generator=gen, device=dev) / k**0.5).bfloat16()
+    dy = torch.randn(m, n, generator=gen, device=dev).bfloat16()
+    m_sizes = torch.tensor(sizes, device=dev, dtype=torch.int32)
+    y = moe_grouped_gemm(x, w, m_sizes, config=cfg)
+    assert (
+        fwd.rel_err(y, moe_grouped_gemm_torch(x.double(), w.double(), m_sizes))
+        < fwd.TOLERANCE[torch.bfloat16].gemm
+    )
+    dx = moe_grouped_gemm_dx(dy, w, m_sizes, config=cfg)
+    ref = moe_grouped_gemm_dx_torch(dy.double(), w.double(), m_sizes)
+    assert fwd.rel_err(dx, ref) < fwd.TOLERANCE[torch.bfloat16].gemm
+
+
+@pytest.mark.parametrize("name", ["32x128x128-w4-s4-p2-tma", "64x128x128-w8-s3-flat", "64x128x128-w8-s3"])
+def test_hopper_dw_paths(name: str) -> None:
+    from qmoe_doctor.kernels.tuning import config_from_name
+
+    cfg = config_from_name(name)
+    dev = torch.device("cuda", 0)
+    gen = torch.Generator(device=dev).manual_seed(7)
+    sizes = [300, 0, 517, 7, 200]
+    x = torch.randn(1024, 512, generator=gen, device=dev).bfloat16()
+    dy = torch.randn(1024, 384, generator=gen, device=dev).bfloat16()
+    m_sizes = torch.tensor(sizes, device=dev)
+    dw = moe_grouped_gemm_dw(dy, x, m_sizes, config=cfg)
+    ref = moe_grouped_gemm_dw_torch(dy.double(), x.double(), m_sizes)
+    assert fwd.rel_err(dw, ref) < fwd.TOLERANCE[torch.bfloat16].gemm
+
+
+def test_row_combine_on_gpu_matches_its_twin() -> None:
+    from qmoe_doctor.kernels.combine import segment_starts, segment_sum, segment_sum_torch
+
+    dev = torch.device("cuda", 0)
+    gen = torch.Generator(device=dev).manual_seed(3)
+    counts = torch.tensor([3, 0, 8, 1, 5] * 20, device=dev)
+    rows = torch.randn(int(counts.sum()), 2048, generator=gen, device=dev).bfloat16()
+    order = torch.randperm(rows.shape[0], generator=gen, device=dev)
+    starts = segment_starts(counts)
+    w = torch.randn(order.shape[0], generator=gen, device=dev).bfloat16()
+    got = segment_sum(rows, order, starts, w)
+    want = segment_sum_torch(rows.float(), order, starts, w.float())
+    assert fwd.rel_err(got, want) < 1e-2

@@ -1,0 +1,242 @@
+"""The Hopper paths (TMA loads, flattened persistent loop), the measured config table, and the
+row-combine kernels, against their float64 twins in the interpreter.
+
+On a GPU the same kernels run compiled (tests/gpu/test_kernels_gpu.py takes the table's picks);
+here the interpreter runs them on CPU tensors. A case that the TMA path cannot serve (an
+unaligned stride) must fall back to the pointer kernel and still be right.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from qmoe_doctor.kernels import tuning
+from qmoe_doctor.kernels.backward import (
+    dw_tma_plan,
+    moe_grouped_gemm_dw,
+    moe_grouped_gemm_dw_torch,
+    moe_grouped_gemm_dx,
+    moe_grouped_gemm_dx_torch,
+)
+from qmoe_doctor.kernels.combine import (
+    combine_rows,
+    gather_rows,
+    grouping,
+    segment_starts,
+    segment_sum,
+    segment_sum_torch,
+    sum_rows,
+)
+from qmoe_doctor.kernels.grouped_gemm import GemmConfig, kernel_path, moe_grouped_gemm, moe_grouped_gemm_torch
+
+# (M, m_sizes, N, K): aligned for TMA (16-byte rows in fp16), with empty, partial, negative and
+# over-long counts, uncovered rows, K tails
+CASES = [
+    (40, [10, 0, 30], 40, 48),
+    (37, [5, 13, 2, 17], 24, 64),
+    (30, [4, 6, 0], 24, 32),
+    (64, [-3, 70, 10], 40, 32),
+    (50, [0, 0, 0], 16, 32),
+]
+CONFIGS = [
+    GemmConfig(32, 32, 32, 4, 1, tma=True),
+    GemmConfig(32, 32, 32, 4, 1, flat=True),
+    GemmConfig(32, 32, 32, 4, 1, tma=True, flat=True),
+    GemmConfig(16, 32, 16, 4, 1, programs_per_sm=2, tma=True, flat=True),
+]
+TOL = 2e-3
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    b64 = b.double()
+    denom = b64.norm().item()
+    if denom == 0:
+        return a.double().abs().max().item()
+    return (a.double() - b64).norm().item() / denom
+
+
+def _ops(
+    m: int, sizes: list[int], n: int, k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(m * 100 + n)
+    x = torch.randn(m, k, generator=gen).half()
+    w = torch.randn(len(sizes), n, k, generator=gen).half()
+    dy = torch.randn(m, n, generator=gen).half()
+    return x, w, dy, torch.tensor(sizes, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"M{c[0]}-{c[1]}-N{c[2]}-K{c[3]}")
+def test_forward_and_dx_paths(cfg: GemmConfig, case: tuple[int, list[int], int, int]) -> None:
+    m, sizes, n, k = case
+    x, w, dy, m_sizes = _ops(m, sizes, n, k)
+    assert kernel_path(x, w, cfg).startswith("tma" if cfg.tma else "pointer")
+    y = moe_grouped_gemm(x, w, m_sizes, config=cfg)
+    assert not torch.isnan(y).any()
+    assert _rel(y, moe_grouped_gemm_torch(x.double(), w.double(), m_sizes)) < TOL
+    dx = moe_grouped_gemm_dx(dy, w, m_sizes, config=cfg)
+    assert _rel(dx, moe_grouped_gemm_dx_torch(dy.double(), w.double(), m_sizes)) < TOL
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        GemmConfig(32, 32, 32, 4, 1, tma=True),
+        GemmConfig(16, 32, 16, 4, 1, flat=True),
+        GemmConfig(32, 32, 32, 4, 1, flat=True),
+    ],
+    ids=lambda c: c.name,
+)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"M{c[0]}-{c[1]}-N{c[2]}-K{c[3]}")
+def test_dw_paths(cfg: GemmConfig, case: tuple[int, list[int], int, int]) -> None:
+    m, sizes, n, k = case
+    x, _, dy, m_sizes = _ops(m, sizes, n, k)
+    dw = moe_grouped_gemm_dw(dy, x, m_sizes, config=cfg)
+    assert _rel(dw, moe_grouped_gemm_dw_torch(dy.double(), x.double(), m_sizes)) < TOL
+
+
+def test_unaligned_operands_take_the_pointer_kernel_and_stay_right() -> None:
+    cfg = GemmConfig(32, 32, 32, 4, 1, tma=True, flat=True)
+    big = torch.randn(41, 49).half()
+    x = big[1:, 1:]  # row stride 49 halves = 98 bytes: no tensor descriptor can describe it
+    w = torch.randn(3, 24, 48).half()
+    m_sizes = torch.tensor([10, 20, 10])
+    assert kernel_path(x, w, cfg) == "pointer+flat"
+    y = moe_grouped_gemm(x, w, m_sizes, config=cfg)
+    assert _rel(y, moe_grouped_gemm_torch(x.double(), w.double(), m_sizes)) < TOL
+    dw = torch.empty(3, 24, 48).half()
+    assert dw_tma_plan(torch.randn(40, 24).half(), x, dw, cfg) is None
+
+
+# --------------------------------------------------------------------------------------------
+# The measured table
+# --------------------------------------------------------------------------------------------
+
+
+def test_config_names_round_trip() -> None:
+    for cfg in CONFIGS + [GemmConfig(128, 256, 64, 8, 4, tma=True, flat=True)]:
+        assert tuning.config_from_name(cfg.name) == cfg
+    with pytest.raises(ValueError, match="expected BMxBNxBK"):
+        tuning.config_from_name("128x256-w8")
+    with pytest.raises(ValueError, match="expected BMxBNxBK"):
+        tuning.config_from_name("128x256x64-w8-s3-fast")
+
+
+def test_packaged_table_parses_and_every_entry_beats_or_names_its_figures() -> None:
+    entries = tuning.load_table(tuning._PACKAGED)
+    assert entries, "kernels/configs_sm90.json is missing or empty"
+    data = json.loads(Path(tuning._PACKAGED).read_text())
+    assert data["tuned_on"]["capability"] == [9, 0]
+    assert {e.op for e in entries} == set(tuning.OPS)
+    for item in data["entries"]:  # what the tuner measured travels with the choice
+        assert item["tflops"] > 0 and item["config"]
+
+
+def test_lookup_picks_the_nearest_shape_and_only_on_hopper(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = {
+        "entries": [
+            {"op": "forward", "avg_rows": 16, "n": 1536, "k": 2048, "config": "64x128x64-w4-s4"},
+            {"op": "forward", "avg_rows": 128, "n": 1536, "k": 2048, "config": "128x256x64-w8-s4-tma-flat"},
+            {"op": "dw", "avg_rows": 128, "n": 1536, "k": 2048, "config": "32x128x128-w4-s4-p2-tma"},
+        ]
+    }
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table))
+    monkeypatch.setenv(tuning.TABLE_ENV, str(path))
+    assert tuning.lookup("forward", 100, 1536, 2048, (9, 0)).name == "128x256x64-w8-s4-tma-flat"
+    assert tuning.lookup("forward", 20, 2048, 2048, (9, 0)).name == "64x128x64-w4-s4"
+    assert tuning.lookup("dw", 20, 1536, 2048, (9, 0)).name == "32x128x128-w4-s4-p2-tma"
+    assert tuning.lookup("dx", 128, 1536, 2048, (9, 0)) is None  # no dx entry: the built-in rule
+    assert tuning.lookup("forward", 128, 1536, 2048, (8, 0)) is None  # not measured on Ampere
+
+
+def test_a_broken_table_is_an_error_naming_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(
+        json.dumps({"entries": [{"op": "forward", "avg_rows": 1, "n": 1, "k": 1, "config": "nope"}]})
+    )
+    monkeypatch.setenv(tuning.TABLE_ENV, str(path))
+    with pytest.raises(ValueError, match="bad.json"):
+        tuning.lookup("forward", 1, 1, 1, (9, 0))
+    monkeypatch.setenv(tuning.TABLE_ENV, str(tmp_path / "missing.json"))
+    with pytest.raises(FileNotFoundError, match="missing.json"):
+        tuning.lookup("forward", 1, 1, 1, (9, 0))
+
+
+# --------------------------------------------------------------------------------------------
+# Row combine
+# --------------------------------------------------------------------------------------------
+
+
+def _segments(
+    gen: torch.Generator, counts: list[int], h: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows = sum(counts)
+    order = torch.randperm(rows, generator=gen)
+    starts = segment_starts(torch.tensor(counts))
+    return torch.randn(rows, h, generator=gen), order, starts
+
+
+@pytest.mark.parametrize("counts", [[3, 0, 5, 1], [8] * 4, [0, 0], [1]], ids=str)
+@pytest.mark.parametrize("h", [5, 300])
+def test_segment_sum_matches_its_twin(counts: list[int], h: int) -> None:
+    gen = torch.Generator().manual_seed(len(counts) * 10 + h)
+    rows, order, starts = _segments(gen, counts, h)
+    w = torch.randn(order.shape[0], generator=gen)
+    for weights in (None, w):
+        got = segment_sum(rows, order, starts, weights)
+        assert torch.allclose(got, segment_sum_torch(rows, order, starts, weights), atol=1e-5)
+
+
+def test_combine_and_gather_gradients_match_index_ops() -> None:
+    gen = torch.Generator().manual_seed(3)
+    counts = [3, 0, 5, 1, 4]
+    rows, order, starts = _segments(gen, counts, 37)
+    w = torch.randn(order.shape[0], generator=gen)
+    seg_of_pos = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+    seg_of_row = torch.empty_like(order)
+    seg_of_row[order] = seg_of_pos
+    # combine: out[s] = sum_j w[j] rows[order[j]] == index_add of weighted rows (the kernel
+    # accumulates in float32, hence 1e-5 against float64)
+    r1 = rows.clone().double().requires_grad_()
+    w1 = w.clone().double().requires_grad_()
+    got = combine_rows(r1, order, starts, w1)
+    r2 = rows.clone().double().requires_grad_()
+    w2 = w.clone().double().requires_grad_()
+    w_of_row = w2[torch.argsort(order)]
+    want = torch.zeros(len(counts), 37, dtype=torch.float64).index_add(0, seg_of_row, r2 * w_of_row[:, None])
+    g = torch.randn(len(counts), 37, generator=gen).double()
+    (got * g).sum().backward()
+    (want * g).sum().backward()
+    assert torch.allclose(got, want, atol=1e-5)
+    assert torch.allclose(r1.grad, r2.grad, atol=1e-5) and torch.allclose(w1.grad, w2.grad, atol=1e-5)
+    # gather: src[index] whose backward sums per source row
+    src = torch.randn(len(counts), 37, generator=gen).double().requires_grad_()
+    src2 = src.detach().clone().requires_grad_()
+    got = gather_rows(src, seg_of_row, order, starts)
+    want = src2[seg_of_row]
+    gg = torch.randn_like(got)
+    (got * gg).sum().backward()
+    (want * gg).sum().backward()
+    assert torch.equal(got, want) and torch.allclose(src.grad, src2.grad, atol=1e-5)
+    # sum_rows: unweighted segment sum by index, backward a gather
+    idx = torch.tensor([2, 0, 2, 1, 0, 2])
+    o, st = grouping(idx, 4)
+    r = torch.randn(6, 9, generator=gen).double().requires_grad_()
+    out = sum_rows(r, idx, o, st)
+    assert torch.allclose(out, torch.zeros(4, 9, dtype=torch.float64).index_add(0, idx, r.detach()))
+    out.sum().backward()
+    assert torch.equal(r.grad, torch.ones_like(r))
+
+
+def test_combine_refuses_mixed_devices_and_bad_shapes() -> None:
+    with pytest.raises(ValueError, match="2-D"):
+        segment_sum(torch.zeros(3), torch.arange(3), torch.tensor([0, 3]))
+    with pytest.raises(ValueError, match="must match"):
+        segment_sum(torch.zeros(3, 2), torch.arange(3), torch.tensor([0, 3]), torch.ones(2))
