@@ -16,6 +16,7 @@ Each kernel has its slow, obvious twin: ``moe_grouped_gemm_dx_torch``, ``moe_gro
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Protocol
 
 import torch
@@ -26,6 +27,7 @@ from qmoe_doctor.kernels.grouped_gemm import (
     GemmConfig,
     _clamped_sizes,
     _tma_ready,
+    capability,
     check_routing_sizes,
     device_guard,
     interpreting,
@@ -169,10 +171,15 @@ def pick_dw_config(
     """
     if device.type != "cuda":
         return GemmConfig(32, 32, 32, num_warps=4, num_stages=1)  # interpreter: small and quick
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _pick_dw_config(n, k, index, dtype, round(avg_rows, 1))
+
+
+@functools.lru_cache(maxsize=4096)
+def _pick_dw_config(n: int, k: int, index: int, dtype: torch.dtype, avg_rows: float) -> GemmConfig:
     from qmoe_doctor.kernels import tuning
 
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    cfg = tuning.lookup("dw", avg_rows, n, k, torch.cuda.get_device_capability(index))
+    cfg = tuning.lookup("dw", avg_rows, n, k, capability(index))
     if cfg is None:
         if n >= 128 and k >= 128:
             cfg = GemmConfig(64, 128, 128, num_warps=8, num_stages=3)
@@ -374,7 +381,7 @@ def _grouped_gemm_dw_tma_kernel(
             acc = tl.dot(a.T, b, acc)
         tail = full_chunks * BLOCK_M
         if tail < rows_in_expert:
-            rows = row_start + tail  # int64: rows * stride passes 2**31 for M*K > 2**31
+            rows = tl.cast(row_start + tail, tl.int64)  # rows * stride passes 2**31 for M*K > 2**31
             row_mask = (tail + offs_m) < rows_in_expert
             dy_ptrs = dy_ptr + rows * stride_dym + offs_m[None, :] * stride_dym + cols_n[:, None] * stride_dyn
             x_ptrs = x_ptr + rows * stride_xm + offs_m[:, None] * stride_xm + cols_k[None, :] * stride_xk
@@ -383,7 +390,9 @@ def _grouped_gemm_dw_tma_kernel(
             acc = tl.dot(a_t, b_t, acc)
         out = acc.to(dw_ptr.dtype.element_ty)
         if DW_TMA:
-            dw_desc.store([expert * N + n0, k0], out)  # columns past K are clipped
+            # a descriptor coordinate is an element index (int32 by definition, < E * N); the
+            # copy engine forms the 64-bit address
+            dw_desc.store([expert * N + n0, k0], out)  # qmoe-doctor: ignore[int32-offset]
         else:
             dw_ptrs = (
                 dw_ptr

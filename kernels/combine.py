@@ -64,7 +64,7 @@ def _segment_sum_kernel(
     hi = tl.load(starts_ptr + seg + 1)
     acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
     for j in range(lo, hi):
-        row = tl.load(order_ptr + j)
+        row = tl.cast(tl.load(order_ptr + j), tl.int64)  # row * stride passes 2**31 for R*H > 2**31
         x = tl.load(rows_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_W:
             x = x * tl.load(w_ptr + j).to(tl.float32)
@@ -91,7 +91,7 @@ def _combine_backward_kernel(
     hi = tl.load(starts_ptr + seg + 1)
     g_row = grad_ptr + tl.cast(seg, tl.int64) * stride_g
     for j in range(lo, hi):
-        row = tl.load(order_ptr + j)
+        row = tl.cast(tl.load(order_ptr + j), tl.int64)
         w = tl.load(w_ptr + j).to(tl.float32)
         dot = tl.zeros((BLOCK_H,), dtype=tl.float32)
         for h0 in range(0, H, BLOCK_H):

@@ -95,6 +95,12 @@ def num_sms(device_index: int) -> int:
 
 
 @functools.cache
+def capability(device_index: int) -> tuple[int, int]:
+    major, minor = torch.cuda.get_device_capability(device_index)
+    return int(major), int(minor)
+
+
+@functools.cache
 def smem_limit(device_index: int) -> int:
     props = torch.cuda.get_device_properties(device_index)
     return int(getattr(props, "shared_memory_per_block_optin", 0) or 232448)
@@ -175,11 +181,19 @@ def pick_config(
     shared memory either way. ``op`` is "forward" or "dx" (the forward kernel on w.T)."""
     if device.type != "cuda":
         return GemmConfig(32, 32, 32, num_warps=4, num_stages=1)  # interpreter: small and quick
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _pick_config(m, n, k, e, index, dtype, op)
+
+
+@functools.lru_cache(maxsize=4096)
+def _pick_config(m: int, n: int, k: int, e: int, index: int, dtype: torch.dtype, op: str) -> GemmConfig:
+    """pick_config per (shape, device index, dtype, op), cached: a call with few rows takes tens
+    of microseconds on the GPU, and the table lookup must not add more on the host."""
     from qmoe_doctor.kernels import tuning
 
     avg_rows = max(1, m // max(1, e))
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    cfg = tuning.lookup(op, m / max(1, e), n, k, torch.cuda.get_device_capability(index))
+    device = torch.device("cuda", index)
+    cfg = tuning.lookup(op, m / max(1, e), n, k, capability(index))
     if cfg is None:
         if avg_rows <= 64:
             cfg = GemmConfig(64, 128, 64, num_warps=4, num_stages=4)
@@ -440,7 +454,9 @@ def tensor_descriptor_class(x: torch.Tensor, cfg: GemmConfig) -> Any:
     if interpreting():
         if x.device.type != "cpu":
             return None
-    elif x.device.type != "cuda" or torch.cuda.get_device_capability(x.device) < (9, 0):
+    elif x.device.type != "cuda" or capability(
+        x.device.index if x.device.index is not None else torch.cuda.current_device()
+    ) < (9, 0):
         return None
     try:
         from triton.tools.tensor_descriptor import TensorDescriptor

@@ -61,7 +61,12 @@ def _config_text(pick: Callable[..., Any], *args: Any) -> str:
     """Our kernel's launch config as BMxBNxBK-wW-sS; "" when the kernel's helper says nothing."""
     try:
         c = pick(*args)
-        return f"{c.block_m}x{c.block_n}x{c.block_k}-w{c.num_warps}-s{c.num_stages}"
+        name = getattr(c, "name", None)  # GemmConfig.name: with -pN, -tma, -flat where set
+        return (
+            name
+            if isinstance(name, str)
+            else f"{c.block_m}x{c.block_n}x{c.block_k}-w{c.num_warps}-s{c.num_stages}"
+        )
     except Exception:  # the config helpers are the kernel's business; the bench only reports them
         return ""
 
@@ -209,7 +214,7 @@ def _bench_gemms(
     del ref
 
     ref = moe_grouped_gemm_dx_torch(dy_ref, w_ref, m_sizes)
-    cfg = _config_text(pick_config, m, k, n, e, device, dtype)  # dx is the forward on w.transpose(1, 2)
+    cfg = _config_text(lambda *a: pick_config(*a, op="dx"), m, k, n, e, device, dtype)  # the forward on w.T
     meas.add("dx", B.QMOE, lambda: moe_grouped_gemm_dx(dy, w, m_sizes), ref, flops, config=cfg, **at)
     meas.add("dx", B.GROUPED_MM, lambda: torch._grouped_mm(dy, w, offs=offs), ref, flops, **at)
     meas.add("dx", B.LOOP, loop_dx, ref, flops, **at)
@@ -218,7 +223,7 @@ def _bench_gemms(
 
     ref = moe_grouped_gemm_dw_torch(dy_ref, x_ref, m_sizes)
     del x_ref, dy_ref
-    cfg = _config_text(pick_dw_config, n, k, device, dtype)
+    cfg = _config_text(lambda *a: pick_dw_config(*a, avg_rows=m / e), n, k, device, dtype)
     meas.add("dw", B.QMOE, lambda: moe_grouped_gemm_dw(dy, x, m_sizes), ref, flops, config=cfg, **at)
     meas.add("dw", B.GROUPED_MM, lambda: torch._grouped_mm(dy.T, x, offs=offs), ref, flops, **at)
     meas.add("dw", B.LOOP, loop_dw, ref, flops, **at)

@@ -446,3 +446,26 @@ def test_plot_tool_renders_the_docs_figure(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_tuner_tiny_runs_every_path_and_writes_a_table(tmp_path: Path) -> None:
+    """benchmarks/tune_kernels.py --tiny: every candidate (pointer, TMA, flattened) runs in the
+    interpreter and is compared with its twin; nothing is timed, so the table stays empty."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, str(repo / "benchmarks" / "tune_kernels.py"), "--tiny", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads((tmp_path / "tune.json").read_text())
+    ours = [r for r in result["rows"] if r["impl"] == "qmoe"]
+    assert {r["op"] for r in ours} == {"forward", "dx", "dw"}
+    assert {r["path"] for r in ours} >= {"pointer", "tma", "tma+flat", "pointer+flat"}
+    assert all(r["rel_diff"] is not None and r["rel_diff"] < 1e-2 and not r["note"] for r in ours)
+    assert json.loads((tmp_path / "configs.json").read_text())["entries"] == []  # nothing timed
