@@ -99,7 +99,15 @@ def _grouped_gemm_kernel_int32(
                 )
                 # PLANTED: expert * stride_we formed in int32 (grouped_gemm.py casts expert to
                 # int64 here); it wraps at expert 69 for experts of 5120x6144
-                w_ptrs = w_ptr + expert * stride_we + cols[None, :] * stride_wn + offs_k[:, None] * stride_wk
+                # kept line for line beside grouped_gemm.py's (the small-diff test compares them)
+                # fmt: off
+                w_ptrs = (
+                    w_ptr
+                    + expert * stride_we
+                    + cols[None, :] * stride_wn
+                    + offs_k[:, None] * stride_wk
+                )
+                # fmt: on
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 for k0 in range(0, K, BLOCK_K):
                     k_mask = (k0 + offs_k) < K
