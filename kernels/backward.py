@@ -279,6 +279,34 @@ def _grouped_gemm_dw_kernel(
         tile += NUM_PROGRAMS
 
 
+def _dw_sizes(dy: torch.Tensor, x: torch.Tensor, dw: torch.Tensor) -> tuple[int, ...]:
+    """M, N, K, E and the seven strides, in the order every dw kernel takes them."""
+    return (
+        dy.shape[0],
+        dy.shape[1],
+        x.shape[1],
+        dw.shape[0],
+        dy.stride(0),
+        dy.stride(1),
+        x.stride(0),
+        x.stride(1),
+        dw.stride(0),
+        dw.stride(1),
+        dw.stride(2),
+    )
+
+
+def _launch_options(cfg: GemmConfig) -> dict[str, int]:
+    """The tile sizes and launch options of ``cfg`` as Triton keywords."""
+    return {
+        "BLOCK_M": cfg.block_m,
+        "BLOCK_N": cfg.block_n,
+        "BLOCK_K": cfg.block_k,
+        "num_warps": cfg.num_warps,
+        "num_stages": cfg.num_stages,
+    }
+
+
 def launch_grouped_gemm_dw(
     dy: torch.Tensor,
     x: torch.Tensor,
@@ -291,31 +319,8 @@ def launch_grouped_gemm_dw(
 
     dy (M, N), x (M, K), dw (E, N, K) any strides, bounds (E + 1,) int64 from ``row_bounds``.
     """
-    m, n = dy.shape
-    k = x.shape[1]
-    e = dw.shape[0]
     _grouped_gemm_dw_kernel[(num_programs,)](
-        dy,
-        x,
-        dw,
-        bounds,
-        m,
-        n,
-        k,
-        e,
-        dy.stride(0),
-        dy.stride(1),
-        x.stride(0),
-        x.stride(1),
-        dw.stride(0),
-        dw.stride(1),
-        dw.stride(2),
-        NUM_PROGRAMS=num_programs,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        dy, x, dw, bounds, *_dw_sizes(dy, x, dw), NUM_PROGRAMS=num_programs, **_launch_options(cfg)
     )
 
 
@@ -443,9 +448,6 @@ def launch_grouped_gemm_dw_tma(
 ) -> None:
     """Launch the TMA dw kernel on the current device and stream. Callers hold the device guard."""
     dy_desc, x_desc, dw_desc = plan
-    m, n = dy.shape
-    k = x.shape[1]
-    e = dw.shape[0]
     _grouped_gemm_dw_tma_kernel[(num_programs,)](
         dy_desc,
         x_desc,
@@ -454,24 +456,10 @@ def launch_grouped_gemm_dw_tma(
         x,
         dw,
         bounds,
-        m,
-        n,
-        k,
-        e,
-        dy.stride(0),
-        dy.stride(1),
-        x.stride(0),
-        x.stride(1),
-        dw.stride(0),
-        dw.stride(1),
-        dw.stride(2),
+        *_dw_sizes(dy, x, dw),
         NUM_PROGRAMS=num_programs,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
         DW_TMA=dw_desc is not None,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        **_launch_options(cfg),
     )
 
 
@@ -579,32 +567,15 @@ def launch_grouped_gemm_dw_flat(
     num_programs: int,
 ) -> None:
     """Launch the flattened dw kernel on the current device and stream. Callers hold the guard."""
-    m, n = dy.shape
-    k = x.shape[1]
-    e = dw.shape[0]
     _grouped_gemm_dw_flat_kernel[(num_programs,)](
         dy,
         x,
         dw,
         bounds,
-        m,
-        n,
-        k,
-        e,
-        dy.stride(0),
-        dy.stride(1),
-        x.stride(0),
-        x.stride(1),
-        dw.stride(0),
-        dw.stride(1),
-        dw.stride(2),
+        *_dw_sizes(dy, x, dw),
         num_programs,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        E_POW2=triton.next_power_of_2(e),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        E_POW2=triton.next_power_of_2(dw.shape[0]),
+        **_launch_options(cfg),
     )
 
 
