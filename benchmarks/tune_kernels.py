@@ -72,6 +72,16 @@ DW_CONFIGS = [
     "64x128x128-w8-s3",  # the built-in rule before this table (pointer kernel)
     "32x128x128-w4-s4-p2-tma",
     "64x128x128-w8-s3-p2-tma",
+    # larger output tiles (fewer re-reads of x and dy per expert), one or two programs per SM
+    "32x128x128-w4-s4-tma",
+    "32x128x128-w4-s3-p3-tma",
+    "64x128x128-w8-s3-tma",
+    "64x128x128-w4-s3-p2-tma",
+    "32x128x256-w8-s4-tma",
+    "32x256x128-w8-s4-tma",
+    "64x128x256-w8-s3-tma",
+    "64x256x128-w8-s3-tma",
+    "128x128x128-w8-s3-tma",
     # one flattened loop per program
     "64x128x128-w8-s3-flat",
     "64x128x128-w8-s4-flat",

@@ -33,7 +33,9 @@ from qmoe_doctor.kernels.grouped_gemm import (
     interpreting,
     moe_grouped_gemm,
     moe_grouped_gemm_torch,
-    num_sms,
+    persistent_sms,
+    reserved_sms,
+    sm_reserve,
     smem_limit,
     tensor_descriptor_class,
 )
@@ -198,7 +200,7 @@ def dw_grid_size(e: int, n: int, k: int, cfg: GemmConfig, device: torch.device) 
     tiles = e * triton.cdiv(n, cfg.block_n) * triton.cdiv(k, cfg.block_k)
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
-        return max(1, min(num_sms(index) * max(1, cfg.programs_per_sm), tiles))
+        return max(1, min(persistent_sms(index) * max(1, cfg.programs_per_sm), tiles))
     return max(1, min(4, tiles))  # interpreter: a few programs exercise the tile walk
 
 
@@ -352,7 +354,8 @@ def _grouped_gemm_dw_tma_kernel(
 ):
     """``_grouped_gemm_dw_kernel`` with the expert's whole BLOCK_M-row chunks loaded by the
     copy engine and its last partial chunk by masked pointer loads (a descriptor cannot stop
-    at the expert's last row, and rows of the next expert must not enter this sum)."""
+    at the expert's last row, and rows of the next expert must not enter this sum; loading that
+    chunk as a whole box and masking it afterwards measured 7% slower on an H200, run 14)."""
     pid = tl.program_id(0)
     num_n_tiles = tl.cdiv(N, BLOCK_N)
     num_k_tiles = tl.cdiv(K, BLOCK_K)
@@ -656,13 +659,15 @@ class _MoEFusedLinear(torch.autograd.Function):
         ctx: Any, x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor, kernel: GroupedGemm
     ) -> torch.Tensor:
         ctx.save_for_backward(x, w, m_sizes)
+        ctx.sm_reserve = sm_reserve()  # the backward runs on autograd's thread: carry it over
         return kernel(x, w, m_sizes)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, w, m_sizes = ctx.saved_tensors
-        dx = moe_grouped_gemm_dx(dy.to(w.dtype), w, m_sizes) if ctx.needs_input_grad[0] else None
-        dw = moe_grouped_gemm_dw(dy.to(x.dtype), x, m_sizes) if ctx.needs_input_grad[1] else None
+        with reserved_sms(ctx.sm_reserve):
+            dx = moe_grouped_gemm_dx(dy.to(w.dtype), w, m_sizes) if ctx.needs_input_grad[0] else None
+            dw = moe_grouped_gemm_dw(dy.to(x.dtype), x, m_sizes) if ctx.needs_input_grad[1] else None
         return dx, dw, None, None
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "combine_rows",
     "gather_rows",
     "grouping",
+    "segment_counts",
     "segment_starts",
     "segment_sum",
     "segment_sum_torch",
@@ -245,10 +246,21 @@ def sum_rows(
     return out
 
 
+def segment_counts(index: torch.Tensor, segments: int) -> torch.Tensor:
+    """(S,) int64 rows per segment of ``index`` (values in [0, S)), on its device, without a
+    host synchronization (``torch.bincount`` on a GPU reads the largest index on the host first:
+    one stall per call, which the expert-parallel forward cannot afford several times a step)."""
+    counts = torch.zeros(segments, dtype=torch.int64, device=index.device)
+    return counts.index_add_(
+        0, index.to(torch.int64), torch.ones(index.shape, dtype=torch.int64, device=index.device)
+    )
+
+
 def grouping(index: torch.Tensor, segments: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(order, starts) of rows grouped by ``index`` (row i in segment index[i]), stable."""
+    """(order, starts) of rows grouped by ``index`` (row i in segment index[i]), stable; no
+    host synchronization."""
     order = torch.argsort(index, stable=True)
-    return order, segment_starts(torch.bincount(index, minlength=segments))
+    return order, segment_starts(segment_counts(index, segments))
 
 
 def combine_rows(

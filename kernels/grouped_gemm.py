@@ -43,6 +43,9 @@ __all__ = [
     "check_operands",
     "device_guard",
     "num_sms",
+    "persistent_sms",
+    "reserved_sms",
+    "sm_reserve",
     "interpreting",
     "kernel_path",
     "tma_plan",
@@ -104,6 +107,37 @@ def capability(device_index: int) -> tuple[int, int]:
 def smem_limit(device_index: int) -> int:
     props = torch.cuda.get_device_properties(device_index)
     return int(getattr(props, "shared_memory_per_block_optin", 0) or 232448)
+
+
+# SMs the persistent grids leave free (``reserved_sms``): a collective running on another stream
+# (expert parallelism's all-to-all) gets SMs while our GEMMs run, instead of waiting for them.
+_SM_RESERVE = [0]
+
+
+def sm_reserve() -> int:
+    """How many SMs of each device the persistent grids leave free now (0 unless inside
+    ``reserved_sms``)."""
+    return _SM_RESERVE[0]
+
+
+@contextlib.contextmanager
+def reserved_sms(count: int) -> Iterator[None]:
+    """Within this block our persistent grids use at most ``num_sms - count`` SMs' worth of
+    programs (never fewer than one SM's). Process-wide, not per thread: autograd's backward runs
+    on its own thread, so ``moe_fused_linear`` records the value at forward and restores it."""
+    if count < 0:
+        raise ValueError(f"cannot reserve a negative number of SMs ({count})")
+    before = _SM_RESERVE[0]
+    _SM_RESERVE[0] = int(count)
+    try:
+        yield
+    finally:
+        _SM_RESERVE[0] = before
+
+
+def persistent_sms(device_index: int) -> int:
+    """SMs of this device the persistent grids may fill (all but the reserved ones)."""
+    return max(1, num_sms(device_index) - _SM_RESERVE[0])
 
 
 def device_guard(device: torch.device) -> contextlib.AbstractContextManager[object]:
@@ -709,7 +743,7 @@ def grid_size(m: int, n: int, e: int, cfg: GemmConfig, device: torch.device) -> 
     max_tiles = (triton.cdiv(m, cfg.block_m) + e + 1) * triton.cdiv(n, cfg.block_n)
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
-        return max(1, min(num_sms(index) * max(1, cfg.programs_per_sm), max_tiles))
+        return max(1, min(persistent_sms(index) * max(1, cfg.programs_per_sm), max_tiles))
     return max(1, min(4, max_tiles))  # interpreter: a few programs exercise the tile walk
 
 

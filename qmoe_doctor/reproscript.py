@@ -175,7 +175,8 @@ _CONDITION_DOC = {
     Condition.SIZES_RACE: "as peer, with m_sizes still being written on B's stream (stale values)",
 }
 
-_COMMON = '''
+# The script's kernel loader (also the per-rank scripts', reproscript_parallel.py).
+LOAD_KERNEL = '''
 def load_kernel(ref):
     """``module:function`` or ``path/to/file.py:function``."""
     if USE_QMOE_LOADER:
@@ -193,7 +194,9 @@ def load_kernel(ref):
     else:
         module = importlib.import_module(where)
     return getattr(module, name)
+'''
 
+_COMMON = LOAD_KERNEL + '''
 
 def routing_sizes():
     """Rows per expert, deterministic from SEED (the probes' own patterns)."""

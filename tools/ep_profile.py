@@ -1,13 +1,17 @@
 """Where an expert-parallel step's time goes (issue 7), on the GPUs of one host.
 
-    torchrun --nproc-per-node 2 tools/ep_profile.py --out DIR [--tokens 32768] [--dispatch alltoall]
+    torchrun --nproc-per-node 2 tools/ep_profile.py --out DIR [--tokens 32768] \
+        [--variants "micro=1;micro=2;micro=2,reserve=16"]
 
 Each rank builds the 30B-preset block, its ExpertParallelBlock (probes/parallel/modes.py: the
-code ``qmoe-doctor parallel --modes ep`` runs) and times forward+backward steps with CUDA events
-per phase; rank 0 also times the one-GPU block on the full batch (the baseline the speedup is
-against), the bare all_to_all bandwidth of the dispatch payload, and writes a torch.profiler
-table of two EP steps (top kernels by GPU time, GPU busy fraction). Prints one JSON line per
-rank and writes DIR/ep_profile_rank{r}.json. Diagnostic tooling: nothing here is asserted.
+code ``qmoe-doctor parallel --modes ep`` runs), once per variant (its keyword arguments:
+``micro`` micro-batches, ``reserve`` SMs left to NCCL), and times forward+backward steps with
+CUDA events per phase; rank 0 also times the one-GPU block on the full batch (the baseline the
+speedup is against), the bare all_to_all bandwidth of the dispatch payload, and writes a
+torch.profiler table of two EP steps of the first variant (top kernels by GPU time), and per
+variant the GPU busy time and how much of NCCL's kernel time overlapped other kernels. Prints
+one JSON line per rank and writes DIR/ep_profile_rank{r}.json. Diagnostic tooling: nothing
+here is asserted.
 """
 
 from __future__ import annotations
@@ -23,12 +27,91 @@ import torch
 import torch.distributed as dist
 
 
+def parse_variant(spec: str) -> dict[str, int]:
+    """'micro=2,reserve=16' -> ExpertParallelBlock keyword arguments."""
+    names = {"micro": "micro_batches", "reserve": "reserve_sms"}
+    kw: dict[str, int] = {}
+    for item in spec.split(","):
+        key, _, value = item.strip().partition("=")
+        if key not in names or not value.strip().isdigit():
+            raise SystemExit(f"bad variant item {item!r}: use micro=N and/or reserve=N")
+        kw[names[key]] = int(value)
+    return kw
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def _intersect(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> float:
+    total, i, j = 0.0, 0, 0
+    while i < len(xs) and j < len(ys):
+        a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        total += max(0.0, b - a)
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def kernel_overlap(prof: object, steps: int) -> dict[str, float]:
+    """GPU busy time per step (union of every kernel), NCCL kernel time per step and the part of
+    it that ran while another kernel ran (us from the profiler's device events)."""
+    from torch.autograd import DeviceType
+
+    nccl, other = [], []
+    for e in prof.events():  # type: ignore[attr-defined]
+        if e.device_type != DeviceType.CUDA:
+            continue
+        span = (float(e.time_range.start), float(e.time_range.end))
+        (nccl if "nccl" in e.name.lower() else other).append(span)
+    n, o = _union(nccl), _union(other)
+    return {
+        "gpu_busy_ms_per_step": round(_length(_union(nccl + other)) / 1e3 / steps, 3),
+        "nccl_ms_per_step": round(_length(n) / 1e3 / steps, 3),
+        "nccl_overlapped_ms_per_step": round(_intersect(n, o) / 1e3 / steps, 3),
+    }
+
+
+def count_syncs(step: object) -> dict[str, object]:
+    """Host synchronizations in one step, as torch's sync debug mode reports them (warn mode:
+    each sync is a warning), with the distinct Python lines that caused them."""
+    import warnings
+
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            step()  # type: ignore[operator]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    where = [
+        f"{os.path.basename(w.filename)}:{w.lineno}" for w in seen if "synchroniz" in str(w.message).lower()
+    ]
+    return {"host_syncs_per_step": len(where), "host_sync_sites": sorted(set(where))}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--preset", default="qwen3-30b-a3b")
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--dispatch", default="", help="ExpertParallelBlock dispatch strategy, if it has several")
+    ap.add_argument(
+        "--variants",
+        default="micro=2",
+        help="';'-separated ExpertParallelBlock settings, e.g. 'micro=1;micro=2,reserve=16'",
+    )
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args()
     for var in ("NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS"):
@@ -47,50 +130,69 @@ def main() -> int:
 
     torch.manual_seed(0)
     full = MoEBlock(args.preset, device=dev, dtype=torch.bfloat16)
-    kw = {"dispatch": args.dispatch} if args.dispatch else {}
-    layer = ExpertParallelBlock(
-        full, rank=rank, world=world, kernel=moe_grouped_gemm, hooks=hooks_for(None), **kw
-    )
     g = torch.Generator(device=dev).manual_seed(1)
     x_all = torch.randn(args.tokens, full.shape.hidden, generator=g, device=dev).to(torch.bfloat16)
     part = args.tokens // world
     xs = x_all[rank * part : (rank + 1) * part].contiguous()
     up = torch.randn_like(xs)
+    from torch.profiler import ProfilerActivity, profile
 
-    phases: dict[str, list[float]] = {"step": [], "forward": [], "backward": []}
+    result: dict[str, object] = {"rank": rank, "world": world, "tokens": args.tokens, "variants": {}}
+    variants = [v.strip() for v in args.variants.split(";") if v.strip()]
+    for index, spec in enumerate(variants):
+        kw = parse_variant(spec)
+        layer = ExpertParallelBlock(
+            full, rank=rank, world=world, kernel=moe_grouped_gemm, hooks=hooks_for(None), **kw
+        )
+        phases: dict[str, list[float]] = {"step": [], "forward": [], "backward": [], "cpu_forward": []}
 
-    def ep_step(record: bool) -> None:
-        e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-        xr = xs.detach().requires_grad_()
-        e0.record()
-        out, _ = layer(xr)
-        e1.record()
-        (out.float() * up.float()).sum().backward()
-        if layer.gate.weight.grad is not None:
-            dist.all_reduce(layer.gate.weight.grad)
-        e2.record()
-        layer.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        if record:
-            phases["forward"].append(e0.elapsed_time(e1))
-            phases["backward"].append(e1.elapsed_time(e2))
+        def ep_step(record: bool, layer: ExpertParallelBlock = layer, phases: dict = phases) -> None:
+            e0, e1, e2 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            xr = xs.detach().requires_grad_()
+            e0.record()
+            c0 = time.perf_counter()
+            out, _ = layer(xr)
+            c1 = time.perf_counter()  # the host's time to issue the forward (no sync after it)
+            e1.record()
+            (out.float() * up.float()).sum().backward()
+            if layer.gate.weight.grad is not None:
+                dist.all_reduce(layer.gate.weight.grad)
+            e2.record()
+            layer.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            if record:
+                phases["forward"].append(e0.elapsed_time(e1))
+                phases["cpu_forward"].append((c1 - c0) * 1e3)
+                phases["backward"].append(e1.elapsed_time(e2))
 
-    for _ in range(3):
-        ep_step(False)
-    dist.barrier()
-    for _ in range(args.steps):
+        for _ in range(3):
+            ep_step(False)
         dist.barrier()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        ep_step(True)
-        phases["step"].append((time.perf_counter() - t0) * 1e3)
-    result: dict[str, object] = {
-        "rank": rank,
-        "world": world,
-        "tokens": args.tokens,
-        "dispatch": args.dispatch or "default",
-    }
-    result.update({f"{k}_ms": round(statistics.median(v), 3) for k, v in phases.items()})
+        for _ in range(args.steps):
+            dist.barrier()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            ep_step(True)
+            phases["step"].append((time.perf_counter() - t0) * 1e3)
+        row: dict[str, object] = {f"{k}_ms": round(statistics.median(v), 3) for k, v in phases.items()}
+        row.update(count_syncs(lambda: ep_step(False)))
+        # every rank runs the profiled steps (they are collective); rank 0 keeps the figures
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(2):
+                ep_step(False)
+        if rank == 0:
+            row.update(kernel_overlap(prof, steps=2))
+            if index == 0:
+                table = prof.key_averages().table(
+                    sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=60
+                )
+                args.out.mkdir(parents=True, exist_ok=True)
+                (args.out / "ep_profile_table.txt").write_text(f"variant {spec}\n{table}")
+                prof.export_chrome_trace(str(args.out / "ep_trace_rank0.json"))
+        result["variants"][spec] = row  # type: ignore[index]
+        print(json.dumps({"rank": rank, "variant": spec, **row}), flush=True)
+        del layer
+        dist.barrier()
 
     # bare all_to_all of the dispatch payload: every token to every other rank, bf16 rows
     payload = torch.randn(part * world, full.shape.hidden, device=dev).to(torch.bfloat16)
@@ -107,20 +209,6 @@ def main() -> int:
     result["all_to_all_ms"] = round(a2a_ms, 3)
     result["all_to_all_GBps_per_rank"] = round(moved / a2a_ms / 1e6, 1)
 
-    # every rank runs the profiled steps (they are collective); rank 0 keeps the table
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(2):
-            ep_step(False)
-    if rank == 0:
-        table = prof.key_averages().table(
-            sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=60
-        )
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "ep_profile_table.txt").write_text(table)
-        busy = sum(e.self_device_time_total for e in prof.key_averages()) / 1e3 / 2  # ms per step
-        result["gpu_busy_ms_per_step"] = round(busy, 3)
     dist.barrier()
     if rank == 0:
         # the one-GPU baseline on the full batch (what `parallel` scales against)
@@ -149,7 +237,8 @@ def main() -> int:
             sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=60
         )
         (args.out / "single_profile_table.txt").write_text(table)
-        result["ep_speedup"] = round(result["single_step_ms"] / result["step_ms"], 3)  # type: ignore[operator]
+        for row in result["variants"].values():  # type: ignore[union-attr]
+            row["ep_speedup"] = round(result["single_step_ms"] / row["step_ms"], 3)  # type: ignore[operator]
     dist.barrier()
     print(json.dumps(result), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -39,10 +39,11 @@ them.
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +53,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from qmoe_doctor.kernels.backward import moe_fused_linear
-from qmoe_doctor.kernels.combine import combine_rows, gather_rows, grouping, segment_starts, sum_rows
+from qmoe_doctor.kernels.combine import (
+    combine_rows,
+    gather_rows,
+    grouping,
+    segment_counts,
+    segment_starts,
+    sum_rows,
+)
+from qmoe_doctor.kernels.grouped_gemm import reserved_sms
 from qmoe_doctor.kernels.moe_block import MoEBlock, MoEBlockTorch, resolve_shape
 from qmoe_doctor.kernels.routing import sort_by_expert
 from qmoe_doctor.presets import PRESETS, MoEShape, get_preset
@@ -581,11 +590,19 @@ class ExpertParallelBlock(nn.Module):
     """The MoE block with this rank's experts only. Parameter names are the block's
     (``gate.weight``, ``gate_up_proj``, ``down_proj``); the stacks hold ``E / W`` experts.
 
-    Forward (``ep.py`` describes the dispatch): route this rank's tokens; send each token once
-    to every rank owning one of its experts, with its k global ids and weights; on the
-    receiving side keep the slots this rank owns, remap their ids (the ``local_expert_ids``
-    hook), run the local experts, weight and sum each pair's rows; send the sums back and add
-    them into the tokens."""
+    Forward (``ep.py`` describes the dispatch): route this rank's tokens; cut them into
+    ``micro_batches`` contiguous spans; ONE count exchange plans every span (pairs per rank and
+    the slots each receiver owns, so nothing is read from the device again); each span sends
+    each token once to every rank owning one of its experts, its row, k weights and k global ids
+    in one message. The receiver keeps the slots it owns, remaps their ids (the
+    ``local_expert_ids`` hook), runs its experts, weights and sums each pair's rows and sends the
+    sums back; the sender adds them into its tokens.
+
+    On a GPU with two or more micro-batches each span runs on its own CUDA stream, issued in the
+    order send A, send B, experts A, return A, experts B, return B: NCCL runs one span's
+    exchange while the other's experts compute, and autograd (each backward op on its forward
+    op's stream, in reverse creation order) overlaps the backward the same way.
+    ``reserve_sms`` SMs are left free by our persistent GEMMs meanwhile, for NCCL's kernels."""
 
     # the block's own router code: softmax in float32, top-k, renormalize, cast back
     route = MoEBlock.route
@@ -599,6 +616,8 @@ class ExpertParallelBlock(nn.Module):
         kernel: Any,
         hooks: RankHooks,
         group: Any = None,
+        micro_batches: int = 1,
+        reserve_sms: int = 0,
     ) -> None:
         super().__init__()
         s = full.shape
@@ -610,8 +629,14 @@ class ExpertParallelBlock(nn.Module):
         self.world = world
         self.per_rank = ep_ops.experts_per_rank(s.num_experts, world)
         self.first = ep_ops.first_expert(rank, self.per_rank)
+        if micro_batches < 1 or reserve_sms < 0:
+            raise ValueError(f"micro_batches >= 1 and reserve_sms >= 0, got {micro_batches}, {reserve_sms}")
+        self.micro_batches = micro_batches
+        self.reserve_sms = reserve_sms
         own = slice(self.first, self.first + self.per_rank)
         device, dtype = full.gate_up_proj.device, full.gate_up_proj.dtype
+        if s.num_experts > ep_ops.max_packed_experts(dtype):
+            raise ValueError(f"{s.num_experts} experts do not fit the id field of a {dtype} row")
         self.gate = nn.Linear(s.hidden, s.num_experts, bias=False, device=device, dtype=dtype)
         with torch.no_grad():
             self.gate.weight.copy_(full.gate.weight)
@@ -620,30 +645,44 @@ class ExpertParallelBlock(nn.Module):
         self.kernel = kernel
         self.hooks = hooks
         self.group = group
-        # diagnostic pass: called with (rows, their global ids, their local ids) before the
-        # expert call, and with (expert inputs, outputs, global ids), rows sorted, after it
+        self._streams: list[torch.cuda.Stream] | None = None
+        # diagnostic pass: called once with (global ids, local ids) of every received slot this
+        # rank owns before the expert calls, and per micro-batch with (expert inputs, outputs,
+        # global ids), rows sorted by expert, after them
         self.before_experts: Callable[[torch.Tensor, torch.Tensor], None] | None = None
         self.after_experts: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None
 
-    def expert_sums(self, x_in: torch.Tensor, ids_in: torch.Tensor, w_in: torch.Tensor) -> torch.Tensor:
+    def _side_streams(self, device: torch.device, count: int) -> list[torch.cuda.Stream] | None:
+        if device.type != "cuda" or count < 2:
+            return None
+        if self._streams is None or len(self._streams) < count:
+            self._streams = [torch.cuda.Stream(device) for _ in range(count)]
+        return self._streams[:count]
+
+    def expert_sums(
+        self,
+        x_in: torch.Tensor,
+        w_in: torch.Tensor,
+        pair: torch.Tensor,
+        slot: torch.Tensor,
+        local_ids: torch.Tensor,
+        global_ids: torch.Tensor,
+    ) -> torch.Tensor:
         """Received pairs -> this rank's share of each pair's output.
 
-        x_in (P, H) tokens, ids_in (P, k) their global expert ids, w_in (P, k) their routing
-        weights -> (P, H): the weighted sum of the pair's rows on this rank's experts. Local ids
-        outside [0, E/W) are counted by no expert (their rows are zero)."""
-        pair, slot = ep_ops.local_slots(ids_in, self.rank, self.per_rank)  # pair-major
-        global_ids = ids_in[pair, slot]  # (R,) one row per (pair, local slot)
-        local_ids = self.hooks.local_expert_ids(global_ids, self.first, self.per_rank)
-        if self.before_experts is not None:
-            self.before_experts(global_ids, local_ids)
+        x_in (P, H) tokens, w_in (P, k) their routing weights, (pair, slot) the received slots
+        this rank owns (pair-major) with their local and global ids -> (P, H): the weighted sum
+        of the pair's rows on this rank's experts. Local ids outside [0, E/W) are counted by no
+        expert (their rows are zero)."""
         routing = sort_by_expert(local_ids[:, None], self.per_rank)
         src = pair[routing.perm]  # the pair of each row, rows sorted by local expert
         # pair p's rows sit at sorted positions inv_perm[starts[p] : starts[p + 1]]
-        starts = segment_starts(torch.bincount(pair, minlength=x_in.shape[0]))
+        starts = segment_starts(segment_counts(pair, x_in.shape[0]))
         xs = gather_rows(x_in, src, routing.inv_perm, starts)  # (R, H)
-        gate_up = moe_fused_linear(xs, self.gate_up_proj, routing.m_sizes, kernel=self.kernel)
-        gate, up = gate_up.chunk(2, dim=-1)
-        down = moe_fused_linear(F.silu(gate) * up, self.down_proj, routing.m_sizes, kernel=self.kernel)
+        with reserved_sms(self.reserve_sms):
+            gate_up = moe_fused_linear(xs, self.gate_up_proj, routing.m_sizes, kernel=self.kernel)
+            gate, up = gate_up.chunk(2, dim=-1)
+            down = moe_fused_linear(F.silu(gate) * up, self.down_proj, routing.m_sizes, kernel=self.kernel)
         if self.after_experts is not None:
             self.after_experts(xs, down, global_ids[routing.perm])
         # each pair's weighted sum over its local rows: one pass, no atomics
@@ -651,21 +690,72 @@ class ExpertParallelBlock(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         router_logits, topk_weights, topk_ids = self.route(hidden_states)
-        # one host synchronization for both the send and the receive counts
-        plan, recv = ep_ops.token_dispatch_exchange(topk_ids, self.num_experts, self.world, self.group)
-        send = plan.send_counts
-        tokens = hidden_states.shape[0]
-        order, starts = grouping(
-            plan.tokens, tokens
-        )  # each token's pairs, for the gather's backward and the sum
-        x_in = ep_ops.all_to_all(
-            gather_rows(hidden_states, plan.tokens, order, starts), recv, send, self.group
+        tokens, hidden = hidden_states.shape
+        k = self.top_k
+        # one count exchange (one host synchronization) for every micro-batch
+        plans = ep_ops.plan_micro_batches(
+            topk_ids, self.num_experts, self.world, self.micro_batches, self.group
         )
-        ids_in = ep_ops.all_to_all(topk_ids[plan.tokens].to(torch.int64), recv, send, self.group)
-        w_in = ep_ops.all_to_all(topk_weights[plan.tokens], recv, send, self.group)
-        sums = self.expert_sums(x_in, ids_in, w_in)
-        back = ep_ops.all_to_all(sums, send, recv, self.group)  # (P, H), in send order
-        return sum_rows(back, plan.tokens, order, starts), router_logits
+        packed = ep_ops.pack_tokens(hidden_states, topk_weights, topk_ids)  # (T, H + 2k)
+        streams = self._side_streams(hidden_states.device, len(plans))
+        here = torch.cuda.current_stream(hidden_states.device) if streams else None
+        if streams:
+            for m, st in enumerate(streams):
+                st.wait_stream(here)
+                # made on this stream, read on st (also by the backward): not reused before st is done
+                packed.record_stream(st)
+                plans[m].tokens.record_stream(st)
+
+        def on(m: int) -> Any:
+            return torch.cuda.stream(streams[m]) if streams else nullcontext()
+
+        # 1. every micro-batch's dispatch first: NCCL moves B while A's experts compute
+        received = []
+        for m, plan in enumerate(plans):
+            with on(m):
+                order, starts = grouping(plan.tokens, tokens)  # each token's pairs (gather backward)
+                send = gather_rows(packed, plan.tokens, order, starts)  # (P, H + 2k)
+                buf = ep_ops.all_to_all(send, plan.recv_counts, plan.send_counts, self.group)
+                x_in, w_in, ids_in = ep_ops.unpack_pairs(buf, hidden, k)
+                pair, slot = ep_ops.local_slots_sized(ids_in, self.rank, self.per_rank, plan.recv_slots)
+                global_ids = ids_in[pair, slot]  # (R,) one row per (pair, local slot)
+                local_ids = self.hooks.local_expert_ids(global_ids, self.first, self.per_rank)
+                received.append((x_in, w_in, pair, slot, local_ids, global_ids))
+        if self.before_experts is not None:  # the diagnostic pass (synchronizes)
+            if streams:
+                torch.cuda.synchronize(hidden_states.device)
+            self.before_experts(torch.cat([r[5] for r in received]), torch.cat([r[4] for r in received]))
+        # 2. per micro-batch: experts, then the sums go back
+        outs = []
+        for m, (plan, got) in enumerate(zip(plans, received, strict=True)):
+            with on(m):
+                sums = self.expert_sums(*got)
+                back = ep_ops.all_to_all(sums, plan.send_counts, plan.recv_counts, self.group)
+                lo, hi = plan.span
+                order, starts = grouping(plan.tokens - lo, hi - lo)
+                outs.append(sum_rows(back, plan.tokens - lo, order, starts))  # (hi - lo, H)
+        if streams:
+            for st in streams:
+                here.wait_stream(st)
+            for t in outs:
+                t.record_stream(here)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return out, router_logits
+
+
+EP_MICRO_ENV = "QMOE_EP_MICRO_BATCHES"
+
+
+def ep_micro_batches() -> int:
+    """Micro-batches of the ep mode's block: ``$QMOE_EP_MICRO_BATCHES`` or the default, 1 (two
+    overlap one micro-batch's all-to-all with the other's experts, but measured slower on 2x
+    H200: 18.7 against 12.8 ms per step, run 15; docs/parallel.md)."""
+    text = os.environ.get(EP_MICRO_ENV, "").strip()
+    if not text:
+        return 1
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{EP_MICRO_ENV} must be a positive integer, got {text!r}")
+    return int(text)
 
 
 def expected_expert_rows(full: MoEBlock, rows: torch.Tensor, global_ids: torch.Tensor) -> torch.Tensor:
@@ -686,12 +776,15 @@ def run_ep(s: Setup) -> dict[str, Any]:
     mine = tp_ops.tp_slice(s.p.tokens, w.rank, w.size)
     s.ctx.fact("parallel.tokens", [mine.start, mine.stop])
     s.ctx.stage("shard")
-    layer = ExpertParallelBlock(block, rank=w.rank, world=w.size, kernel=s.spy, hooks=s.hooks)
+    layer = ExpertParallelBlock(
+        block, rank=w.rank, world=w.size, kernel=s.spy, hooks=s.hooks, micro_batches=ep_micro_batches()
+    )
+    s.ctx.fact("ep.micro_batches", layer.micro_batches)
     s.ctx.fact("ep.experts_per_rank", layer.per_rank)
     s.ctx.fact("ep.first_expert", layer.first)
     s.ctx.fact("ep.remap_hook", "kernel module" if LOCAL_IDS_HOOK in s.hooks.overridden else "default")
     xs, us = x[mine], upstream[mine]
-    seen: dict[str, torch.Tensor] = {}
+    seen: dict[str, list[torch.Tensor]] = {"rows": [], "y": [], "global_ids": []}
 
     def before(global_ids: torch.Tensor, local_ids: torch.Tensor) -> None:
         # the diagnostic pass proper: ids checked on the host before the expert call
@@ -710,7 +803,9 @@ def run_ep(s: Setup) -> dict[str, Any]:
             )
 
     def after(rows: torch.Tensor, y: torch.Tensor, global_ids: torch.Tensor) -> None:
-        seen["rows"], seen["y"], seen["global_ids"] = rows.detach(), y.detach(), global_ids.detach()
+        # once per micro-batch: the rank's rows are all of them together
+        for key, t in (("rows", rows), ("y", y), ("global_ids", global_ids)):
+            seen[key].append(t.detach())
 
     layer.before_experts, layer.after_experts = before, after
 
@@ -730,11 +825,12 @@ def run_ep(s: Setup) -> dict[str, Any]:
     record_devices(s)
     s.ctx.crumb(Phase.COMPARE)
     s.ctx.stage("compare")
-    if "y" in seen:
+    if seen["y"]:
+        got = {key: torch.cat(parts) for key, parts in seen.items()}
         with torch.no_grad(), device_guard(device):
             s.spy.stage = "diagnostic"
-            expected_rows = expected_expert_rows(block, seen["rows"], seen["global_ids"])
-        local = compare("local experts", seen["y"], expected_rows, s.tol)
+            expected_rows = expected_expert_rows(block, got["rows"], got["global_ids"])
+        local = compare("local experts", got["y"], expected_rows, s.tol)
         s.ctx.fact("ep.local_expert_rel_error", local.rel_error)
         s.ctx.fact("ep.local_expert_ok", local.ok)
     own = slice(layer.first, layer.first + layer.per_rank)

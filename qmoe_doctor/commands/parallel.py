@@ -29,6 +29,7 @@ from qmoe_doctor.parallel import (
     EventKind,
     ParallelEvent,
     ParallelOptions,
+    ParallelPlan,
     ParallelPlanError,
     ParallelReport,
     describe_outcome,
@@ -58,6 +59,24 @@ def run_parallel_cli(
     log_dir: Path | None,
 ) -> None:
     """Validate, plan, run, render; always ends with ``typer.Exit``."""
+    plan = prepare_parallel(modes=modes, kernel=kernel, gpus=gpus, cpu=cpu, options=options)
+    report = launch_parallel(plan, log_dir=log_dir)
+    if save is not None:
+        save.write_text(json.dumps(report_json(report), indent=2, allow_nan=True) + "\n")
+    if json_out:
+        emit_json("parallel", report_json(report))
+    else:
+        render_parallel(stdout_console(), report)
+    if nothing_ran(report):
+        raise typer.Exit(ExitCode.CHECK_BROKEN)
+    raise typer.Exit(ExitCode.HEALTHY if report.healthy else ExitCode.FAULT)
+
+
+def prepare_parallel(
+    *, modes: str, kernel: str, gpus: str | None, cpu: bool, options: ParallelOptions
+) -> ParallelPlan:
+    """Validate the options, pick the GPUs (CPU ranks, with a note, when none is visible) and
+    plan the launches; a usage error raises ``typer.BadParameter`` or ``typer.Exit(2)``."""
     err = stderr_console()
     check_kernel_ref(kernel)
     try:
@@ -84,10 +103,17 @@ def run_parallel_cli(
                 "processes (gloo, Triton interpreter)"
             )
     try:
-        plan = plan_parallel(kernel, selected, replace(options, modes=chosen), cpu=cpu or not selected)
+        return plan_parallel(kernel, selected, replace(options, modes=chosen), cpu=cpu or not selected)
     except ParallelPlanError as exc:
         err.print(Text(f"error: {exc}", style="red"), soft_wrap=True)
         raise typer.Exit(ExitCode.USAGE) from None
+
+
+def launch_parallel(plan: ParallelPlan, *, log_dir: Path | None) -> ParallelReport:
+    """Run the plan with progress on stderr (SIGTERM ends it as Ctrl-C does); a kernel that
+    no rank could import is a usage error (``typer.Exit(2)``)."""
+    err = stderr_console()
+    kernel = plan.kernel
 
     def on_event(event: ParallelEvent) -> None:
         if event.kind is EventKind.RUN_STARTED:
@@ -121,22 +147,14 @@ def run_parallel_cli(
             soft_wrap=True,
         )
         raise typer.Exit(ExitCode.USAGE)
-    if save is not None:
-        save.write_text(json.dumps(report_json(report), indent=2, allow_nan=True) + "\n")
-    if json_out:
-        emit_json("parallel", report_json(report))
-    else:
-        render_parallel(stdout_console(), report)
-    if nothing_ran(report):
-        raise typer.Exit(ExitCode.CHECK_BROKEN)
-    raise typer.Exit(ExitCode.HEALTHY if report.healthy else ExitCode.FAULT)
+    return report
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def _given(ctx: typer.Context, name: str) -> bool:
+def option_given(ctx: typer.Context, name: str) -> bool:
     """Whether the user set option ``name`` (not its default). The source enum is compared by
     name: typer vendors its own click in recent versions."""
     source = ctx.get_parameter_source(name)
@@ -159,8 +177,8 @@ def run_from_scan(
     """``scan --parallel``: scan's options where they apply, the runs' defaults otherwise (the
     CPU tier's preset is tiny unless --preset was given; --timeout is per launch when given)."""
     options = ParallelOptions(
-        preset=preset if _given(ctx, "preset") else None,
-        timeout_s=timeout if _given(ctx, "timeout") else DEFAULT_RUN_TIMEOUT_S,
+        preset=preset if option_given(ctx, "preset") else None,
+        timeout_s=timeout if option_given(ctx, "timeout") else DEFAULT_RUN_TIMEOUT_S,
     )
     run_parallel_cli(
         modes=parallel,

@@ -13,13 +13,17 @@ from rich.console import Console
 from rich.text import Text
 
 from qmoe_doctor import knobs
+from qmoe_doctor.commands.parallel import launch_parallel, option_given, prepare_parallel, render_parallel
 from qmoe_doctor.commands.scan import check_kernel_ref
 from qmoe_doctor.exitcodes import ExitCode
 from qmoe_doctor.inventory import GpuInfo, GpuSelectionError, collect_inventory, select_gpus
 from qmoe_doctor.output import emit_json, stderr_console, stdout_console
+from qmoe_doctor.parallel import DEFAULT_RUN_TIMEOUT_S, ParallelOptions, nothing_ran
+from qmoe_doctor.parallel import report_json as parallel_report_json
 from qmoe_doctor.presets import PRESETS
 from qmoe_doctor.render import diagnosis_panel
 from qmoe_doctor.repro import ReproOptions, ReproReport, plan_repro, report_json, run_repro, shrink_cells
+from qmoe_doctor.reproscript_parallel import PARALLEL_SCRIPT_CAUSES, script_specs, write_parallel_scripts
 from qmoe_doctor.scan import KernelRefError
 
 KERNEL_HELP = (
@@ -70,20 +74,45 @@ def _select(gpus: str | None) -> tuple[GpuInfo, ...]:
 
 
 def repro_command(
+    ctx: typer.Context,
     gpus: str | None = typer.Option(
         None,
         "--gpus",
-        help="NVML / nvidia-smi indices of the GPUs to split the model over, in order, e.g. 0,1 (default: the first two).",
+        help=(
+            "NVML / nvidia-smi indices of the GPUs to split the model over, in order, e.g. 0,1 (default: "
+            "the first two; with --parallel: one rank per GPU, default all)."
+        ),
+    ),
+    parallel: str | None = typer.Option(
+        None,
+        "--parallel",
+        help=(
+            "Instead, reproduce per-rank faults: run these parallel modes (dp,pp,tp,ep; torchrun, one rank "
+            "per GPU), diagnose each rank, and write a torchrun script for each device-never-set or "
+            "invalid-routing diagnosis."
+        ),
+    ),
+    cpu: bool = typer.Option(
+        False,
+        "--cpu",
+        help="With --parallel: run the ranks as CPU processes (gloo, Triton interpreter) even when GPUs exist.",
     ),
     kernel: str = typer.Option("builtin", "--kernel", "-k", help=KERNEL_HELP),
     preset: str = typer.Option(
-        "tiny", "--preset", help=f"Shape of the pipeline's MoE blocks: {', '.join(PRESETS)}."
+        "tiny",
+        "--preset",
+        help=f"Shape of the MoE blocks (the pipeline's, or --parallel's): {', '.join(PRESETS)}.",
     ),
     layers: int | None = typer.Option(
-        None, "--layers", min=2, help="Layers of the pipeline (default: two per GPU)."
+        None,
+        "--layers",
+        min=2,
+        help="Layers of the pipeline, or of --parallel's pp stack (default: two per GPU).",
     ),
-    steps: int = typer.Option(2, "--steps", min=1, help="Training steps (forward, backward, update)."),
-    out: Path = typer.Option(Path("."), "--out", help="Directory for the standalone repro script."),
+    steps: int = typer.Option(
+        2, "--steps", min=1, help="Training steps (forward, backward, update); not with --parallel."
+    ),
+    out: Path = typer.Option(Path("."), "--out", help="Directory for the standalone repro script(s)."),
     json_out: bool = typer.Option(False, "--json", help="Write the versioned JSON report to stdout."),
     no_sanitizer: bool = typer.Option(
         False, "--no-sanitizer", help="Do not confirm access faults under compute-sanitizer."
@@ -92,13 +121,22 @@ def repro_command(
         None, "--log-dir", help="Where probe workers write their logs (default: a temp dir)."
     ),
     timeout: float = typer.Option(
-        knobs.DEFAULT_PROBE_TIMEOUT_S, "--timeout", min=1.0, help="Seconds each probe may take."
+        knobs.DEFAULT_PROBE_TIMEOUT_S,
+        "--timeout",
+        min=1.0,
+        help=f"Seconds each probe may take (with --parallel: each launch; default {DEFAULT_RUN_TIMEOUT_S:.0f}).",
     ),
 ) -> None:
     """Reproduce a multi-GPU failure the way users hit it (MoE layers split over the GPUs, the
     first GPU current, forward and backward), shrink it to the fewest conditions that still
     fail, name the cause, confirm access faults under compute-sanitizer, and write a
     standalone repro script.
+
+    With --parallel dp,pp,tp,ep: launch the ranks with torchrun (the tiny preset, no timing),
+    check each rank against one device, diagnose per rank (device-never-set: a rank that never
+    made its GPU current; invalid-routing: global expert ids reaching a rank's local weight
+    stack), and write a script per such cause that reproduces it rank by rank under
+    `torchrun --nproc-per-node W`. Without GPUs (or with --cpu) the ranks are CPU processes.
 
     Exit codes: 0 nothing failed, 1 fault reproduced, 2 usage error (including fewer than two
     GPUs), 4 the probes could not run.
@@ -107,6 +145,36 @@ def repro_command(
     if preset not in PRESETS:
         raise typer.BadParameter(
             f"unknown preset {preset!r}; known: {', '.join(PRESETS)}", param_hint="--preset"
+        )
+    if parallel is not None:
+        if option_given(ctx, "steps"):
+            raise typer.BadParameter(
+                "sets the pipeline repro's training steps; --parallel runs one checked step per mode",
+                param_hint="--steps",
+            )
+        options = ParallelOptions(
+            preset=preset,
+            layers=layers,
+            steps=0,
+            warmup=0,
+            baseline=False,
+            timeout_s=timeout if option_given(ctx, "timeout") else DEFAULT_RUN_TIMEOUT_S,
+        )
+        repro_parallel(
+            modes=parallel,
+            kernel=kernel,
+            gpus=gpus,
+            cpu=cpu,
+            options=options,
+            out=out,
+            json_out=json_out,
+            log_dir=log_dir,
+        )
+    if cpu:
+        raise typer.BadParameter(
+            "runs the ranks of --parallel on the CPU; the pipeline repro needs two GPUs "
+            "(`qmoe-doctor scan --cpu` runs the single-device conditions without one)",
+            param_hint="--cpu",
         )
     check_kernel_ref(kernel)
     selected = _select(gpus)
@@ -136,6 +204,87 @@ def repro_command(
     if report.could_not_run:
         raise typer.Exit(ExitCode.CHECK_BROKEN)
     raise typer.Exit(ExitCode.FAULT if report.faulty else ExitCode.HEALTHY)
+
+
+def repro_parallel(
+    *,
+    modes: str,
+    kernel: str,
+    gpus: str | None,
+    cpu: bool,
+    options: ParallelOptions,
+    out: Path,
+    json_out: bool,
+    log_dir: Path | None,
+) -> None:
+    """``repro --parallel``: plan and run the modes as ``scan --parallel`` does, render, write a
+    per-rank script for each scriptable diagnosis; always ends with ``typer.Exit``."""
+    err = stderr_console()
+    plan = prepare_parallel(modes=modes, kernel=kernel, gpus=gpus, cpu=cpu, options=options)
+    if not plan.runs:
+        why = "; ".join(plan.skipped) or "no mode fits the selected devices"
+        err.print(Text(f"error: nothing to run: {why}", style="red"), soft_wrap=True)
+        raise typer.Exit(ExitCode.USAGE)
+    report = launch_parallel(plan, log_dir=log_dir)
+    could_not_run = nothing_ran(report)
+    written = (
+        []
+        if could_not_run
+        else write_parallel_scripts(script_specs(report, plan), out, cpu_tier=plan.tier == "cpu")
+    )
+    others = sorted({d.cause for d in report.diagnoses} - set(PARALLEL_SCRIPT_CAUSES))
+    if json_out:
+        body = parallel_report_json(report)
+        body["scripts"] = [
+            {
+                "cause": w.cause,
+                "path": w.path,
+                "command": w.command,
+                "gpu_command": w.gpu_command,
+                "cpu_command": w.cpu_command,
+            }
+            for w in written
+        ]
+        body["faulty"] = not report.healthy
+        emit_json("repro-parallel", body)
+    else:
+        console = stdout_console()
+        render_parallel(console, report)
+        for w in written:
+            console.print(
+                Text.assemble(("script ", "dim"), (w.path, "bold"), f"   ({w.cause})"), soft_wrap=True
+            )
+            console.print(Text.assemble(("  run: ", "dim"), w.command), soft_wrap=True)
+            if w.command != w.gpu_command:
+                console.print(Text.assemble(("  on GPUs: ", "dim"), w.gpu_command), soft_wrap=True)
+            elif w.cpu_command:
+                console.print(Text.assemble(("  on CPU ranks: ", "dim"), w.cpu_command), soft_wrap=True)
+        if written:
+            console.print(
+                Text(
+                    "  each rank prints PASS or FAIL; exit 1 = reproduced (torchrun names the rank), 0 = passed, "
+                    "2 = cannot run here",
+                    style="dim",
+                ),
+                soft_wrap=True,
+            )
+        for cause in others:
+            console.print(
+                Text.assemble(
+                    ("script ", "dim"),
+                    f"none for {cause}: per-rank scripts cover {' and '.join(PARALLEL_SCRIPT_CAUSES)}; "
+                    "the diagnosis' repro line reruns it",
+                ),
+                soft_wrap=True,
+            )
+        if report.unexplained and not report.diagnoses:
+            console.print(
+                Text.assemble(("script ", "dim"), "none: no cause named for the failing rank(s)"),
+                soft_wrap=True,
+            )
+    if could_not_run:
+        raise typer.Exit(ExitCode.CHECK_BROKEN)
+    raise typer.Exit(ExitCode.HEALTHY if report.healthy else ExitCode.FAULT)
 
 
 def render_repro(console: Console, report: ReproReport) -> None:

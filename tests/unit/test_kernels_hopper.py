@@ -99,6 +99,23 @@ def test_dw_paths(cfg: GemmConfig, case: tuple[int, list[int], int, int]) -> Non
     assert _rel(dw, moe_grouped_gemm_dw_torch(dy.double(), x.double(), m_sizes)) < TOL
 
 
+@pytest.mark.parametrize(
+    "cfg",
+    [GemmConfig(32, 32, 32, 4, 1, tma=True), GemmConfig(16, 32, 32, 4, 1, tma=True)],
+    ids=lambda c: c.name,
+)
+def test_dw_partial_chunks_never_read_the_rows_after_the_expert(cfg: GemmConfig) -> None:
+    """The TMA dw loads an expert's last partial chunk as a whole box that runs on into rows of
+    no expert here (m_sizes sum to 35 of 40); those rows hold inf and NaN and must not reach dw."""
+    x, _, dy, _ = _ops(40, [10, 20, 10], 32, 64)
+    m_sizes = torch.tensor([10, 20, 5], dtype=torch.int32)
+    x[35:] = float("inf")
+    dy[35:] = float("nan")
+    dw = moe_grouped_gemm_dw(dy, x, m_sizes, config=cfg)
+    assert torch.isfinite(dw).all()
+    assert _rel(dw, moe_grouped_gemm_dw_torch(dy[:35].double(), x[:35].double(), m_sizes)) < TOL
+
+
 def test_unaligned_operands_take_the_pointer_kernel_and_stay_right() -> None:
     cfg = GemmConfig(32, 32, 32, 4, 1, tma=True, flat=True)
     big = torch.randn(41, 49).half()

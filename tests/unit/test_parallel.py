@@ -211,6 +211,69 @@ def test_local_slots_and_the_remap_hooks() -> None:
     no_set.set_device(torch.device("cpu"))  # does nothing, as planted
 
 
+def test_micro_spans_cover_the_tokens_once() -> None:
+    assert ep.micro_spans(10, 3) == [(0, 3), (3, 6), (6, 10)]
+    assert ep.micro_spans(1, 2) == [(0, 1)]  # never an empty span beside a full one
+    assert ep.micro_spans(0, 2) == [(0, 0)]
+    with pytest.raises(ValueError):
+        ep.micro_spans(4, 0)
+
+
+def test_dispatch_counts_pairs_and_owned_slots_per_span() -> None:
+    ids = torch.tensor([[0, 1], [5, 6], [1, 7], [3, 2]])  # E=8 over W=2: experts 0-3 | 4-7
+    spans = ep.micro_spans(4, 2)  # tokens 0-1 | 2-3
+    needs, counts = ep.dispatch_counts(ids, 8, 2, spans)
+    assert [n.tolist() for n in needs] == [[[True, False], [False, True]], [[True, True], [True, False]]]
+    # [rank, span] = (pairs, slots): span 0 sends token 0 (2 slots) to 0, token 1 (2 slots) to 1
+    assert counts.tolist() == [[[1, 2], [2, 3]], [[1, 2], [1, 1]]]
+
+
+def test_micro_plans_from_exchanged_counts() -> None:
+    """Two ranks' count tables exchanged by the all-to-all twin give every plan its receive
+    counts and owned-slot totals; the pairs are listed by rank, then token, offset by the span."""
+    ids = [torch.tensor([[0, 1], [5, 6], [1, 7], [3, 2]]), torch.tensor([[4, 5], [0, 7], [2, 3], [6, 1]])]
+    spans = ep.micro_spans(4, 2)
+    tables = [ep.dispatch_counts(i, 8, 2, spans) for i in ids]
+    sent = [t[1] for t in tables]
+    received = ep.all_to_all_torch([c.reshape(-1, 2) for c in sent], [[2, 2], [2, 2]])
+    plans = [
+        ep.micro_plans(tables[r][0], spans, sent[r].tolist(), received[r].reshape(2, 2, 2).tolist())
+        for r in range(2)
+    ]
+    assert plans[0][1].tokens.tolist() == [2, 3, 2] and plans[0][1].send_counts == (2, 1)
+    assert plans[1][0].tokens.tolist() == [1, 0, 1] and plans[1][0].send_counts == (1, 2)
+    # rank 0's span 0 receives token 0 from itself (2 owned slots) and token 1 of rank 1 (1 slot)
+    assert plans[0][0].recv_counts == (1, 1) and plans[0][0].recv_slots == 3
+    for r in range(2):
+        for s, plan in enumerate(plans[r]):
+            assert plan.recv_counts == tuple(plans[src][s].send_counts[r] for src in range(2))
+            mine = 0
+            for src in range(2):
+                sp = plans[src][s]
+                lo = sum(sp.send_counts[:r])
+                to_r = sp.tokens[lo : lo + sp.send_counts[r]]  # the pairs src sent to rank r
+                mine += int((ep.owner_of(ids[src][to_r], 4) == r).sum())
+            assert plan.recv_slots == mine
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_pack_and_unpack_carry_ids_bit_for_bit_and_gradients(dtype: torch.dtype) -> None:
+    hidden = torch.randn(5, 6, dtype=dtype, requires_grad=True)
+    weights = torch.rand(5, 3, dtype=dtype, requires_grad=True)
+    ids = torch.tensor([[0, 127, 64], [1, 2, 3], [126, 5, 9], [100, 101, 102], [7, 8, 31]])
+    packed = ep.pack_tokens(hidden, weights, ids)
+    assert packed.shape == (5, 6 + 2 * 3)
+    rows, w, got_ids = ep.unpack_pairs(packed, 6, 3)
+    assert torch.equal(got_ids, ids) and torch.equal(rows, hidden) and torch.equal(w, weights)
+    (rows.float().sum() * 2 + (w.float() * 3).sum()).backward()
+    assert torch.equal(hidden.grad, torch.full_like(hidden, 2)) and torch.equal(
+        weights.grad, torch.full_like(weights, 3)
+    )
+    assert ep.max_packed_experts(torch.bfloat16) == 32768
+    with pytest.raises(ValueError):
+        ep.unpack_pairs(packed, 5, 3)
+
+
 def test_all_to_all_twin_and_receive_counts() -> None:
     send = [[1, 2], [3, 0]]
     a = torch.tensor([10, 11, 12])  # rank 0: one row to 0, two to 1
@@ -633,6 +696,25 @@ def test_ep_end_to_end(tmp_path: Path) -> None:
         assert o.facts["ep.ids_out_of_range"] == 0 and o.facts["ep.local_expert_ok"] is True
         lo, hi = o.facts["ep.local_id_range"]
         assert 0 <= lo <= hi < 4
+
+
+@pytest.mark.slow
+def test_ep_micro_batches_match_the_block_under_gloo(tmp_path: Path) -> None:
+    """Two gloo ranks: one and three micro-batches (one count exchange for all, packed
+    messages) match the whole block, forward and every gradient; the planted remap does not."""
+    worker = Path(__file__).parent / "workers" / "ep_micro.py"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    proc = subprocess.run(
+        [*cmd, str(worker), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in range(2):
+        found = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        for micro in ("micro=1", "micro=3"):
+            worst = max(found[micro].values())
+            assert worst < 1e-4, (rank, micro, found[micro])
+        assert found["planted"]["out"] > 0.05, (rank, found["planted"])
 
 
 @pytest.mark.slow
