@@ -7,13 +7,12 @@ stack of ``E_local`` experts, where global expert ``r * E_local + j`` is local e
 Dispatch is per (token, destination rank), not per (token, expert): a token whose k experts
 include several of rank r's is sent to r once, with its k global ids and k routing weights
 (at top-8 of 128 experts on two ranks a token has about four experts on each, so this moves a
-quarter of the bytes of a per-expert dispatch). ``token_dispatch`` lists the (token, rank)
-pairs in send order (by rank, then token) and counts them per rank; ``plan_micro_batches`` does
-the same per micro-batch and exchanges every count with ONE host synchronization, including the
-number of slots each receiver owns (so the receiver sizes its rows without reading the device
-again). A pair travels as ONE row: the token, its k weights and its k ids bit for bit
+quarter of the bytes of a per-expert dispatch). ``plan_micro_batches`` lists each micro-batch's
+(token, rank) pairs in send order (by rank, then token), counts them per rank and exchanges
+every count with ONE host synchronization, including the number of slots each receiver owns
+(so the receiver sizes its rows without reading the device again). A pair travels as ONE row: the token, its k weights and its k ids bit for bit
 (``pack_tokens`` / ``unpack_pairs``), by ``all_to_all_single``. The receiver keeps the slots whose
-expert it owns (``local_slots_sized``), remaps their global ids to local ones, runs its experts on
+expert it owns (``local_slots``), remaps their global ids to local ones, runs its experts on
 those rows, weights each row and sums the rows of each pair; the sums go back with the split
 sizes swapped and the sender adds each rank's share into its tokens.
 
@@ -52,42 +51,6 @@ def first_expert(rank: int, per_rank: int) -> int:
     return rank * per_rank
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TokenDispatch:
-    """Which of a rank's tokens go to which rank; tensors on ``topk_ids``' device."""
-
-    tokens: torch.Tensor  # (P,) int64: the token of each (token, rank) pair, in send order
-    dest: torch.Tensor  # (P,) int64: the rank of each pair (non-decreasing)
-    send_counts: tuple[int, ...]  # (W,) pairs to each rank, in rank order
-
-    @property
-    def num_pairs(self) -> int:
-        return int(self.tokens.shape[0])
-
-
-def token_dispatch(
-    topk_ids: torch.Tensor, num_experts: int, world: int, *, check: bool = False
-) -> TokenDispatch:
-    """The (token, rank) pairs of a rank's tokens: one per token and rank owning at least one of
-    its k experts, ordered by rank, then token.
-
-    Reads the per-rank counts on the host (the split sizes of the all-to-all): synchronizes
-    once. ``check=True`` first verifies every id is in [0, E) (a router never makes others, and
-    one would name a rank that does not exist); it synchronizes again.
-    """
-    if topk_ids.dim() != 2:
-        raise ValueError(f"topk_ids must be (T, k), got shape {tuple(topk_ids.shape)}")
-    per_rank = experts_per_rank(num_experts, world)
-    ids = topk_ids.to(torch.int64)
-    if check and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_experts):
-        raise ValueError(f"expert ids outside [0, {num_experts}) cannot be dispatched")
-    need = torch.zeros((ids.shape[0], world), dtype=torch.bool, device=ids.device)
-    need.scatter_(1, owner_of(ids, per_rank), True)  # (T, W): token t has an expert on rank r
-    dest, tokens = need.t().nonzero(as_tuple=True)  # row-major over (rank, token): send order
-    counts = torch.bincount(dest, minlength=world)
-    return TokenDispatch(tokens=tokens, dest=dest, send_counts=tuple(int(c) for c in counts.tolist()))
-
-
 # ---------------------------------------------------------------------------------------------
 # Micro-batches: the rank's tokens in contiguous spans, each dispatched on its own, so that one
 # span's exchange runs while another span's experts compute. ONE count exchange (and one host
@@ -105,10 +68,6 @@ class MicroPlan:
     send_counts: tuple[int, ...]  # (W,) pairs to each rank
     recv_counts: tuple[int, ...]  # (W,) pairs from each rank
     recv_slots: int  # (pair, slot) entries of the received pairs whose expert this rank owns
-
-    @property
-    def num_pairs(self) -> int:
-        return int(self.tokens.shape[0])
 
 
 def micro_spans(tokens: int, micro: int) -> list[tuple[int, int]]:
@@ -155,12 +114,7 @@ def micro_plans(
     plans = []
     for s, ((lo, hi), need) in enumerate(zip(spans, needs, strict=True)):
         send = tuple(int(row[s][0]) for row in sent)
-        total = sum(send)
-        try:  # sized on the host already: no synchronization
-            dest, tok = torch.nonzero_static(need.t(), size=total).unbind(1)
-        except (AttributeError, NotImplementedError, RuntimeError):  # a build without it here
-            dest, tok = need.t().nonzero(as_tuple=True)
-        del dest
+        _, tok = nonzero_sized(need.t(), sum(send))  # row-major over (rank, token): send order
         plans.append(
             MicroPlan(
                 span=(lo, hi),
@@ -262,25 +216,26 @@ def max_packed_experts(dtype: torch.dtype) -> int:
     return int(torch.iinfo(_ID_DTYPES[width]).max) + 1 if width in _ID_DTYPES else 0
 
 
-def local_slots(ids: torch.Tensor, rank: int, per_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Of the received pairs' (P, k) global ids, the slots whose expert ``rank`` owns, as
-    (pair index, slot index) of each such row, pair-major."""
-    mine = owner_of(ids, per_rank) == rank
-    pair, slot = mine.nonzero(as_tuple=True)
-    return pair, slot
+def nonzero_sized(mask: torch.Tensor, count: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row and column of a 2-D mask's true entries, row-major; ``count`` (how many there are,
+    known on the host) spares the synchronization ``nonzero`` needs to size its result."""
+    if count is not None:
+        try:
+            rows, cols = torch.nonzero_static(mask, size=count).unbind(1)
+            return rows, cols
+        except (AttributeError, NotImplementedError, RuntimeError):  # a build without it here
+            pass
+    rows, cols = mask.nonzero(as_tuple=True)
+    return rows, cols
 
 
-def local_slots_sized(
-    ids: torch.Tensor, rank: int, per_rank: int, count: int
+def local_slots(
+    ids: torch.Tensor, rank: int, per_rank: int, count: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``local_slots`` when the number of such slots is known on the host already (the count
-    exchange said so): no synchronization."""
-    mine = owner_of(ids, per_rank) == rank
-    try:
-        pair, slot = torch.nonzero_static(mine, size=count).unbind(1)
-    except (AttributeError, NotImplementedError, RuntimeError):  # a build without it here
-        pair, slot = mine.nonzero(as_tuple=True)
-    return pair, slot
+    """Of the received pairs' (P, k) global ids, the slots whose expert ``rank`` owns, as
+    (pair index, slot index) of each such row, pair-major. ``count``: how many there are, when
+    the count exchange said so (then no synchronization)."""
+    return nonzero_sized(owner_of(ids, per_rank) == rank, count)
 
 
 def receive_counts(send_counts: Sequence[Sequence[int]], rank: int) -> tuple[int, ...]:
@@ -341,7 +296,6 @@ def all_to_all(x: torch.Tensor, recv: Sequence[int], send: Sequence[int], group:
 
 __all__ = [
     "MicroPlan",
-    "TokenDispatch",
     "all_to_all",
     "all_to_all_torch",
     "experts_per_rank",
@@ -349,15 +303,14 @@ __all__ = [
     "dispatch_counts",
     "exchange_micro_counts",
     "local_slots",
-    "local_slots_sized",
     "max_packed_experts",
     "micro_plans",
     "micro_spans",
+    "nonzero_sized",
     "pack_tokens",
     "plan_micro_batches",
     "unpack_pairs",
     "out_of_range",
     "owner_of",
     "receive_counts",
-    "token_dispatch",
 ]

@@ -717,7 +717,7 @@ class ExpertParallelBlock(nn.Module):
                 send = gather_rows(packed, plan.tokens, order, starts)  # (P, H + 2k)
                 buf = ep_ops.all_to_all(send, plan.recv_counts, plan.send_counts, self.group)
                 x_in, w_in, ids_in = ep_ops.unpack_pairs(buf, hidden, k)
-                pair, slot = ep_ops.local_slots_sized(ids_in, self.rank, self.per_rank, plan.recv_slots)
+                pair, slot = ep_ops.local_slots(ids_in, self.rank, self.per_rank, plan.recv_slots)
                 global_ids = ids_in[pair, slot]  # (R,) one row per (pair, local slot)
                 local_ids = self.hooks.local_expert_ids(global_ids, self.first, self.per_rank)
                 received.append((x_in, w_in, pair, slot, local_ids, global_ids))

@@ -257,3 +257,35 @@ def test_combine_refuses_mixed_devices_and_bad_shapes() -> None:
         segment_sum(torch.zeros(3), torch.arange(3), torch.tensor([0, 3]))
     with pytest.raises(ValueError, match="must match"):
         segment_sum(torch.zeros(3, 2), torch.arange(3), torch.tensor([0, 3]), torch.ones(2))
+
+
+def test_reserved_sms_is_scoped_and_reaches_the_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """reserved_sms sets how many SMs the persistent grids leave free, restores it on exit, and
+    moe_fused_linear's backward runs under the value its forward saw (autograd's own thread)."""
+    from qmoe_doctor.kernels import backward as bw
+    from qmoe_doctor.kernels import grouped_gemm as gg
+
+    assert gg.sm_reserve() == 0
+    with pytest.raises(ValueError):
+        with gg.reserved_sms(-1):
+            pass
+    monkeypatch.setattr(gg, "num_sms", lambda index: 132)
+    with gg.reserved_sms(16):
+        assert gg.sm_reserve() == 16 and gg.persistent_sms(0) == 116
+        with gg.reserved_sms(200):
+            assert gg.persistent_sms(0) == 1  # never fewer than one SM's worth
+    assert gg.sm_reserve() == 0 and gg.persistent_sms(0) == 132
+    seen: list[int] = []
+    real_dx = bw.moe_grouped_gemm_dx
+
+    def spy_dx(*args: object, **kw: object) -> torch.Tensor:
+        seen.append(gg.sm_reserve())
+        return real_dx(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(bw, "moe_grouped_gemm_dx", spy_dx)
+    x, w, _, m_sizes = _ops(40, [10, 20, 10], 32, 64)
+    x = x.float().requires_grad_()
+    with gg.reserved_sms(8):
+        y = bw.moe_fused_linear(x, w.float(), m_sizes)
+    y.sum().backward()  # outside the block: the saved 8 applies
+    assert seen == [8] and gg.sm_reserve() == 0

@@ -181,15 +181,35 @@ def test_owner_and_first_expert() -> None:
     assert [ep.first_expert(r, 32) for r in range(4)] == [0, 32, 64, 96]
 
 
-def test_token_dispatch_one_pair_per_token_and_rank() -> None:
+def _plans(ids: list[torch.Tensor], experts: int, micro: int) -> list[list[ep.MicroPlan]]:
+    """Every rank's micro-batch plans, the count exchange done by the all-to-all twin."""
+    world = len(ids)
+    spans = [ep.micro_spans(int(i.shape[0]), micro) for i in ids]
+    tables = [ep.dispatch_counts(i, experts, world, sp) for i, sp in zip(ids, spans, strict=True)]
+    per = [len(sp) * 2 for sp in spans]
+    received = ep.all_to_all_torch(
+        [t[1].reshape(-1) for t in tables], [[per[s]] * world for s in range(world)]
+    )
+    return [
+        ep.micro_plans(
+            tables[r][0],
+            spans[r],
+            tables[r][1].tolist(),
+            received[r].reshape(world, len(spans[r]), 2).tolist(),
+        )
+        for r in range(world)
+    ]
+
+
+def test_one_micro_batch_is_one_pair_per_token_and_rank() -> None:
     ids = torch.tensor([[0, 1], [5, 6], [1, 7], [3, 2]])  # E=8 over W=2: experts 0-3 | 4-7
-    plan = ep.token_dispatch(ids, 8, 2)
+    other = torch.tensor([[4, 5], [0, 7], [2, 3], [6, 1]])
+    (plan,), (peer,) = _plans([ids, other], 8, micro=1)
     # (token, rank) pairs by rank, then token: rank 0 gets tokens 0, 2, 3; rank 1 gets 1, 2
-    assert plan.tokens.tolist() == [0, 2, 3, 1, 2]
-    assert plan.dest.tolist() == [0, 0, 0, 1, 1]
-    assert plan.send_counts == (3, 2)
-    with pytest.raises(ValueError):
-        ep.token_dispatch(torch.tensor([[0, 8]]), 8, 2, check=True)
+    assert plan.tokens.tolist() == [0, 2, 3, 1, 2] and plan.send_counts == (3, 2)
+    assert plan.span == (0, 4) and plan.recv_counts == (3, peer.send_counts[0])
+    # owned slots received by rank 0: its own tokens 0, 2, 3 (2 + 1 + 2) and the peer's 1, 2, 3 (1 + 2 + 1)
+    assert plan.recv_slots == 9
 
 
 def test_local_slots_and_the_remap_hooks() -> None:
@@ -232,14 +252,7 @@ def test_micro_plans_from_exchanged_counts() -> None:
     """Two ranks' count tables exchanged by the all-to-all twin give every plan its receive
     counts and owned-slot totals; the pairs are listed by rank, then token, offset by the span."""
     ids = [torch.tensor([[0, 1], [5, 6], [1, 7], [3, 2]]), torch.tensor([[4, 5], [0, 7], [2, 3], [6, 1]])]
-    spans = ep.micro_spans(4, 2)
-    tables = [ep.dispatch_counts(i, 8, 2, spans) for i in ids]
-    sent = [t[1] for t in tables]
-    received = ep.all_to_all_torch([c.reshape(-1, 2) for c in sent], [[2, 2], [2, 2]])
-    plans = [
-        ep.micro_plans(tables[r][0], spans, sent[r].tolist(), received[r].reshape(2, 2, 2).tolist())
-        for r in range(2)
-    ]
+    plans = _plans(ids, 8, micro=2)
     assert plans[0][1].tokens.tolist() == [2, 3, 2] and plans[0][1].send_counts == (2, 1)
     assert plans[1][0].tokens.tolist() == [1, 0, 1] and plans[1][0].send_counts == (1, 2)
     # rank 0's span 0 receives token 0 from itself (2 owned slots) and token 1 of rank 1 (1 slot)
@@ -254,6 +267,10 @@ def test_micro_plans_from_exchanged_counts() -> None:
                 to_r = sp.tokens[lo : lo + sp.send_counts[r]]  # the pairs src sent to rank r
                 mine += int((ep.owner_of(ids[src][to_r], 4) == r).sum())
             assert plan.recv_slots == mine
+            pair, slot = ep.local_slots(
+                torch.cat([ids[src][plans[src][s].tokens] for src in range(2)]), r, 4, mine
+            )
+            assert pair.numel() == mine
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
@@ -300,12 +317,12 @@ def test_expert_parallel_forward_simulated_in_one_process(world: int) -> None:
     x = torch.randn(6 * world, full.shape.hidden, dtype=torch.float64)
     expected, _ = full(x)
     shards = list(x.chunk(world))
-    plans, payload = [], []
-    for xs in shards:
-        _, weights, ids = full.route(xs)
-        plan = ep.token_dispatch(ids, e, world)
-        plans.append(plan)
-        payload.append((xs[plan.tokens], ids[plan.tokens], weights[plan.tokens]))
+    routed = [full.route(xs)[1:] for xs in shards]
+    plans = [p[0] for p in _plans([ids for _, ids in routed], e, micro=1)]
+    payload = [
+        (xs[plan.tokens], ids[plan.tokens], weights[plan.tokens])
+        for xs, (weights, ids), plan in zip(shards, routed, plans, strict=True)
+    ]
     counts = [list(p.send_counts) for p in plans]
     x_in, ids_in, w_in = (ep.all_to_all_torch([p[i] for p in payload], counts) for i in range(3))
     sums = []
