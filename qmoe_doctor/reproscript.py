@@ -74,7 +74,7 @@ def script_name(cause: str | None, condition: Condition) -> str:
     return f"qmoe-repro-{cause or condition.value}.py"
 
 
-def _doc_safe(text: str) -> str:
+def doc_safe(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"""', "'''")
 
 
@@ -108,10 +108,10 @@ def render_script(
         "#!/usr/bin/env python3",
         '"""Standalone repro written by qmoe-doctor ' + tool_version + ".",
         "",
-        f"Cause:     {_doc_safe(cause or 'none named')}"
-        + (f" - {_doc_safe(cause_title)}" if cause_title else ""),
+        f"Cause:     {doc_safe(cause or 'none named')}"
+        + (f" - {doc_safe(cause_title)}" if cause_title else ""),
         f"Condition: {cond.value} - {_CONDITION_DOC[cond]}",
-        f"Kernel:    {_doc_safe(spec.kernel)}",
+        f"Kernel:    {doc_safe(spec.kernel)}",
         f"Seen on:   {seen}",
         "",
         f"Needs {devices_doc}. Run it as it ran:",
@@ -196,7 +196,9 @@ def load_kernel(ref):
     return getattr(module, name)
 '''
 
-_COMMON = LOAD_KERNEL + '''
+_COMMON = (
+    LOAD_KERNEL
+    + '''
 
 def routing_sizes():
     """Rows per expert, deterministic from SEED (the probes' own patterns)."""
@@ -324,6 +326,7 @@ class OutputTrap:
             return ["the kernel wrote past the end of y (canary overwritten)"]
         return []
 '''
+)
 
 _RUN: dict[Condition, str] = {
     Condition.GUARDED: """

@@ -32,7 +32,7 @@ from qmoe_doctor import __version__, knobs
 from qmoe_doctor.causes import get_cause
 from qmoe_doctor.parallel import MODE_OF, ParallelPlan, ParallelReport
 from qmoe_doctor.records import Diagnosis, Shape
-from qmoe_doctor.reproscript import LOAD_KERNEL, TOLERANCES, script_kernel_ref
+from qmoe_doctor.reproscript import LOAD_KERNEL, TOLERANCES, doc_safe, script_kernel_ref
 
 DEVICE_NEVER_SET = "device-never-set"
 INVALID_ROUTING = "invalid-routing"
@@ -72,10 +72,6 @@ def torchrun_command(
     return f"{env}torchrun --standalone --nproc-per-node {world} {path}" + (" --device cpu" if cpu else "")
 
 
-def _doc_safe(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"""', "'''")
-
-
 def render_parallel_script(spec: ParallelScriptSpec, *, tool_version: str = __version__) -> str:
     """The source of a standalone per-rank script for ``spec.cause``."""
     if spec.cause not in PARALLEL_SCRIPT_CAUSES:
@@ -92,10 +88,9 @@ def render_parallel_script(spec: ParallelScriptSpec, *, tool_version: str = __ve
         "#!/usr/bin/env python3",
         '"""Standalone per-rank repro written by qmoe-doctor ' + tool_version + ".",
         "",
-        f"Cause:   {_doc_safe(spec.cause)}"
-        + (f" - {_doc_safe(spec.cause_title)}" if spec.cause_title else ""),
-        f"Kernel:  {_doc_safe(spec.kernel)}",
-        f"Seen:    {_doc_safe(spec.seen or 'qmoe-doctor repro --parallel')}",
+        f"Cause:   {doc_safe(spec.cause)}" + (f" - {doc_safe(spec.cause_title)}" if spec.cause_title else ""),
+        f"Kernel:  {doc_safe(spec.kernel)}",
+        f"Seen:    {doc_safe(spec.seen or 'qmoe-doctor repro --parallel')}",
         f"Checks:  {_CAUSE_DOC[spec.cause]}",
         "",
         "Run it with one process per rank, as the doctor ran them:",
@@ -170,7 +165,9 @@ import torch  # noqa: E402
 import triton  # noqa: E402,F401  the kernel's runtime: a missing triton fails here, not mid-run
 '''
 
-_COMMON = LOAD_KERNEL + '''
+_COMMON = (
+    LOAD_KERNEL
+    + '''
 
 def module_hook(kernel, name):
     """The rank hook ``name`` of the kernel's module, or None (then the correct default runs)."""
@@ -236,6 +233,7 @@ def judge(y, ref, device, tolerance):
         problems.append(f"rel. error {err:.3g} > tolerance {tolerance:g}")
     return problems, err
 '''
+)
 
 _RUN = {
     DEVICE_NEVER_SET: '''
