@@ -84,6 +84,74 @@ def kernel_overlap(prof: object, steps: int) -> dict[str, float]:
     }
 
 
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+
+
+def gpu_gaps(trace: dict, steps: int, min_us: float = 5.0, top: int = 8) -> dict[str, object]:
+    """GPU idle time per step from a chrome trace (torch.profiler's export): the gaps between
+    the union of device activity, each charged to the host op that launched the work ending
+    it (the innermost ``cpu_op`` around its launch call, and the outermost one: the place the
+    host was when the GPU sat waiting). A gap the host caused (it was issuing slower than the
+    GPU ran) and a gap a synchronization caused both show up here; the table says which op."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    device = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e.get("args", {}).get("correlation"))
+        for e in events
+        if e.get("cat") in GPU_CATS
+    )
+    if not device:
+        return {}
+    launches = {e.get("args", {}).get("correlation"): e for e in events if e.get("cat") in LAUNCH_CATS}
+    ops_by_tid: dict[object, list[dict]] = {}
+    for e in events:
+        if e.get("cat") == "cpu_op":
+            ops_by_tid.setdefault(e.get("tid"), []).append(e)
+
+    def enclosing(launch: dict) -> tuple[str, str]:
+        ts = float(launch["ts"])
+        around = [
+            e
+            for e in ops_by_tid.get(launch.get("tid"), [])
+            if float(e["ts"]) <= ts <= float(e["ts"]) + float(e.get("dur", 0))
+        ]
+        if not around:
+            return "-", "-"
+        around.sort(key=lambda e: float(e.get("dur", 0)))
+        return around[0]["name"], around[-1]["name"]
+
+    gaps: dict[str, list[float]] = {}
+    idle, busy_end = 0.0, device[0][1]
+    for start, end, corr in device[1:]:
+        if start - busy_end >= min_us:
+            gap = start - busy_end
+            idle += gap
+            launch = launches.get(corr)
+            inner, outer = enclosing(launch) if launch else ("?", "?")
+            gaps.setdefault(f"{outer} > {inner}", []).append(gap)
+        busy_end = max(busy_end, end)
+    worst = sorted(gaps.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return {
+        "gpu_idle_ms_per_step": round(idle / 1e3 / steps, 3),
+        "gpu_idle_gaps": [
+            {
+                "before": name,
+                "count": len(v) / steps,
+                "ms_per_step": round(sum(v) / 1e3 / steps, 3),
+                "largest_us": round(max(v), 1),
+            }
+            for name, v in worst
+        ],
+    }
+
+
+def allocator_delta(before: dict, after: dict) -> dict[str, int]:
+    """cudaMalloc/cudaFree calls and allocator retries (a retry frees cached blocks: it
+    synchronizes the device) between two ``torch.cuda.memory_stats()`` snapshots."""
+    keys = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams")
+    return {k: int(after.get(k, 0)) - int(before.get(k, 0)) for k in keys if k in after}
+
+
 def count_syncs(step: object) -> dict[str, object]:
     """Host synchronizations in one step, as torch's sync debug mode reports them (warn mode:
     each sync is a warning), with the distinct Python lines that caused them."""
@@ -168,6 +236,7 @@ def main() -> int:
         for _ in range(3):
             ep_step(False)
         dist.barrier()
+        stats0 = torch.cuda.memory_stats(dev)
         for _ in range(args.steps):
             dist.barrier()
             torch.cuda.synchronize()
@@ -175,6 +244,7 @@ def main() -> int:
             ep_step(True)
             phases["step"].append((time.perf_counter() - t0) * 1e3)
         row: dict[str, object] = {f"{k}_ms": round(statistics.median(v), 3) for k, v in phases.items()}
+        row["allocator_in_timed_steps"] = allocator_delta(stats0, torch.cuda.memory_stats(dev))
         row.update(count_syncs(lambda: ep_step(False)))
         # every rank runs the profiled steps (they are collective); rank 0 keeps the figures
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -182,13 +252,17 @@ def main() -> int:
                 ep_step(False)
         if rank == 0:
             row.update(kernel_overlap(prof, steps=2))
+            args.out.mkdir(parents=True, exist_ok=True)
+            trace_path = args.out / f"ep_trace_rank0_{index}.json"
+            prof.export_chrome_trace(str(trace_path))
+            row.update(gpu_gaps(json.loads(trace_path.read_text()), steps=2))
+            if index:
+                trace_path.unlink()  # the first variant's trace is kept
             if index == 0:
                 table = prof.key_averages().table(
                     sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=60
                 )
-                args.out.mkdir(parents=True, exist_ok=True)
                 (args.out / "ep_profile_table.txt").write_text(f"variant {spec}\n{table}")
-                prof.export_chrome_trace(str(args.out / "ep_trace_rank0.json"))
         result["variants"][spec] = row  # type: ignore[index]
         print(json.dumps({"rank": rank, "variant": spec, **row}), flush=True)
         del layer
@@ -237,6 +311,10 @@ def main() -> int:
             sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=60
         )
         (args.out / "single_profile_table.txt").write_text(table)
+        single_trace = args.out / "single_trace.json"
+        prof1.export_chrome_trace(str(single_trace))
+        result["single"] = gpu_gaps(json.loads(single_trace.read_text()), steps=2)
+        single_trace.unlink()
         for row in result["variants"].values():  # type: ignore[union-attr]
             row["ep_speedup"] = round(result["single_step_ms"] / row["step_ms"], 3)  # type: ignore[operator]
     dist.barrier()

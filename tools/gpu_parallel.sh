@@ -43,7 +43,7 @@ PY
 nvidia-smi topo -m > "$P/topo.txt" 2>&1
 
 # 1. built-in kernel, all four modes + the one-GPU baseline (5 launches, each <= 100 s, all <= 150 s)
-t builtin 150 qmoe-doctor parallel --modes dp,pp,tp,ep "${GPU_ARGS[@]}" --preset "$PRESET" \
+t builtin "${BUILTIN_LIMIT:-150}" qmoe-doctor parallel --modes dp,pp,tp,ep "${GPU_ARGS[@]}" --preset "$PRESET" \
   --tokens "$TOKENS" --steps "$STEPS" --warmup "$WARMUP" --timeout 100 \
   --save "$P/builtin.json" --log-dir "$P/builtin"
 

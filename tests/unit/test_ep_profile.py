@@ -1,0 +1,104 @@
+"""tools/ep_profile.py's trace analysis (the GPU idle gaps and what launched the work ending
+them) on a hand-built chrome trace: CPU-only, no torch.distributed."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "ep_profile.py"
+
+
+@pytest.fixture(scope="module")
+def ep_profile():
+    spec = importlib.util.spec_from_file_location("ep_profile_tool", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def op(name, ts, dur, tid=1):
+    return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+
+def launch(ts, corr, tid=1):
+    return {
+        "ph": "X",
+        "cat": "cuda_runtime",
+        "name": "cudaLaunchKernel",
+        "ts": ts,
+        "dur": 2,
+        "tid": tid,
+        "args": {"correlation": corr},
+    }
+
+
+def kernel(ts, dur, corr, cat="kernel"):
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": f"k{corr}",
+        "ts": ts,
+        "dur": dur,
+        "tid": 7,
+        "args": {"correlation": corr},
+    }
+
+
+def test_gaps_are_charged_to_the_op_that_launched_the_next_work(ep_profile):
+    trace = {
+        "traceEvents": [
+            op("forward", 0, 1000),
+            op("aten::mm", 10, 20),
+            launch(12, 1),
+            op("aten::_local_scalar_dense", 40, 300),  # a sync: the GPU drains, then waits for the host
+            op("aten::index", 400, 50),
+            launch(420, 2),
+            op("aten::add", 500, 10),
+            launch(502, 3),
+            kernel(20, 100, 1),
+            kernel(430, 50, 2),  # 310 us idle before kernel 2
+            kernel(482, 10, 3),  # 2 us gap: under the threshold
+            kernel(600, 10, 4, cat="gpu_memset"),  # launched by nobody we know: charged to "?"
+        ]
+    }
+    got = ep_profile.gpu_gaps(trace, steps=1)
+    gaps = {g["before"]: g for g in got["gpu_idle_gaps"]}
+    assert gaps["forward > aten::index"]["ms_per_step"] == pytest.approx(0.310)
+    assert gaps["? > ?"]["largest_us"] == pytest.approx(108.0)
+    assert got["gpu_idle_ms_per_step"] == pytest.approx(0.418)
+    assert [g["before"] for g in got["gpu_idle_gaps"]] == ["forward > aten::index", "? > ?"]
+
+
+def test_gaps_per_step_and_overlapping_kernels(ep_profile):
+    # two streams' kernels overlap: no gap between them; two steps halve the per-step figures
+    trace = {
+        "traceEvents": [
+            op("step", 0, 5000),
+            launch(1, 1),
+            launch(2, 2),
+            launch(3, 3),
+            kernel(10, 100, 1),
+            kernel(50, 200, 2),
+            kernel(450, 10, 3),
+        ]
+    }
+    got = ep_profile.gpu_gaps(trace, steps=2)
+    assert got["gpu_idle_ms_per_step"] == pytest.approx(0.1)  # 250 -> 450 only
+    assert got["gpu_idle_gaps"][0]["count"] == 0.5
+
+
+def test_no_device_activity_is_no_figure(ep_profile):
+    assert ep_profile.gpu_gaps({"traceEvents": [op("x", 0, 10)]}, steps=1) == {}
+
+
+def test_allocator_delta_counts_only_known_keys(ep_profile):
+    before = {"num_alloc_retries": 1, "num_device_alloc": 10, "other": 5}
+    after = {"num_alloc_retries": 3, "num_device_alloc": 12, "num_device_free": 2, "other": 9}
+    assert ep_profile.allocator_delta(before, after) == {
+        "num_alloc_retries": 2,
+        "num_device_alloc": 2,
+        "num_device_free": 2,
+    }
