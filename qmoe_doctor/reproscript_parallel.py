@@ -1,9 +1,11 @@
 """Standalone repro scripts for the per-rank causes of ``qmoe-doctor repro --parallel``.
 
 One script per cause, run as ``torchrun --standalone --nproc-per-node W SCRIPT``: every rank does
-the least its cause needs, on its own, with no collective (a rank that fails cannot hang the
-others), prints ``rank R: PASS (...)`` or ``rank R: FAIL (...)`` and exits 0 (pass), 1 (fail:
-reproduced) or 2 (cannot run here); torchrun reports the rank that failed.
+the least its cause needs, on its own, with no collective in the check (a rank that fails cannot
+hang the others), prints ``rank R: PASS (...)`` or ``rank R: FAIL (...)``, waits (a CPU barrier,
+60 s at most) until every rank has printed, because torchrun stops the other ranks as soon as one
+exits non-zero, and exits 0 (pass), 1 (fail: reproduced) or 2 (cannot run here); torchrun reports
+the rank that failed.
 
 * ``device-never-set``: rank r puts its operands on cuda:LOCAL_RANK, makes its device current the
   way the kernel's module does (its ``qmoe_set_rank_device`` rank hook, else
@@ -106,8 +108,10 @@ def render_parallel_script(spec: ParallelScriptSpec, *, tool_version: str = __ve
             "",
         ]
     lines += [
-        "No rank talks to another: each prints its own `rank R: PASS/FAIL (...)` line and exit",
-        "status (0 PASS, 1 FAIL: reproduced, 2 cannot run here); torchrun names the rank that failed.",
+        "No rank's check talks to another: each prints its own `rank R: PASS/FAIL (...)` line and",
+        "exit status (0 PASS, 1 FAIL: reproduced, 2 cannot run here) after a CPU barrier (60 s at",
+        "most) that keeps torchrun from stopping a rank before it printed; torchrun names the rank",
+        "that failed.",
         "It imports only torch, triton and the kernel"
         + (" (through qmoe-doctor's loader, which this kernel reference needs)" if needs_loader else "")
         + ".",
@@ -340,6 +344,24 @@ def run(kernel, rank, local_rank, world, device_kind):
 }
 
 _MAIN = """
+def wait_for_ranks(rank, world, timeout_s=60):
+    \"\"\"Hold this rank's exit until every rank has printed its verdict: torchrun stops the other
+    ranks as soon as one exits non-zero, which would lose their lines. A CPU (gloo) barrier over
+    torchrun's store, bounded, so that a rank that died cannot hang the others.\"\"\"
+    if world < 2 or "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+        return
+    import datetime
+
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception as exc:  # a rank that never arrived: exit anyway
+        print(f"rank {rank}: (did not wait for every rank: {type(exc).__name__})", file=sys.stderr, flush=True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=f"{CAUSE}: one rank of the repro; run under torchrun.")
     parser.add_argument(
@@ -353,17 +375,23 @@ def main(argv=None):
     if ranks is None:
         print(f"SKIP: run me with one process per rank: torchrun --standalone --nproc-per-node {WORLD} {SCRIPT}")
         return 2
-    rank, local_rank, world = ranks
+    status = verdict(args.device, *ranks)
+    wait_for_ranks(ranks[0], ranks[2])
+    return status
+
+
+def verdict(device, rank, local_rank, world):
+    \"\"\"This rank's check, printed as one line: 0 PASS, 1 FAIL (reproduced), 2 cannot run here.\"\"\"
     if world < 2:
         print(f"rank {rank}: SKIP: needs two ranks or more (--nproc-per-node {WORLD})")
         return 2
-    why = cannot_run(args.device, rank, local_rank, world)
+    why = cannot_run(device, rank, local_rank, world)
     if why:
         print(f"rank {rank}: SKIP: {why}")
         return 2
     kernel = load_kernel(KERNEL)
     try:
-        problems, detail = run(kernel, rank, local_rank, world, args.device)
+        problems, detail = run(kernel, rank, local_rank, world, device)
     except Exception as exc:  # the kernel's own failure is the result (a CUDA error included)
         lines = str(exc).strip().splitlines() or [repr(exc)]
         print(f"rank {rank}: FAIL ({type(exc).__name__}: {lines[0]})", flush=True)
