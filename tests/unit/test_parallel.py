@@ -890,3 +890,40 @@ def test_an_interrupted_parent_leaves_no_rank_behind(tmp_path: Path) -> None:
     while time.monotonic() < deadline and not _gone(pid):
         time.sleep(0.1)
     assert _gone(pid)
+
+
+# ---------------------------------------------------------------------------------------------
+# Recorded on 4x H200 (run 19): the per-rank outcomes, classified again here
+# ---------------------------------------------------------------------------------------------
+
+RECORDED_4GPU = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "h200-session4"
+
+
+@pytest.mark.parametrize(
+    ("name", "cause"),
+    [
+        ("parallel_run19_builtin_4gpu.json", None),
+        ("parallel_run19_specimen-rank_no_set_device_4gpu.json", "device-never-set"),
+        ("parallel_run19_specimen-global_expert_ids_4gpu.json", "invalid-routing"),
+    ],
+)
+def test_recorded_4gpu_outcomes_classify_to_the_recorded_verdict(name: str, cause: str | None) -> None:
+    """The four ranks' outcomes of run 19 give the verdict the run printed: nothing for our kernel
+    (dp, pp, tp, ep all passing), else the specimen's cause on ranks 1-3 and never on rank 0
+    (rank 0 sets cuda:0 / owns experts starting at 0: the planted fault cannot show there)."""
+    from qmoe_doctor.records import from_jsonable
+
+    report = json.loads((RECORDED_4GPU / name).read_text())
+    outcomes = [from_jsonable(Outcome, o) for o in report["outcomes"]]
+    got = classify_parallel(outcomes, kernel=report["kernel"])
+    causes = [d.cause for d in got.diagnoses]
+    assert causes == [d["cause"] for d in report["diagnoses"]]
+    if cause is None:
+        assert causes == [] and all(o.status is Status.PASS for o in outcomes)
+        assert {m["mode"] for m in report["modes"]} >= {"single", "dp", "pp", "tp", "ep"}
+        assert all(m["world_size"] == 4 for m in report["modes"] if m["mode"] in ("dp", "tp", "ep"))
+        return
+    (d,) = got.diagnoses
+    assert d.cause == cause and d.confidence is Confidence.HIGH
+    ranks = sorted(w.split()[1] for w in d.where)
+    assert ranks == ["1", "2", "3"], d.where
