@@ -246,7 +246,12 @@ def main() -> int:
         row: dict[str, object] = {f"{k}_ms": round(statistics.median(v), 3) for k, v in phases.items()}
         row["allocator_in_timed_steps"] = allocator_delta(stats0, torch.cuda.memory_stats(dev))
         row.update(count_syncs(lambda: ep_step(False)))
-        # every rank runs the profiled steps (they are collective); rank 0 keeps the figures
+        # every rank runs the profiled steps (they are collective); rank 0 keeps the figures. The
+        # ranks start them together: otherwise the first NCCL kernel of the faster rank waits for
+        # the other one inside the trace (run 19's expandable-segments trace: one of 126 ms)
+        torch.cuda.synchronize()
+        dist.barrier()
+        torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(2):
                 ep_step(False)
