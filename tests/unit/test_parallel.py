@@ -927,3 +927,54 @@ def test_recorded_4gpu_outcomes_classify_to_the_recorded_verdict(name: str, caus
     assert d.cause == cause and d.confidence is Confidence.HIGH
     ranks = sorted(w.split()[1] for w in d.where)
     assert ranks == ["1", "2", "3"], d.where
+
+
+# ---------------------------------------------------------------------------------------------
+# Two "nodes" on one machine: two launchers meeting at one c10d rendezvous (gloo, CPU ranks)
+# ---------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel", ["builtin", "specimen:global_expert_ids"])
+def test_two_nodes_meet_at_one_rendezvous_and_report_their_own_ranks(kernel: str, tmp_path: Path) -> None:
+    """What docs/parallel.md tells users to run on each node, run twice here: each launcher starts
+    one rank, the rendezvous numbers them 0 and 1 across the "nodes", every mode runs with world
+    size 2, and each node's report holds its own rank (which launcher gets rank 0 is the
+    rendezvous' choice). With the planted specimen the node that holds rank 1 names
+    invalid-routing there; the other node's rank 0 fails (its tokens came back wrong) and no rule
+    names a cause on it."""
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    procs = []
+    for node in (0, 1):
+        cmd = [
+            sys.executable, "-m", "qmoe_doctor", "parallel", "--cpu", "--modes", "ep", "--kernel", kernel,
+            "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", f"localhost:{port}",
+            "--rdzv-id", "two-nodes", "--no-baseline", "--timeout", "200",
+            "--log-dir", str(tmp_path / f"logs{node}"), "--save", str(tmp_path / f"node{node}.json"),
+        ]  # fmt: skip
+        procs.append(
+            subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
+    outs = [p.communicate(timeout=280)[0] for p in procs]
+    reports = [json.loads((tmp_path / f"node{n}.json").read_text()) for n in (0, 1)]
+    held = [[o["probe_id"] for o in r["outcomes"]] for r in reports]
+    # the rendezvous numbers the ranks in arrival order: either launcher may hold rank 0
+    assert sorted(held) == [["rank 0/parallel-ep"], ["rank 1/parallel-ep"]], outs
+    assert all([m["world_size"] for m in r["modes"]] == [2] for r in reports)
+    if kernel == "builtin":
+        assert [p.returncode for p in procs] == [0, 0], outs
+        assert all(r["healthy"] for r in reports)
+        return
+    assert [p.returncode for p in procs] == [1, 1], outs
+    rank0, rank1 = sorted(reports, key=lambda r: r["outcomes"][0]["probe_id"])
+    assert rank0["diagnoses"] == []
+    assert [(d["cause"], d["where"]) for d in rank1["diagnoses"]] == [("invalid-routing", ["rank 1"])]
