@@ -8,8 +8,10 @@ code ``qmoe-doctor parallel --modes ep`` runs), once per variant (its keyword ar
 ``micro`` micro-batches, ``reserve`` SMs left to NCCL), and times forward+backward steps with
 CUDA events per phase; rank 0 also times the one-GPU block on the full batch (the baseline the
 speedup is against), the bare all_to_all bandwidth of the dispatch payload, and writes a
-torch.profiler table of two EP steps of the first variant (top kernels by GPU time), and per
-variant the GPU busy time and how much of NCCL's kernel time overlapped other kernels. Prints
+torch.profiler table of three profiled EP steps of the first variant (top kernels by GPU time)
+and its chrome trace; per variant (and for the one-GPU block), from the last two profiled steps:
+GPU busy time, NCCL kernel time and how much of it overlapped other kernels, the GPU's idle gaps
+and the host op that ended each (``gpu_gaps``). Prints
 one JSON line per rank and writes DIR/ep_profile_rank{r}.json. Diagnostic tooling: nothing
 here is asserted.
 """
@@ -65,44 +67,50 @@ def _intersect(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> 
     return total
 
 
-def kernel_overlap(prof: object, steps: int) -> dict[str, float]:
-    """GPU busy time per step (union of every kernel), NCCL kernel time per step and the part of
-    it that ran while another kernel ran (us from the profiler's device events)."""
-    from torch.autograd import DeviceType
-
-    nccl, other = [], []
-    for e in prof.events():  # type: ignore[attr-defined]
-        if e.device_type != DeviceType.CUDA:
-            continue
-        span = (float(e.time_range.start), float(e.time_range.end))
-        (nccl if "nccl" in e.name.lower() else other).append(span)
-    n, o = _union(nccl), _union(other)
-    return {
-        "gpu_busy_ms_per_step": round(_length(_union(nccl + other)) / 1e3 / steps, 3),
-        "nccl_ms_per_step": round(_length(n) / 1e3 / steps, 3),
-        "nccl_overlapped_ms_per_step": round(_intersect(n, o) / 1e3 / steps, 3),
-    }
-
-
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 
 
+STEP_MARK = "qmoe_profiled_step"
+
+
 def gpu_gaps(trace: dict, steps: int, min_us: float = 5.0, top: int = 8) -> dict[str, object]:
-    """GPU idle time per step from a chrome trace (torch.profiler's export): the gaps between
-    the union of device activity, each charged to the host op that launched the work ending
-    it (the innermost ``cpu_op`` around its launch call, and the outermost one: the place the
-    host was when the GPU sat waiting). A gap the host caused (it was issuing slower than the
-    GPU ran) and a gap a synchronization caused both show up here; the table says which op."""
+    """Per step, from a chrome trace (torch.profiler's export): GPU busy time (union of device
+    activity), NCCL kernel time and the part of it that ran while another kernel ran, and the
+    idle gaps, each charged to the host op that launched the work ending it (the innermost
+    ``cpu_op`` around its launch call, and the outermost one: where the host was while the GPU
+    waited). A gap the host caused (issuing slower than the GPU ran) and one a synchronization
+    caused both show up here.
+
+    When the host marked its steps (``record_function(STEP_MARK)``), only work launched inside the
+    marks after the first is counted (``steps`` of them): the first profiled step carries the
+    profiler's own start-up. A device interval never starts before its launch (the profiler has
+    reported NCCL kernels spanning hundreds of ms before it)."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
-    device = sorted(
-        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e.get("args", {}).get("correlation"))
+    marks = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)))
         for e in events
-        if e.get("cat") in GPU_CATS
+        if e.get("name") == STEP_MARK and e.get("cat") == "user_annotation"
     )
+    window = (marks[1][0], marks[-1][1]) if len(marks) > 1 else None
+    launches = {e.get("args", {}).get("correlation"): e for e in events if e.get("cat") in LAUNCH_CATS}
+    device = []
+    for e in events:
+        if e.get("cat") not in GPU_CATS:
+            continue
+        corr = e.get("args", {}).get("correlation")
+        launch = launches.get(corr)
+        start, end = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
+        if launch is not None:
+            if window and not window[0] <= float(launch["ts"]) <= window[1]:
+                continue
+            start = min(max(start, float(launch["ts"])), end)
+        elif window:
+            continue
+        device.append((start, end, corr, "nccl" in str(e.get("name", "")).lower()))
+    device.sort()
     if not device:
         return {}
-    launches = {e.get("args", {}).get("correlation"): e for e in events if e.get("cat") in LAUNCH_CATS}
     ops_by_tid: dict[object, list[dict]] = {}
     for e in events:
         if e.get("cat") == "cpu_op":
@@ -122,7 +130,7 @@ def gpu_gaps(trace: dict, steps: int, min_us: float = 5.0, top: int = 8) -> dict
 
     gaps: dict[str, list[float]] = {}
     idle, busy_end = 0.0, device[0][1]
-    for start, end, corr in device[1:]:
+    for start, end, corr, _ in device[1:]:
         if start - busy_end >= min_us:
             gap = start - busy_end
             idle += gap
@@ -130,14 +138,20 @@ def gpu_gaps(trace: dict, steps: int, min_us: float = 5.0, top: int = 8) -> dict
             inner, outer = enclosing(launch) if launch else ("?", "?")
             gaps.setdefault(f"{outer} > {inner}", []).append(gap)
         busy_end = max(busy_end, end)
+    nccl = _union([(a, b) for a, b, _, is_nccl in device if is_nccl])
+    other = _union([(a, b) for a, b, _, is_nccl in device if not is_nccl])
     worst = sorted(gaps.items(), key=lambda kv: -sum(kv[1]))[:top]
+    per = 1e3 * steps
     return {
-        "gpu_idle_ms_per_step": round(idle / 1e3 / steps, 3),
+        "gpu_busy_ms_per_step": round(_length(_union(nccl + other)) / per, 3),
+        "nccl_ms_per_step": round(_length(nccl) / per, 3),
+        "nccl_overlapped_ms_per_step": round(_intersect(nccl, other) / per, 3),
+        "gpu_idle_ms_per_step": round(idle / per, 3),
         "gpu_idle_gaps": [
             {
                 "before": name,
                 "count": len(v) / steps,
-                "ms_per_step": round(sum(v) / 1e3 / steps, 3),
+                "ms_per_step": round(sum(v) / per, 3),
                 "largest_us": round(max(v), 1),
             }
             for name, v in worst
@@ -203,7 +217,7 @@ def main() -> int:
     part = args.tokens // world
     xs = x_all[rank * part : (rank + 1) * part].contiguous()
     up = torch.randn_like(xs)
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     result: dict[str, object] = {"rank": rank, "world": world, "tokens": args.tokens, "variants": {}}
     variants = [v.strip() for v in args.variants.split(";") if v.strip()]
@@ -253,14 +267,14 @@ def main() -> int:
         dist.barrier()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(2):
-                ep_step(False)
+            for _ in range(3):
+                with record_function(STEP_MARK):
+                    ep_step(False)
         if rank == 0:
-            row.update(kernel_overlap(prof, steps=2))
             args.out.mkdir(parents=True, exist_ok=True)
             trace_path = args.out / f"ep_trace_rank0_{index}.json"
             prof.export_chrome_trace(str(trace_path))
-            row.update(gpu_gaps(json.loads(trace_path.read_text()), steps=2))
+            row.update(gpu_gaps(json.loads(trace_path.read_text()), steps=2))  # steps 2 and 3
             if index:
                 trace_path.unlink()  # the first variant's trace is kept
             if index == 0:
@@ -307,11 +321,12 @@ def main() -> int:
                 times.append((time.perf_counter() - t0) * 1e3)
         result["single_step_ms"] = round(statistics.median(times), 3)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof1:
-            for _ in range(2):
-                out, _ = full(xr)
-                (out.float() * up_all.float()).sum().backward()
-                full.zero_grad(set_to_none=True)
-                xr.grad = None
+            for _ in range(3):
+                with record_function(STEP_MARK):
+                    out, _ = full(xr)
+                    (out.float() * up_all.float()).sum().backward()
+                    full.zero_grad(set_to_none=True)
+                    xr.grad = None
         table = prof1.key_averages().table(
             sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=60
         )

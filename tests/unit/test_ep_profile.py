@@ -56,8 +56,8 @@ def test_gaps_are_charged_to_the_op_that_launched_the_next_work(ep_profile):
             op("aten::_local_scalar_dense", 40, 300),  # a sync: the GPU drains, then waits for the host
             op("aten::index", 400, 50),
             launch(420, 2),
-            op("aten::add", 500, 10),
-            launch(502, 3),
+            op("aten::add", 465, 10),
+            launch(467, 3),
             kernel(20, 100, 1),
             kernel(430, 50, 2),  # 310 us idle before kernel 2
             kernel(482, 10, 3),  # 2 us gap: under the threshold
@@ -124,3 +124,41 @@ def test_recorded_trace_reproduces_the_recorded_gap_figures(ep_profile):
     assert not any(n.startswith("?") for n in names)
     # the idle time is a real share of the step the run measured (12.7 ms), not noise
     assert 0.5 < got["gpu_idle_ms_per_step"] < recorded["step_ms"]
+
+
+def mark(ts, dur):
+    return {"ph": "X", "cat": "user_annotation", "name": "qmoe_profiled_step", "ts": ts, "dur": dur, "tid": 1}
+
+
+def test_marked_steps_drop_the_first_and_clip_work_to_its_launch(ep_profile):
+    """Three marked steps: the first (profiler start-up, a 900 us gap) is not counted; an NCCL
+    kernel the profiler dates before its own launch is clipped to the launch; busy, NCCL and
+    overlap come from the same cleaned intervals."""
+    trace = {
+        "traceEvents": [
+            mark(0, 1000),
+            op("step", 0, 1000),
+            launch(10, 1),
+            launch(950, 2),
+            mark(1000, 1000),
+            op("step", 1000, 1000),
+            launch(1001, 3),
+            launch(1002, 4),
+            mark(2000, 1000),
+            op("step", 2000, 1000),
+            launch(2001, 5),
+            kernel(20, 30, 1),
+            kernel(950, 40, 2),  # 900 us idle before it: step 1, not counted
+            kernel(1010, 400, 3),
+            kernel(-500000, 501300, 4, cat="kernel")
+            | {"name": "ncclDevKernel_SendRecv"},  # bogus start
+            kernel(2100, 100, 5),
+        ]
+    }
+    got = ep_profile.gpu_gaps(trace, steps=2)
+    # kept: k3 [1010, 1410], k4 [1002, 1300] (clipped from -500000), k5 [2100, 2200]
+    assert got["gpu_busy_ms_per_step"] == pytest.approx((408 + 100) / 2e3)
+    assert got["nccl_ms_per_step"] == pytest.approx(298 / 2e3)
+    assert got["nccl_overlapped_ms_per_step"] == pytest.approx(290 / 2e3)
+    assert got["gpu_idle_ms_per_step"] == pytest.approx(690 / 2e3)  # 1410 -> 2100
+    assert [g["before"] for g in got["gpu_idle_gaps"]] == ["step > step"]
