@@ -9,20 +9,7 @@
 #     NCCL_MIN_P2P_NCHANNELS=32) and on 4;
 #  4. if time is left: tools/gpu_repro_parallel.sh on the four GPUs (no dw sweep).
 # Logs under $OUT/r, packed into $OUT/run.tar.gz; the summary in $OUT/summary.txt and stdout.
-set -u
-cd "$(dirname "$0")/.."
-export OUT=${OUT:-/tmp/out} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
-R=$OUT/r; mkdir -p "$R"; S=$OUT/summary.txt; : > "$S"
-T0=$(date +%s)
-say() { echo "$*" | tee -a "$S"; }
-pack() { tar czf "$OUT/run.tar.gz" -C "$OUT" r 2>/dev/null; }
-left() { echo $(( ${BUDGET:-560} - ($(date +%s) - T0) )); }
-t() { local name=$1 limit=$2; shift 2; local t0; t0=$(date +%s)
-      timeout -s TERM -k 10 "$limit" "$@" > "$R/$name.log" 2>&1; local rc=$?
-      say "$(printf '%-26s rc=%-3s %4d s  (%d s left)' "$name" "$rc" "$(( $(date +%s) - t0 ))" "$(left)")"; pack; return $rc; }
-python3 -m pip install -q --no-deps --no-build-isolation -e . > "$R/install.log" 2>&1 || say "install failed"
-NG=$(nvidia-smi -L | wc -l)
+source "$(dirname "$0")/gpu_run_common.sh"
 say "date: $(date -u +%FT%TZ)  gpus: $NG"
 nvidia-smi topo -m > "$R/topo.txt" 2>&1
 

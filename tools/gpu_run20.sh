@@ -6,20 +6,7 @@
 #     and on all four, each against one GPU on the same batch;
 #  3. the GPU test suite (gpu and multigpu marks) with four GPUs visible, if time is left.
 # Logs under $OUT/r, packed into $OUT/run.tar.gz; the summary in $OUT/summary.txt and stdout.
-set -u
-cd "$(dirname "$0")/.."
-export OUT=${OUT:-/tmp/out} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
-R=$OUT/r; mkdir -p "$R"; S=$OUT/summary.txt; : > "$S"
-T0=$(date +%s)
-say() { echo "$*" | tee -a "$S"; }
-pack() { tar czf "$OUT/run.tar.gz" -C "$OUT" r 2>/dev/null; }
-left() { echo $(( ${BUDGET:-560} - ($(date +%s) - T0) )); }
-t() { local name=$1 limit=$2; shift 2; local t0; t0=$(date +%s)
-      timeout -s TERM -k 10 "$limit" "$@" > "$R/$name.log" 2>&1; local rc=$?
-      say "$(printf '%-30s rc=%-3s %4d s  (%d s left)' "$name" "$rc" "$(( $(date +%s) - t0 ))" "$(left)")"; pack; return $rc; }
-python3 -m pip install -q --no-deps --no-build-isolation -e . > "$R/install.log" 2>&1 || say "install failed"
-NG=$(nvidia-smi -L | wc -l); ALL=$(seq -s, 0 $((NG - 1)))
+source "$(dirname "$0")/gpu_run_common.sh"
 say "date: $(date -u +%FT%TZ)  gpus: $NG  $(python3 -c 'import torch,triton;print("torch",torch.__version__,"triton",triton.__version__,"nccl",".".join(map(str,torch.cuda.nccl.version())))')"
 
 # 1. repro --parallel, both specimens, every GPU

@@ -456,6 +456,15 @@ def test_scripts_say_when_they_cannot_run_and_exit_2(
 # ---------------------------------------------------------------------------------------------
 
 
+def _torchrun_cpu(args: list[str], cwd: Path) -> tuple[int, str]:
+    """torchrun with two CPU ranks (no GPU visible); (exit code, stdout + stderr)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("TRITON_INTERPRET", None)  # the script sets it itself for --device cpu
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180, cwd=cwd)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("kernel", "code"), [("specimen:global_expert_ids", 1), ("builtin", 0)])
 def test_invalid_routing_script_under_torchrun_on_two_cpu_ranks(
@@ -463,19 +472,8 @@ def test_invalid_routing_script_under_torchrun_on_two_cpu_ranks(
 ) -> None:
     path = tmp_path / parallel_script_name("invalid-routing")
     path.write_text(render_parallel_script(_spec("invalid-routing", kernel)))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    env.pop("TRITON_INTERPRET", None)  # the script sets it itself for --device cpu
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    proc = subprocess.run(
-        [*cmd, str(path), "--device", "cpu"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=tmp_path,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == code, out[-3000:]
+    code_got, out = _torchrun_cpu([str(path), "--device", "cpu"], tmp_path)
+    assert code_got == code, out[-3000:]
     if code:
         assert "rank 1: FAIL (" in out and "rows carry local expert ids outside [0, 4)" in out, out[-3000:]
         assert "rank 0: PASS (" in out  # rank 1's exit waits for it (torchrun would stop it)
@@ -506,19 +504,8 @@ def test_a_failing_rank_waits_for_a_slower_one_to_print(tmp_path: Path) -> None:
     path.write_text(render_parallel_script(_spec("invalid-routing", "specimen:global_expert_ids")))
     wrapper = tmp_path / "slow_rank_0.py"
     wrapper.write_text(WRAPPER)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    env.pop("TRITON_INTERPRET", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    proc = subprocess.run(
-        [*cmd, str(wrapper), str(path), "--device", "cpu"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=tmp_path,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out[-3000:]
+    code, out = _torchrun_cpu([str(wrapper), str(path), "--device", "cpu"], tmp_path)
+    assert code == 1, out[-3000:]
     assert "rank 1: FAIL (" in out and "rank 0: PASS (" in out, out[-3000:]
     assert out.index("rank 1: FAIL (") < out.index("rank 0: PASS (")  # rank 1 really was first
 

@@ -1,0 +1,21 @@
+# Sourced by tools/gpu_run19.sh and tools/gpu_run20.sh (one device-machine call each): the
+# environment (NVLink multicast off), $R for logs, $S the summary, and the helpers
+#   say TEXT          print and append to the summary
+#   pack              tar $R into $OUT/run.tar.gz ($OUT returns at most 8 files)
+#   left              seconds left of $BUDGET (default 560)
+#   t NAME LIMIT CMD  run CMD with a hard limit, log to $R/NAME.log, one summary line
+# then installs the tree and sets NG (GPUs) and ALL (0,1,...).
+set -u
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export OUT=${OUT:-/tmp/out} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
+R=$OUT/r; mkdir -p "$R"; S=$OUT/summary.txt; : > "$S"
+T0=$(date +%s)
+say() { echo "$*" | tee -a "$S"; }
+pack() { tar czf "$OUT/run.tar.gz" -C "$OUT" r 2>/dev/null; }
+left() { echo $(( ${BUDGET:-560} - ($(date +%s) - T0) )); }
+t() { local name=$1 limit=$2; shift 2; local t0; t0=$(date +%s)
+      timeout -s TERM -k 10 "$limit" "$@" > "$R/$name.log" 2>&1; local rc=$?
+      say "$(printf '%-30s rc=%-3s %4d s  (%d s left)' "$name" "$rc" "$(( $(date +%s) - t0 ))" "$(left)")"; pack; return $rc; }
+python3 -m pip install -q --no-deps --no-build-isolation -e . > "$R/install.log" 2>&1 || say "install failed"
+NG=$(nvidia-smi -L | wc -l); ALL=$(seq -s, 0 $((NG - 1)))
