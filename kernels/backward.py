@@ -15,8 +15,10 @@ Each kernel has its slow, obvious twin: ``moe_grouped_gemm_dx_torch``, ``moe_gro
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import torch
@@ -43,6 +45,7 @@ from qmoe_doctor.kernels.grouped_gemm import (
 __all__ = [
     "GroupedGemm",
     "check_dw_operands",
+    "deferred_weight_grads",
     "dw_grid_size",
     "dw_tma_plan",
     "launch_grouped_gemm_dw",
@@ -665,10 +668,43 @@ class _MoEFusedLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, w, m_sizes = ctx.saved_tensors
-        with reserved_sms(ctx.sm_reserve):
+        reserve = ctx.sm_reserve
+        with reserved_sms(reserve):
             dx = moe_grouped_gemm_dx(dy.to(w.dtype), w, m_sizes) if ctx.needs_input_grad[0] else None
-            dw = moe_grouped_gemm_dw(dy.to(x.dtype), x, m_sizes) if ctx.needs_input_grad[1] else None
+        if not ctx.needs_input_grad[1]:
+            return dx, None, None, None
+        if _DEFERRED:  # the caller runs the weight gradient later (``deferred_weight_grads``)
+            dy_x = dy.to(x.dtype)
+
+            def weight_grad() -> tuple[torch.Tensor, torch.Tensor]:
+                with reserved_sms(reserve):
+                    return w, moe_grouped_gemm_dw(dy_x, x, m_sizes)
+
+            _DEFERRED[-1].append(weight_grad)
+            return dx, None, None, None
+        with reserved_sms(reserve):
+            dw = moe_grouped_gemm_dw(dy.to(x.dtype), x, m_sizes)
         return dx, dw, None, None
+
+
+# Weight gradients left for later: while a list is open, ``moe_fused_linear``'s backward computes
+# the input gradient only and appends a closure for the weight's. Process-wide (autograd may run
+# the backward on its own thread), innermost list first.
+_DEFERRED: list[list[Callable[[], tuple[torch.Tensor, torch.Tensor]]]] = []
+
+
+@contextlib.contextmanager
+def deferred_weight_grads() -> Iterator[list[Callable[[], tuple[torch.Tensor, torch.Tensor]]]]:
+    """Within this block the backward of ``moe_fused_linear`` returns no weight gradient; it
+    appends to the yielded list a closure that computes it, returning ``(weight, dw)``, for the
+    caller to run (and add into ``weight.grad``) when it chooses: expert parallelism sends the
+    input gradients on their way first and computes the weight gradients while they travel."""
+    pending: list[Callable[[], tuple[torch.Tensor, torch.Tensor]]] = []
+    _DEFERRED.append(pending)
+    try:
+        yield pending
+    finally:
+        del _DEFERRED[next(i for i, item in enumerate(_DEFERRED) if item is pending)]
 
 
 def moe_fused_linear(

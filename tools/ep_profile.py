@@ -29,15 +29,24 @@ import torch
 import torch.distributed as dist
 
 
-def parse_variant(spec: str) -> dict[str, int]:
-    """'micro=2,reserve=16' -> ExpertParallelBlock keyword arguments."""
-    names = {"micro": "micro_batches", "reserve": "reserve_sms"}
-    kw: dict[str, int] = {}
+def parse_variant(spec: str) -> dict[str, int | str]:
+    """'micro=2,reserve=16' or 'dispatch=gather,transport=symm' -> ExpertParallelBlock keyword
+    arguments."""
+    numbers = {"micro": "micro_batches", "reserve": "reserve_sms"}
+    words = {"dispatch": ("a2a", "gather"), "transport": ("auto", "symm", "collective")}
+    kw: dict[str, int | str] = {}
     for item in spec.split(","):
         key, _, value = item.strip().partition("=")
-        if key not in names or not value.strip().isdigit():
-            raise SystemExit(f"bad variant item {item!r}: use micro=N and/or reserve=N")
-        kw[names[key]] = int(value)
+        value = value.strip()
+        if key in numbers and value.isdigit():
+            kw[numbers[key]] = int(value)
+        elif key in words and value in words[key]:
+            kw[key] = value
+        else:
+            raise SystemExit(
+                f"bad variant item {item!r}: use micro=N, reserve=N, dispatch=a2a|gather, "
+                "transport=auto|symm|collective"
+            )
     return kw
 
 
@@ -195,7 +204,17 @@ def main() -> int:
         help="';'-separated ExpertParallelBlock settings, e.g. 'micro=1;micro=2,reserve=16'",
     )
     ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument(
+        "--dump-after",
+        type=float,
+        default=0.0,
+        help="print every thread's stack after S seconds, then exit (a hang)",
+    )
     args = ap.parse_args()
+    if args.dump_after > 0:
+        import faulthandler
+
+        faulthandler.dump_traceback_later(args.dump_after, exit=True)
     for var in ("NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS"):
         os.environ[var] = "0" if var == "NCCL_NVLS_ENABLE" else "1"
     os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
@@ -259,7 +278,9 @@ def main() -> int:
             phases["step"].append((time.perf_counter() - t0) * 1e3)
         row: dict[str, object] = {f"{k}_ms": round(statistics.median(v), 3) for k, v in phases.items()}
         row["allocator_in_timed_steps"] = allocator_delta(stats0, torch.cuda.memory_stats(dev))
+        print(f"rank {rank} {spec}: timed", flush=True)
         row.update(count_syncs(lambda: ep_step(False)))
+        print(f"rank {rank} {spec}: syncs counted", flush=True)
         # every rank runs the profiled steps (they are collective); rank 0 keeps the figures. The
         # ranks start them together: otherwise the first NCCL kernel of the faster rank waits for
         # the other one inside the trace (run 19's expandable-segments trace: one of 126 ms)

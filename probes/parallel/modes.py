@@ -66,6 +66,7 @@ from qmoe_doctor.kernels.moe_block import MoEBlock, MoEBlockTorch, resolve_shape
 from qmoe_doctor.kernels.routing import sort_by_expert
 from qmoe_doctor.presets import PRESETS, MoEShape, get_preset
 from qmoe_doctor.probes.parallel import ep as ep_ops
+from qmoe_doctor.probes.parallel import ep_gather
 from qmoe_doctor.probes.parallel import tp as tp_ops
 from qmoe_doctor.probes.parallel.hooks import LOCAL_IDS_HOOK, RankHooks
 from qmoe_doctor.probes.pipeline import block_tolerance, layer_placement, make_block, rel_error
@@ -618,6 +619,8 @@ class ExpertParallelBlock(nn.Module):
         group: Any = None,
         micro_batches: int = 1,
         reserve_sms: int = 0,
+        dispatch: str = "a2a",
+        transport: str = "auto",
     ) -> None:
         super().__init__()
         s = full.shape
@@ -633,6 +636,15 @@ class ExpertParallelBlock(nn.Module):
             raise ValueError(f"micro_batches >= 1 and reserve_sms >= 0, got {micro_batches}, {reserve_sms}")
         self.micro_batches = micro_batches
         self.reserve_sms = reserve_sms
+        if dispatch not in EP_DISPATCHES:
+            raise ValueError(f"dispatch must be one of {', '.join(EP_DISPATCHES)}, got {dispatch!r}")
+        if dispatch == "gather" and world < 2:
+            raise ValueError("the gather dispatch exchanges with other ranks: it needs at least two")
+        if dispatch == "gather" and micro_batches != 1:
+            raise ValueError("the gather dispatch overlaps its exchanges itself: use one micro-batch")
+        self.dispatch = dispatch
+        self.transport_kind = transport
+        self._transport: Any = None
         own = slice(self.first, self.first + self.per_rank)
         device, dtype = full.gate_up_proj.device, full.gate_up_proj.dtype
         if s.num_experts > ep_ops.max_packed_experts(dtype):
@@ -688,8 +700,21 @@ class ExpertParallelBlock(nn.Module):
         # each pair's weighted sum over its local rows: one pass, no atomics
         return combine_rows(down, routing.inv_perm, starts, w_in[pair, slot])
 
+    def transport(self, device: torch.device) -> Any:
+        """The gather dispatch's exchange (``ep_gather.make_transport``), made on first use."""
+        if self._transport is None:
+            self._transport = ep_gather.make_transport(
+                self.transport_kind, self.rank, self.world, self.group, device
+            )
+        return self._transport
+
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         router_logits, topk_weights, topk_ids = self.route(hidden_states)
+        if self.dispatch == "gather":
+            grad = torch.is_grad_enabled() and (hidden_states.requires_grad or topk_weights.requires_grad)
+            transport = self.transport(hidden_states.device)
+            out = ep_gather.GatherExperts.apply(hidden_states, topk_weights, topk_ids, self, transport, grad)
+            return out, router_logits
         tokens, hidden = hidden_states.shape
         k = self.top_k
         # one count exchange (one host synchronization) for every micro-batch
@@ -744,6 +769,45 @@ class ExpertParallelBlock(nn.Module):
 
 
 EP_MICRO_ENV = "QMOE_EP_MICRO_BATCHES"
+EP_DISPATCH_ENV = "QMOE_EP_DISPATCH"
+EP_TRANSPORT_ENV = "QMOE_EP_TRANSPORT"
+EP_DISPATCHES = ("a2a", "gather")
+
+
+# The gather dispatch sends every token to every rank: on W ranks with top-8 of 128 experts a
+# token misses a rank's experts with probability 0.4% (W=2), 10% (W=4), 34% (W=8). Measured on
+# H200s (runs 24-27, 30B preset): on 2 ranks it is at least as fast as the all-to-all at every
+# batch (32,768 tokens: 12.2 vs 12.3 ms; 131,072: 39.8-41.2 vs 44.4 ms); on 4 ranks it wins at
+# 32,768 tokens per rank (22.9-24.4 vs 25.6 ms) and loses at 8,192 (9.5-10.6 vs 8.6 ms).
+GATHER_MAX_RANKS = 4
+GATHER_MIN_TOKENS_PER_RANK = 32768  # on more than two ranks
+
+
+def auto_dispatch(world: int, tokens_per_rank: int) -> str:
+    """The dispatch ``auto`` picks (see the measurements above)."""
+    if world < 2 or world > GATHER_MAX_RANKS:
+        return "a2a"
+    if world > 2 and tokens_per_rank < GATHER_MIN_TOKENS_PER_RANK:
+        return "a2a"
+    return "gather"
+
+
+def ep_dispatch(world: int, tokens_per_rank: int) -> tuple[str, str]:
+    """(dispatch, transport) of the ep mode's block: ``$QMOE_EP_DISPATCH`` (``a2a``: each token
+    to the ranks owning its experts, by NCCL all-to-all; ``gather``: every token to every rank by
+    pushes that overlap the experts, ``ep_gather.py``; ``auto``, the default: ``auto_dispatch``)
+    and ``$QMOE_EP_TRANSPORT`` (``auto``, ``symm``, ``collective``)."""
+    dispatch = os.environ.get(EP_DISPATCH_ENV, "").strip() or "auto"
+    transport = os.environ.get(EP_TRANSPORT_ENV, "").strip() or "auto"
+    if dispatch == "auto":  # micro-batches are the all-to-all dispatch's way to overlap
+        dispatch = auto_dispatch(world, tokens_per_rank) if ep_micro_batches() == 1 else "a2a"
+    if dispatch not in EP_DISPATCHES:
+        raise ValueError(
+            f"{EP_DISPATCH_ENV} must be auto or one of {', '.join(EP_DISPATCHES)}, got {dispatch!r}"
+        )
+    if transport not in ("auto", *ep_gather.TRANSPORTS):
+        raise ValueError(f"{EP_TRANSPORT_ENV} must be auto, symm or collective, got {transport!r}")
+    return dispatch, transport
 
 
 def ep_micro_batches() -> int:
@@ -776,10 +840,19 @@ def run_ep(s: Setup) -> dict[str, Any]:
     mine = tp_ops.tp_slice(s.p.tokens, w.rank, w.size)
     s.ctx.fact("parallel.tokens", [mine.start, mine.stop])
     s.ctx.stage("shard")
+    dispatch, transport = ep_dispatch(w.size, mine.stop - mine.start)
     layer = ExpertParallelBlock(
-        block, rank=w.rank, world=w.size, kernel=s.spy, hooks=s.hooks, micro_batches=ep_micro_batches()
+        block,
+        rank=w.rank,
+        world=w.size,
+        kernel=s.spy,
+        hooks=s.hooks,
+        micro_batches=ep_micro_batches(),
+        dispatch=dispatch,
+        transport=transport,
     )
     s.ctx.fact("ep.micro_batches", layer.micro_batches)
+    s.ctx.fact("ep.dispatch", dispatch)
     s.ctx.fact("ep.experts_per_rank", layer.per_rank)
     s.ctx.fact("ep.first_expert", layer.first)
     s.ctx.fact("ep.remap_hook", "kernel module" if LOCAL_IDS_HOOK in s.hooks.overridden else "default")
@@ -820,6 +893,8 @@ def run_ep(s: Setup) -> dict[str, Any]:
     _checked_step(s)
     out, xr = forward_backward()
     layer.before_experts = layer.after_experts = None
+    if layer._transport is not None:
+        s.ctx.fact("ep.transport", layer._transport.name)
     s.ctx.crumb(Phase.SYNC)
     w.sync()
     record_devices(s)

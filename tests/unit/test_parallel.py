@@ -718,7 +718,8 @@ def test_ep_end_to_end(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_ep_micro_batches_match_the_block_under_gloo(tmp_path: Path) -> None:
     """Two gloo ranks: one and three micro-batches (one count exchange for all, packed
-    messages) match the whole block, forward and every gradient; the planted remap does not."""
+    messages) and the gather dispatch (static exchange, own tokens first, weight gradients
+    deferred) match the whole block, forward and every gradient; the planted remap does not."""
     worker = Path(__file__).parent / "workers" / "ep_micro.py"
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
@@ -728,10 +729,43 @@ def test_ep_micro_batches_match_the_block_under_gloo(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in range(2):
         found = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        for micro in ("micro=1", "micro=3"):
-            worst = max(found[micro].values())
-            assert worst < 1e-4, (rank, micro, found[micro])
+        for variant in ("micro=1", "micro=3", "gather"):
+            worst = max(found[variant].values())
+            assert worst < 1e-4, (rank, variant, found[variant])
         assert found["planted"]["out"] > 0.05, (rank, found["planted"])
+        assert found["planted gather"]["out"] > 0.05, (rank, found["planted gather"])
+
+
+@pytest.mark.slow
+def test_ep_gather_dispatch_on_four_ranks(tmp_path: Path) -> None:
+    """Four gloo ranks (two experts each): the gather dispatch's slot rotation (slot j - 1 of
+    rank r holds rank (r + j) % W's rows, so the middle ranks' peers wrap around) still matches
+    the whole block on every rank, forward and every gradient; the planted remap does not."""
+    worker = Path(__file__).parent / "workers" / "ep_micro.py"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
+    proc = subprocess.run(
+        [*cmd, str(worker), str(tmp_path), "gather"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in range(4):
+        found = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert set(found) == {"gather", "planted", "planted gather"}
+        assert max(found["gather"].values()) < 1e-4, (rank, found["gather"])
+        assert found["planted gather"]["out"] > 0.05, (rank, found["planted gather"])
+
+
+def test_gather_slots_rotate() -> None:
+    """What rank s sends rank p lands in the slot from which p reads s, for every pair."""
+    from qmoe_doctor.probes.parallel.ep_gather import peer_of, slot_of
+
+    for world in range(2, 9):
+        for r in range(world):
+            assert sorted(peer_of(r, j, world) for j in range(world - 1)) == [p for p in range(world) if p != r]
+            for p in range(world):
+                if p != r:
+                    assert 0 <= slot_of(r, p, world) < world - 1
+                    assert peer_of(r, slot_of(r, p, world), world) == p
 
 
 @pytest.mark.slow
@@ -896,24 +930,31 @@ def test_an_interrupted_parent_leaves_no_rank_behind(tmp_path: Path) -> None:
 # Recorded on 4x H200 (run 19): the per-rank outcomes, classified again here
 # ---------------------------------------------------------------------------------------------
 
-RECORDED_4GPU = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "h200-session4"
+RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "recorded"
 
 
 @pytest.mark.parametrize(
     ("name", "cause"),
     [
-        ("parallel_run19_builtin_4gpu.json", None),
-        ("parallel_run19_specimen-rank_no_set_device_4gpu.json", "device-never-set"),
-        ("parallel_run19_specimen-global_expert_ids_4gpu.json", "invalid-routing"),
+        ("h200-session4/parallel_run19_builtin_4gpu.json", None),
+        ("h200-session4/parallel_run19_specimen-rank_no_set_device_4gpu.json", "device-never-set"),
+        ("h200-session4/parallel_run19_specimen-global_expert_ids_4gpu.json", "invalid-routing"),
+        # the gather dispatch (run 27: ep by copy-engine pushes, the specimen's remap still caught)
+        ("h200-session5/parallel_run27_builtin_4gpu.json", None),
+        ("h200-session5/parallel_run27_specimen-global_expert_ids_4gpu.json", "invalid-routing"),
+        ("h200-session5/parallel_run25_builtin_2gpu.json", None),
+        ("h200-session5/parallel_run25_specimen-global_expert_ids_2gpu.json", "invalid-routing"),
     ],
 )
-def test_recorded_4gpu_outcomes_classify_to_the_recorded_verdict(name: str, cause: str | None) -> None:
-    """The four ranks' outcomes of run 19 give the verdict the run printed: nothing for our kernel
-    (dp, pp, tp, ep all passing), else the specimen's cause on ranks 1-3 and never on rank 0
-    (rank 0 sets cuda:0 / owns experts starting at 0: the planted fault cannot show there)."""
+def test_recorded_gpu_outcomes_classify_to_the_recorded_verdict(name: str, cause: str | None) -> None:
+    """The ranks' outcomes of runs 19, 25 and 27 give the verdict the run printed: nothing for our
+    kernel (dp, pp, tp, ep all passing), else the specimen's cause on every rank but 0 and never
+    on rank 0 (rank 0 sets cuda:0 / owns experts starting at 0: the planted fault cannot show
+    there)."""
     from qmoe_doctor.records import from_jsonable
 
-    report = json.loads((RECORDED_4GPU / name).read_text())
+    report = json.loads((RECORDED / name).read_text())
+    world = len(report["gpus"]) if report.get("gpus") else 4
     outcomes = [from_jsonable(Outcome, o) for o in report["outcomes"]]
     got = classify_parallel(outcomes, kernel=report["kernel"])
     causes = [d.cause for d in got.diagnoses]
@@ -921,12 +962,21 @@ def test_recorded_4gpu_outcomes_classify_to_the_recorded_verdict(name: str, caus
     if cause is None:
         assert causes == [] and all(o.status is Status.PASS for o in outcomes)
         assert {m["mode"] for m in report["modes"]} >= {"single", "dp", "pp", "tp", "ep"}
-        assert all(m["world_size"] == 4 for m in report["modes"] if m["mode"] in ("dp", "tp", "ep"))
+        assert all(m["world_size"] == world for m in report["modes"] if m["mode"] in ("dp", "tp", "ep"))
         return
     (d,) = got.diagnoses
     assert d.cause == cause and d.confidence is Confidence.HIGH
     ranks = sorted(w.split()[1] for w in d.where)
-    assert ranks == ["1", "2", "3"], d.where
+    assert ranks == [str(r) for r in range(1, world)], d.where
+
+
+def test_recorded_gather_runs_used_the_copy_engine_transport() -> None:
+    """Runs 25-27 recorded which ep dispatch and transport every rank ran: gather over symmetric
+    memory on the GPUs (no silent fallback to the collective transport)."""
+    report = json.loads((RECORDED / "h200-session5" / "parallel_run27_ep-131072-2gpu-a.json").read_text())
+    ep_ranks = [o for o in report["outcomes"] if o["facts"].get("parallel.mode") == "ep"]
+    assert len(ep_ranks) == 2
+    assert {(o["facts"]["ep.dispatch"], o["facts"]["ep.transport"]) for o in ep_ranks} == {("gather", "symm")}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -978,3 +1028,29 @@ def test_two_nodes_meet_at_one_rendezvous_and_report_their_own_ranks(kernel: str
     rank0, rank1 = sorted(reports, key=lambda r: r["outcomes"][0]["probe_id"])
     assert rank0["diagnoses"] == []
     assert [(d["cause"], d["where"]) for d in rank1["diagnoses"]] == [("invalid-routing", ["rank 1"])]
+
+
+def test_ep_dispatch_auto_follows_the_measurements(monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto: gather on 2 ranks at any batch, on 3-4 ranks only from 32,768 tokens per rank (runs
+    24-27), never above 4 ranks or with micro-batches; explicit settings win; bad ones are named."""
+    from qmoe_doctor.probes.parallel.modes import EP_DISPATCH_ENV, EP_MICRO_ENV, EP_TRANSPORT_ENV, ep_dispatch
+
+    for var in (EP_DISPATCH_ENV, EP_MICRO_ENV, EP_TRANSPORT_ENV):
+        monkeypatch.delenv(var, raising=False)
+    assert ep_dispatch(2, 8) == ("gather", "auto")
+    assert ep_dispatch(4, 8192) == ("a2a", "auto")
+    assert ep_dispatch(4, 32768) == ("gather", "auto")
+    assert ep_dispatch(8, 1 << 20) == ("a2a", "auto")
+    assert ep_dispatch(1, 1 << 20) == ("a2a", "auto")
+    monkeypatch.setenv(EP_MICRO_ENV, "2")
+    assert ep_dispatch(2, 1 << 20)[0] == "a2a"
+    monkeypatch.setenv(EP_DISPATCH_ENV, "gather")
+    monkeypatch.setenv(EP_TRANSPORT_ENV, "collective")
+    assert ep_dispatch(8, 8) == ("gather", "collective")
+    monkeypatch.setenv(EP_DISPATCH_ENV, "alltoall")
+    with pytest.raises(ValueError, match="QMOE_EP_DISPATCH"):
+        ep_dispatch(2, 8)
+    monkeypatch.setenv(EP_DISPATCH_ENV, "a2a")
+    monkeypatch.setenv(EP_TRANSPORT_ENV, "nvshmem")
+    with pytest.raises(ValueError, match="QMOE_EP_TRANSPORT"):
+        ep_dispatch(2, 8)

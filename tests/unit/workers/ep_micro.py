@@ -1,5 +1,6 @@
 """A torchrun worker (gloo, CPU, the interpreter): ExpertParallelBlock with 1 and 3
-micro-batches against the whole block on every rank's tokens, forward and backward.
+micro-batches, and with the gather dispatch (ep_gather.py, collective transport), against the
+whole block on every rank's tokens, forward and backward.
 
 Writes OUT/rank{r}.json with the relative errors; asserts nothing itself (the test reads it).
 """
@@ -16,7 +17,28 @@ import torch.distributed as dist
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.detach().double() - b.detach().double()).norm() / b.detach().double().norm().clamp_min(1e-30))
+    return float(
+        (a.detach().double() - b.detach().double()).norm() / b.detach().double().norm().clamp_min(1e-30)
+    )
+
+
+def prepared_transport() -> type:
+    """The collective transport, checking what a GPU's symmetric-memory transport needs: every
+    send goes to an exchange ``prepare`` made beforehand, with the same shapes (buffers made
+    lazily during a send deadlocked two H200s in run 25)."""
+    from qmoe_doctor.probes.parallel.ep_gather import CollectiveTransport
+
+    class Prepared(CollectiveTransport):
+        def prepare(self, specs: dict) -> None:
+            self.specs = {name: tuple(spec) for name, spec in specs.items()}
+
+        def send(self, name: str, parts: list) -> object:
+            key = tuple((int(p.shape[-2]), int(p.shape[-1]), p.dtype) for p in parts)
+            if getattr(self, "specs", {}).get(name) != key:
+                raise RuntimeError(f"send {name!r} {key} was not prepared: {getattr(self, 'specs', None)}")
+            return super().send(name, parts)
+
+    return Prepared
 
 
 def main() -> None:
@@ -28,6 +50,8 @@ def main() -> None:
     from qmoe_doctor.probes.parallel.hooks import hooks_for
     from qmoe_doctor.probes.parallel.modes import ExpertParallelBlock
 
+    Prepared = prepared_transport()
+
     torch.manual_seed(0)
     full = MoEBlock("tiny", dtype=torch.float32)
     tokens = 10 * world
@@ -38,17 +62,26 @@ def main() -> None:
     (ref * up).sum().backward()
     mine = slice(rank * 10, (rank + 1) * 10)
     found: dict[str, dict[str, float]] = {}
-    for micro in (1, 3):
+    variants = {
+        "micro=1": {"micro_batches": 1},
+        "micro=3": {"micro_batches": 3},
+        "gather": {"dispatch": "gather"},
+    }
+    if len(sys.argv) > 2:  # a subset, e.g. "gather" on four ranks
+        variants = {name: kw for name, kw in variants.items() if name in sys.argv[2].split(",")}
+    for name, kw in variants.items():
         layer = ExpertParallelBlock(
-            full, rank=rank, world=world, kernel=full.kernel, hooks=hooks_for(None), micro_batches=micro
+            full, rank=rank, world=world, kernel=full.kernel, hooks=hooks_for(None), **kw
         )
+        if name == "gather":
+            layer._transport = Prepared(rank, world)
         xs = x[mine].clone().requires_grad_()
         out, _ = layer(xs)
         (out * up[mine]).sum().backward()
         dist.all_reduce(layer.gate.weight.grad)
         per = layer.per_rank
         own = slice(rank * per, (rank + 1) * per)
-        found[f"micro={micro}"] = {
+        found[name] = {
             "out": rel(out, ref[mine]),
             "dx": rel(xs.grad, xr.grad[mine]),
             "gate": rel(layer.gate.weight.grad, full.gate.weight.grad),
@@ -67,6 +100,17 @@ def main() -> None:
     with torch.no_grad():
         bad, _ = planted(x[mine])
     found["planted"] = {"out": rel(bad, ref[mine].detach())}
+    planted = ExpertParallelBlock(
+        full,
+        rank=rank,
+        world=world,
+        kernel=full.kernel,
+        hooks=hooks_for(global_expert_ids.moe_grouped_gemm),
+        dispatch="gather",
+    )
+    with torch.no_grad():
+        bad, _ = planted(x[mine])
+    found["planted gather"] = {"out": rel(bad, ref[mine].detach())}
     (out_dir / f"rank{rank}.json").write_text(json.dumps(found))
     dist.destroy_process_group()
 

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Validation run 24, one call on nvidia-h200-x2 (budget ~8 minutes), issue 7: the gather dispatch
+# (probes/parallel/ep_gather.py: static exchange by copy-engine pushes, own tokens first, weight
+# gradients while the input gradients travel) against the all-to-all dispatch.
+#  1. tools/ep_profile.py at 131,072 tokens: gather/symm (profiled), all-to-all, gather/collective;
+#  2. qmoe-doctor parallel --modes ep with QMOE_EP_DISPATCH=gather at 32,768 / 65,536 / 131,072
+#     tokens on GPUs 0,1, each checked and timed against one GPU.
+# Logs under $OUT/r, packed into $OUT/run.tar.gz; the summary in $OUT/summary.txt and stdout.
+source "$(dirname "$0")/gpu_run_common.sh"
+say "date: $(date -u +%FT%TZ)  gpus: $NG  $(python3 -c 'import torch,triton;print("torch",torch.__version__,"triton",triton.__version__,"nccl",".".join(map(str,torch.cuda.nccl.version())))')"
+t ep-profile-131072 240 torchrun --standalone --nproc-per-node 2 tools/ep_profile.py --tokens 131072 \
+  --steps 5 --variants "dispatch=gather;micro=1;dispatch=gather,transport=collective" --out "$R/prof-131072"
+python3 - "$R" <<'PY' | tee -a "$S"
+import json, sys
+from pathlib import Path
+R = Path(sys.argv[1])
+for f in sorted(R.glob("prof-*/ep_profile_rank*.json")):
+    r = json.loads(f.read_text())
+    print(f.parent.name, f.name, "single", r.get("single_step_ms"))
+    for name, m in r["variants"].items():
+        print("  ", name, {k: v for k, v in m.items() if not isinstance(v, (list, dict))})
+PY
+rm -f "$R"/prof-*/ep_trace_rank1_*.json
+pack
+for tok in 32768 65536 131072; do
+  (( $(left) > 100 )) || { say "ep-$tok skipped: $(left) s left"; continue; }
+  QMOE_EP_DISPATCH=gather t ep-gather-$tok 150 qmoe-doctor parallel --modes ep --gpus 0,1 --preset qwen3-30b-a3b \
+    --tokens "$tok" --steps 10 --warmup 2 --timeout 120 --save "$R/ep-gather-$tok.json" --log-dir "$R/ep-gather-$tok"
+  python3 - "$R/ep-gather-$tok.json" <<'PY' | tee -a "$S"
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except Exception as exc:
+    print("  no report", exc); sys.exit()
+for m in r["modes"]:
+    sp = "-" if m["speedup"] is None else f"{m['speedup']:.2f}x"
+    print(f"  {r['tokens']:>7} tokens  {m['mode']:6} ranks {m['world_size']}  {m['status']:6} err {m['max_rel_error']}"
+          f"  step {m['step_ms'] and round(m['step_ms'], 1)} ms  {sp}")
+PY
+  grep -ho '"ep.transport": "[a-z]*"' "$R"/ep-gather-$tok/ep/rank-*.crumbs 2>/dev/null | sort | uniq -c >> "$S"
+done
+pack
+echo "==== SUMMARY"; cat "$S"
