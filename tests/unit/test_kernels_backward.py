@@ -25,6 +25,7 @@ from test_kernels_forward import (
 )
 
 from qmoe_doctor.kernels.backward import (
+    deferred_weight_grads,
     dw_grid_size,
     launch_grouped_gemm_dw,
     moe_fused_linear,
@@ -220,3 +221,26 @@ def test_fused_linear_no_grad_for_m_sizes_and_only_needed_grads() -> None:
     w.requires_grad_(True)  # x needs no grad: dx is skipped
     moe_fused_linear(x, w, m_sizes).sum().backward()
     assert x.grad is None and w.grad is not None and m_sizes.grad is None
+
+
+def test_deferred_weight_grads_leave_dw_for_the_caller() -> None:
+    """Inside ``deferred_weight_grads`` the backward gives dx at once and no weight gradient; the
+    closures it leaves return (the weight itself, the dw the plain backward gives). Nested lists
+    collect only their own; outside them the plain backward is back."""
+    case = CASES[0]
+    x, w, m_sizes = make_operands(case, torch.float32)
+    x.requires_grad_(True)
+    w.requires_grad_(True)
+    plain_x, plain_w = torch.autograd.grad(moe_fused_linear(x, w, m_sizes).sum(), (x, w))
+    with deferred_weight_grads() as outer:
+        y = moe_fused_linear(x, w, m_sizes)
+        with deferred_weight_grads() as inner:
+            y.sum().backward()
+    assert w.grad is None and outer == [] and len(inner) == 1
+    assert_close(x.grad, plain_x, torch.float32)
+    weight, dw = inner[0]()
+    assert weight is w
+    assert_close(dw, plain_w, torch.float32)
+    x.grad = None
+    moe_fused_linear(x, w, m_sizes).sum().backward()
+    assert w.grad is not None
