@@ -27,17 +27,7 @@ for tok in 65536 131072; do
     n=$(echo "$g" | tr ',' '\n' | wc -l)
     t ep-$tok-${n}gpu 150 qmoe-doctor parallel --modes ep --gpus "$g" --preset qwen3-30b-a3b --tokens "$tok" \
       --steps 10 --warmup 2 --timeout 120 --save "$R/ep-$tok-${n}gpu.json" --log-dir "$R/ep-$tok-${n}gpu"
-    python3 - "$R/ep-$tok-${n}gpu.json" <<'PY' | tee -a "$S"
-import json, sys
-try:
-    r = json.load(open(sys.argv[1]))
-except Exception as exc:
-    print("  no report", exc); sys.exit()
-for m in r["modes"]:
-    sp = "-" if m["speedup"] is None else f"{m['speedup']:.2f}x"
-    print(f"  {r['tokens']:>7} tokens  {m['mode']:6} ranks {m['world_size']}  {m['status']:6} err {m['max_rel_error']}"
-          f"  step {m['step_ms'] and round(m['step_ms'], 1)} ms  {sp}")
-PY
+    modes_table "$R/ep-$tok-${n}gpu.json"
   done
 done
 

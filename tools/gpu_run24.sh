@@ -26,17 +26,7 @@ for tok in 32768 65536 131072; do
   (( $(left) > 100 )) || { say "ep-$tok skipped: $(left) s left"; continue; }
   QMOE_EP_DISPATCH=gather t ep-gather-$tok 150 qmoe-doctor parallel --modes ep --gpus 0,1 --preset qwen3-30b-a3b \
     --tokens "$tok" --steps 10 --warmup 2 --timeout 120 --save "$R/ep-gather-$tok.json" --log-dir "$R/ep-gather-$tok"
-  python3 - "$R/ep-gather-$tok.json" <<'PY' | tee -a "$S"
-import json, sys
-try:
-    r = json.load(open(sys.argv[1]))
-except Exception as exc:
-    print("  no report", exc); sys.exit()
-for m in r["modes"]:
-    sp = "-" if m["speedup"] is None else f"{m['speedup']:.2f}x"
-    print(f"  {r['tokens']:>7} tokens  {m['mode']:6} ranks {m['world_size']}  {m['status']:6} err {m['max_rel_error']}"
-          f"  step {m['step_ms'] and round(m['step_ms'], 1)} ms  {sp}")
-PY
+  modes_table "$R/ep-gather-$tok.json"
   grep -ho '"ep.transport": "[a-z]*"' "$R"/ep-gather-$tok/ep/rank-*.crumbs 2>/dev/null | sort | uniq -c >> "$S"
 done
 pack

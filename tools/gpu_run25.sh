@@ -22,17 +22,7 @@ done
 ep() {  # tokens gpus name
   t "$3" 150 qmoe-doctor parallel --modes ep --gpus "$2" --preset qwen3-30b-a3b --tokens "$1" --steps 10 --warmup 2 \
     --timeout 140 --save "$R/$3.json" --log-dir "$R/$3"
-  python3 - "$R/$3.json" <<'PY' | tee -a "$S"
-import json, sys
-try:
-    r = json.load(open(sys.argv[1]))
-except Exception as exc:
-    print("  no report", exc); sys.exit()
-for m in r["modes"]:
-    sp = "-" if m["speedup"] is None else f"{m['speedup']:.2f}x"
-    print(f"  {r['tokens']:>7} tokens  {m['mode']:6} ranks {m['world_size']}  {m['status']:6} err {m['max_rel_error']}"
-          f"  step {m['step_ms'] and round(m['step_ms'], 1)} ms  {sp}")
-PY
+  modes_table "$R/$3.json"
 }
 for spec in "131072 0,1 ep-131072-2gpu-a" "131072 $ALL ep-131072-${NG}gpu" "131072 0,1 ep-131072-2gpu-b" "262144 0,1 ep-262144-2gpu"; do
   (( $(left) > 90 )) || { say "skipped $spec: $(left) s left"; continue; }

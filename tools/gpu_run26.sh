@@ -19,17 +19,7 @@ for spec in "131072 a" "131072 b" "65536 a"; do
   (( $(left) > 45 )) || { say "skipped $spec: $(left) s left"; continue; }
   t ep-$1-$2 60 qmoe-doctor parallel --modes ep --gpus 0,1 --preset qwen3-30b-a3b --tokens "$1" --steps 10 \
     --warmup 2 --timeout 55 --save "$R/ep-$1-$2.json" --log-dir "$R/ep-$1-$2"
-  python3 - "$R/ep-$1-$2.json" <<'PY' | tee -a "$S"
-import json, sys
-try:
-    r = json.load(open(sys.argv[1]))
-except Exception as exc:
-    print("  no report", exc); sys.exit()
-for m in r["modes"]:
-    sp = "-" if m["speedup"] is None else f"{m['speedup']:.2f}x"
-    print(f"  {r['tokens']:>7} tokens  {m['mode']:6} ranks {m['world_size']}  {m['status']:6} err {m['max_rel_error']}"
-          f"  step {m['step_ms'] and round(m['step_ms'], 1)} ms  {sp}")
-PY
+  modes_table "$R/ep-$1-$2.json"
 done
 grep -rho '"ep.\(transport\|dispatch\)":"[a-z0-9]*"' "$R" 2>/dev/null | sort | uniq -c >> "$S"
 pack

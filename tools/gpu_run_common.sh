@@ -4,6 +4,7 @@
 #   pack              tar $R into $OUT/run.tar.gz ($OUT returns at most 8 files)
 #   left              seconds left of $BUDGET (default 560)
 #   t NAME LIMIT CMD  run CMD with a hard limit, log to $R/NAME.log, one summary line
+#   modes_table FILE  one line per mode of a `qmoe-doctor parallel --save` report
 # then installs the tree and sets NG (GPUs) and ALL (0,1,...).
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -17,5 +18,18 @@ left() { echo $(( ${BUDGET:-560} - ($(date +%s) - T0) )); }
 t() { local name=$1 limit=$2; shift 2; local t0; t0=$(date +%s)
       timeout -s TERM -k 10 "$limit" "$@" > "$R/$name.log" 2>&1; local rc=$?
       say "$(printf '%-30s rc=%-3s %4d s  (%d s left)' "$name" "$rc" "$(( $(date +%s) - t0 ))" "$(left)")"; pack; return $rc; }
+modes_table() {  # one line per mode of a `qmoe-doctor parallel --save` report, to the summary
+  python3 - "$1" <<'PY' | tee -a "$S"
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except Exception as exc:
+    print("  no report", exc); sys.exit()
+for m in r["modes"]:
+    sp = "-" if m["speedup"] is None else f"{m['speedup']:.2f}x"
+    print(f"  {r['tokens']:>7} tokens  {m['mode']:6} ranks {m['world_size']}  {m['status']:6} err {m['max_rel_error']}"
+          f"  step {m['step_ms'] and round(m['step_ms'], 1)} ms  {sp}")
+PY
+}
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$R/install.log" 2>&1 || say "install failed"
 NG=$(nvidia-smi -L | wc -l); ALL=$(seq -s, 0 $((NG - 1)))
