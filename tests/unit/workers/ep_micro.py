@@ -89,28 +89,12 @@ def main() -> None:
             "down": rel(layer.down_proj.grad, full.down_proj.grad[own]),
         }
     # the planted remap: global ids reach the local stack, rows come out zero, the sums differ
-    planted = ExpertParallelBlock(
-        full,
-        rank=rank,
-        world=world,
-        kernel=full.kernel,
-        hooks=hooks_for(global_expert_ids.moe_grouped_gemm),
-        micro_batches=2,
-    )
-    with torch.no_grad():
-        bad, _ = planted(x[mine])
-    found["planted"] = {"out": rel(bad, ref[mine].detach())}
-    planted = ExpertParallelBlock(
-        full,
-        rank=rank,
-        world=world,
-        kernel=full.kernel,
-        hooks=hooks_for(global_expert_ids.moe_grouped_gemm),
-        dispatch="gather",
-    )
-    with torch.no_grad():
-        bad, _ = planted(x[mine])
-    found["planted gather"] = {"out": rel(bad, ref[mine].detach())}
+    for name, kw in {"planted": {"micro_batches": 2}, "planted gather": {"dispatch": "gather"}}.items():
+        hooks = hooks_for(global_expert_ids.moe_grouped_gemm)
+        planted = ExpertParallelBlock(full, rank=rank, world=world, kernel=full.kernel, hooks=hooks, **kw)
+        with torch.no_grad():
+            bad, _ = planted(x[mine])
+        found[name] = {"out": rel(bad, ref[mine].detach())}
     (out_dir / f"rank{rank}.json").write_text(json.dumps(found))
     dist.destroy_process_group()
 
