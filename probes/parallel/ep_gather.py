@@ -27,6 +27,7 @@ The weight gradients are computed after the input gradients are sent
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -191,10 +192,22 @@ class SymmTransport:
         return Pending(ex.local, event)
 
 
+def single_host(env: dict[str, str] | None = None) -> bool:
+    """Whether every rank of the launch runs on this host (torchrun's LOCAL_WORLD_SIZE equals
+    WORLD_SIZE; True outside torchrun): symmetric memory maps peers' memory, which only a host's
+    own GPUs can."""
+    env = dict(os.environ) if env is None else env
+    local, world = env.get("LOCAL_WORLD_SIZE"), env.get("WORLD_SIZE")
+    return local is None or world is None or local == world
+
+
 def make_transport(kind: str, rank: int, world: int, group: Any, device: torch.device) -> Any:
-    """``symm`` on a GPU when symmetric memory imports, ``collective`` otherwise (or when asked)."""
+    """``symm`` on the GPUs of one host when symmetric memory imports, ``collective`` otherwise
+    (across nodes, on a CPU, or when asked)."""
     if kind not in (*TRANSPORTS, "auto"):
         raise ValueError(f"transport must be one of auto, {', '.join(TRANSPORTS)}; got {kind!r}")
+    if kind == "auto" and not single_host():
+        kind = "collective"
     if kind != "collective" and device.type == "cuda":
         try:
             return SymmTransport(rank, world, group, device)
@@ -366,4 +379,5 @@ __all__ = [
     "exchange_shapes",
     "make_transport",
     "select_slots",
+    "single_host",
 ]

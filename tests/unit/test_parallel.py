@@ -761,7 +761,9 @@ def test_gather_slots_rotate() -> None:
 
     for world in range(2, 9):
         for r in range(world):
-            assert sorted(peer_of(r, j, world) for j in range(world - 1)) == [p for p in range(world) if p != r]
+            assert sorted(peer_of(r, j, world) for j in range(world - 1)) == [
+                p for p in range(world) if p != r
+            ]
             for p in range(world):
                 if p != r:
                     assert 0 <= slot_of(r, p, world) < world - 1
@@ -1054,3 +1056,18 @@ def test_ep_dispatch_auto_follows_the_measurements(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv(EP_TRANSPORT_ENV, "nvshmem")
     with pytest.raises(ValueError, match="QMOE_EP_TRANSPORT"):
         ep_dispatch(2, 8)
+
+
+def test_gather_transport_is_collective_across_nodes_and_on_a_cpu() -> None:
+    """Symmetric memory only between the GPUs of one host: several nodes (LOCAL_WORLD_SIZE below
+    WORLD_SIZE) or a CPU give the collective transport; an unknown kind is named."""
+    from qmoe_doctor.probes.parallel.ep_gather import CollectiveTransport, make_transport, single_host
+
+    assert single_host({"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2"})
+    assert not single_host({"LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": "2"})
+    assert single_host({})
+    assert isinstance(make_transport("auto", 0, 2, None, torch.device("cpu")), CollectiveTransport)
+    with pytest.raises(ValueError, match="needs a GPU"):
+        make_transport("symm", 0, 2, None, torch.device("cpu"))
+    with pytest.raises(ValueError, match="transport must be one of"):
+        make_transport("nvlink", 0, 2, None, torch.device("cpu"))
