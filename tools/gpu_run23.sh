@@ -13,15 +13,7 @@ for tok in 131072 32768; do
 done
 t ep-profile-131072 200 torchrun --standalone --nproc-per-node 2 tools/ep_profile.py --tokens 131072 \
   --steps 5 --variants "micro=1" --out "$R/prof-131072"
-python3 - "$R" <<'PY' | tee -a "$S"
-import json, sys
-from pathlib import Path
-R = Path(sys.argv[1])
-for f in sorted(R.glob("prof-*/ep_profile_rank*.json")):
-    r = json.loads(f.read_text())
-    m = r["variants"]["micro=1"]
-    print(f.parent.name, f.name, "single", r.get("single_step_ms"), {k: v for k, v in m.items() if not isinstance(v, (list, dict))})
-PY
+profile_table
 rm -f "$R"/prof-*/ep_trace_rank1_*.json
 pack
 cat "$S"

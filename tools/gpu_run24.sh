@@ -10,16 +10,7 @@ source "$(dirname "$0")/gpu_run_common.sh"
 say "date: $(date -u +%FT%TZ)  gpus: $NG  $(python3 -c 'import torch,triton;print("torch",torch.__version__,"triton",triton.__version__,"nccl",".".join(map(str,torch.cuda.nccl.version())))')"
 t ep-profile-131072 240 torchrun --standalone --nproc-per-node 2 tools/ep_profile.py --tokens 131072 \
   --steps 5 --variants "dispatch=gather;micro=1;dispatch=gather,transport=collective" --out "$R/prof-131072"
-python3 - "$R" <<'PY' | tee -a "$S"
-import json, sys
-from pathlib import Path
-R = Path(sys.argv[1])
-for f in sorted(R.glob("prof-*/ep_profile_rank*.json")):
-    r = json.loads(f.read_text())
-    print(f.parent.name, f.name, "single", r.get("single_step_ms"))
-    for name, m in r["variants"].items():
-        print("  ", name, {k: v for k, v in m.items() if not isinstance(v, (list, dict))})
-PY
+profile_table
 rm -f "$R"/prof-*/ep_trace_rank1_*.json
 pack
 for tok in 32768 65536 131072; do

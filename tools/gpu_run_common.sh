@@ -5,6 +5,7 @@
 #   left              seconds left of $BUDGET (default 560)
 #   t NAME LIMIT CMD  run CMD with a hard limit, log to $R/NAME.log, one summary line
 #   modes_table FILE  one line per mode of a `qmoe-doctor parallel --save` report
+#   profile_table     the tools/ep_profile.py results under $R/prof-*
 # then installs the tree and sets NG (GPUs) and ALL (0,1,...).
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -29,6 +30,18 @@ for m in r["modes"]:
     sp = "-" if m["speedup"] is None else f"{m['speedup']:.2f}x"
     print(f"  {r['tokens']:>7} tokens  {m['mode']:6} ranks {m['world_size']}  {m['status']:6} err {m['max_rel_error']}"
           f"  step {m['step_ms'] and round(m['step_ms'], 1)} ms  {sp}")
+PY
+}
+profile_table() {  # every variant of the tools/ep_profile.py results under $R/prof-*, to the summary
+  python3 - "$R" <<'PY' | tee -a "$S"
+import json, sys
+from pathlib import Path
+R = Path(sys.argv[1])
+for f in sorted(R.glob("prof-*/ep_profile_rank*.json")):
+    r = json.loads(f.read_text())
+    print(f.parent.name, f.name, "single", r.get("single_step_ms"))
+    for name, m in r["variants"].items():
+        print("  ", name, {k: v for k, v in m.items() if not isinstance(v, (list, dict))})
 PY
 }
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$R/install.log" 2>&1 || say "install failed"

@@ -700,6 +700,11 @@ class ExpertParallelBlock(nn.Module):
         # each pair's weighted sum over its local rows: one pass, no atomics
         return combine_rows(down, routing.inv_perm, starts, w_in[pair, slot])
 
+    @property
+    def transport_name(self) -> str | None:
+        """The gather dispatch's transport once made (``symm`` or ``collective``), else None."""
+        return None if self._transport is None else str(self._transport.name)
+
     def transport(self, device: torch.device) -> Any:
         """The gather dispatch's exchange (``ep_gather.make_transport``), made on first use."""
         if self._transport is None:
@@ -893,8 +898,8 @@ def run_ep(s: Setup) -> dict[str, Any]:
     _checked_step(s)
     out, xr = forward_backward()
     layer.before_experts = layer.after_experts = None
-    if layer._transport is not None:
-        s.ctx.fact("ep.transport", layer._transport.name)
+    if layer.transport_name is not None:
+        s.ctx.fact("ep.transport", layer.transport_name)
     s.ctx.crumb(Phase.SYNC)
     w.sync()
     record_devices(s)
