@@ -98,12 +98,33 @@ DW_CONFIGS = [
     "128x128x128-w8-s2-flat",
     "64x128x64-w4-s4-p2-flat",
     "64x128x64-w4-s4-p3-flat",
+    # the output gradient resident in registers across the K tiles (-rCHUNKS: experts of up to
+    # CHUNKS row chunks; more rows stream dy chunk by chunk)
+    "64x128x128-w8-s3-tma-r3",
+    "64x128x128-w8-s4-tma-r2",
+    "64x128x64-w4-s3-p2-tma-r2",
+    "64x128x64-w8-s3-p2-tma-r2",
+    "32x128x64-w8-s3-p2-tma-r4",
+    "32x128x128-w8-s4-tma-r2",
+    "32x128x128-w8-s4-tma-r1",
+    "16x128x128-w8-s4-tma-r1",
+    "64x128x64-w4-s2-p2-tma-r3",
+    # x resident, dy streamed (-rxCHUNKS): for a dw with few K tiles and many N tiles
+    "64x128x128-w8-s3-tma-rx3",
+    "64x128x128-w8-s4-tma-rx2",
+    "64x128x64-w4-s3-p2-tma-rx2",
+    "64x128x64-w4-s2-p2-tma-rx3",
+    # 32-row chunks, up to 6: the shifted last chunk re-reads at most 31 rows (64-row chunks: 63)
+    "32x128x128-w8-s3-tma-r6",
+    "32x128x128-w8-s3-tma-r5",
+    "32x128x128-w8-s3-tma-rx6",
+    "32x128x64-w4-s2-p2-tma-r6",
 ]
 CONFIGS = {"forward": FWD_CONFIGS, "dx": FWD_CONFIGS, "dw": DW_CONFIGS}
 TINY_CONFIGS = {
     "forward": ["32x32x32-w4-s1", "32x32x32-w4-s1-tma", "32x32x32-w4-s1-flat", "32x32x32-w4-s1-tma-flat"],
     "dx": ["32x32x32-w4-s1", "32x32x32-w4-s1-tma", "32x32x32-w4-s1-flat", "32x32x32-w4-s1-tma-flat"],
-    "dw": ["32x32x32-w4-s1", "16x32x32-w4-s1-tma", "16x32x32-w4-s1-flat"],
+    "dw": ["32x32x32-w4-s1", "16x32x32-w4-s1-tma", "16x32x32-w4-s1-flat", "16x32x32-w4-s1-tma-r2"],
 }
 
 
@@ -189,7 +210,9 @@ class Point:
         dw = torch.empty((1, 1, 1), device=self.x.device, dtype=self.x.dtype).expand(self.e, self.n, self.k)
         if config.flat:
             return "pointer+flat"
-        return "tma" if dw_tma_plan(self.dy, self.x, dw, config) is not None else "pointer"
+        if dw_tma_plan(self.dy, self.x, dw, config) is None:
+            return "pointer"
+        return "tma+resident" if config.resident else "tma"
 
 
 def rel_diff(a: Any, b: Any) -> float:
@@ -341,6 +364,21 @@ def best_table(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def merge_tables(table: dict[str, Any], old: dict[str, Any], ops: list[str], source: str) -> dict[str, Any]:
+    """``table`` (this run's ops) plus ``old``'s entries for every other op, with a note of where
+    those came from and when they were measured."""
+    kept = [e for e in old.get("entries", []) if e.get("op") not in ops]
+    return {
+        **table,
+        "entries": kept + table["entries"],
+        "kept_from": {
+            "table": source,
+            "ops": sorted({e["op"] for e in kept}),
+            "tuned_on": old.get("tuned_on"),
+        },
+    }
+
+
 def render(table: dict[str, Any]) -> str:
     lines = [
         f"{'op':<8} {'point':<14} {'tokens':>6}  {'best config':<26} {'path':<7} "
@@ -375,6 +413,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rep", type=int, default=25, help="do_bench repetitions, ms")
     ap.add_argument("--max-rel-diff", type=float, default=2e-2)
     ap.add_argument("--out", type=Path, default=Path("tune"))
+    ap.add_argument(
+        "--merge",
+        type=Path,
+        default=None,
+        help="a config table whose entries for the ops NOT swept here are kept in OUT/configs.json",
+    )
     ap.add_argument(
         "--tiny", action="store_true", help="CPU, TRITON_INTERPRET=1: checks that the script works"
     )
@@ -414,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "tune.json").write_text(json.dumps(result, indent=1))
     table = best_table(result)
+    if args.merge is not None:
+        table = merge_tables(table, json.loads(args.merge.read_text()), args.ops, str(args.merge))
     (args.out / "configs.json").write_text(json.dumps(table, indent=1))
     if result["timed"]:
         print(render(table))

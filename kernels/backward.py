@@ -8,6 +8,10 @@ With ``y[m] = x[m] @ w[e(m)].T`` (rows sorted by expert, see ``grouped_gemm``):
   that expert's rows in BLOCK_M chunks. The rows of each expert come from an exclusive cumsum of
   ``m_sizes`` made on x's device inside the device guard, clamped to M exactly as the forward
   clamps them, so a wrong ``m_sizes`` can never read outside dy or x. Empty experts give zero dw.
+  Variants, chosen per shape by the measured config table (``kernels/tuning.py``): copy-engine
+  (TMA) loads, one flattened loop, and the *resident* kernel (``-rN`` / ``-rxN`` configs), which
+  keeps one operand of an expert in registers while it walks every tile of the other
+  (``_grouped_gemm_dw_resident_kernel``).
 
 ``moe_fused_linear(x, w, m_sizes)`` is the autograd function (no gradient for ``m_sizes``).
 Each kernel has its slow, obvious twin: ``moe_grouped_gemm_dx_torch``, ``moe_grouped_gemm_dw_torch``.
@@ -161,6 +165,12 @@ def row_bounds(m_sizes: torch.Tensor, m: int) -> torch.Tensor:
 
 
 def _dw_smem_bytes(cfg: GemmConfig, itemsize: int) -> int:
+    if cfg.resident:
+        # per stage: the streamed operand's tile for every resident chunk; once: the resident
+        # operand's chunks and a dw tile
+        rows = cfg.resident * cfg.block_m
+        stream, res = (cfg.block_n, cfg.block_k) if cfg.resident_x else (cfg.block_k, cfg.block_n)
+        return (rows * stream * cfg.num_stages + rows * res + cfg.block_n * cfg.block_k) * itemsize
     # per stage: one dy tile (BLOCK_M, BLOCK_N) and one x tile (BLOCK_M, BLOCK_K)
     return (cfg.block_n + cfg.block_k) * cfg.block_m * itemsize * cfg.num_stages
 
@@ -199,8 +209,13 @@ def _pick_dw_config(n: int, k: int, index: int, dtype: torch.dtype, avg_rows: fl
 
 def dw_grid_size(e: int, n: int, k: int, cfg: GemmConfig, device: torch.device) -> int:
     """Programs of the persistent dw grid: at most one per SM of *this* device, never more
-    than the E * n-tiles * k-tiles there are."""
-    tiles = e * triton.cdiv(n, cfg.block_n) * triton.cdiv(k, cfg.block_k)
+    than the E * n-tiles * k-tiles there are (E * n-tiles work items for the resident kernel,
+    E * k-tiles with x resident)."""
+    n_tiles, k_tiles = triton.cdiv(n, cfg.block_n), triton.cdiv(k, cfg.block_k)
+    if cfg.resident:
+        tiles = e * (k_tiles if cfg.resident_x else n_tiles)
+    else:
+        tiles = e * n_tiles * k_tiles
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         return max(1, min(persistent_sms(index) * max(1, cfg.programs_per_sm), tiles))
@@ -415,6 +430,209 @@ def _grouped_gemm_dw_tma_kernel(
         tile += NUM_PROGRAMS
 
 
+# fmt: off
+@triton.jit
+def _dw_store_tile(dw_desc, dw_ptr, acc, expert, n0, k0, N, K, stride_we, stride_wn, stride_wk,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DW_TMA: tl.constexpr, X_RES: tl.constexpr):
+    """Store one (BLOCK_N, BLOCK_K) tile of dw[expert] at (n0, k0) from ``acc`` (fp32; (BLOCK_K,
+    BLOCK_N) when X_RES, transposed here): by the copy engine when the host made a descriptor
+    (N % BLOCK_N == 0), else by masked pointer stores."""
+    out = acc.to(dw_ptr.dtype.element_ty)
+    if X_RES:
+        out = out.T
+    if DW_TMA:
+        # a descriptor coordinate is an element index (int32 by definition, < E * N); the
+        # copy engine forms the 64-bit address
+        dw_desc.store([expert * N + n0, k0], out)  # qmoe-doctor: ignore[int32-offset]
+    else:
+        cols_n = n0 + tl.arange(0, BLOCK_N)
+        cols_k = k0 + tl.arange(0, BLOCK_K)
+        dw_ptrs = (
+            dw_ptr
+            + tl.cast(expert, tl.int64) * stride_we  # passes 2**31 for large stacks
+            + cols_n[:, None] * stride_wn
+            + cols_k[None, :] * stride_wk
+        )
+        tl.store(dw_ptrs, out, mask=(cols_n < N)[:, None] & (cols_k < K)[None, :])
+
+
+@triton.jit
+def _dw_chunk_start(chunk, rows, BLOCK_M: tl.constexpr):
+    """First row of chunk ``chunk`` relative to the expert's first row: chunk * BLOCK_M, but the
+    last chunk ends exactly at the expert's last row (it starts earlier and overlaps the one
+    before; for an expert under BLOCK_M rows it starts before the expert, even before row 0,
+    where the copy engine reads zeros). No chunk ever reaches past the expert's last row, so
+    rows no expert covers (garbage after the routed rows) are never read."""
+    return tl.minimum(chunk * BLOCK_M, rows - BLOCK_M)
+
+
+@triton.jit
+def _dw_chunk_a(desc, first, rows, chunk, c0, BLOCK_M: tl.constexpr):
+    """One chunk of the resident operand (dy, or x when X_RES), transposed to the MMA's register
+    operand (width, BLOCK_M), with the rows this chunk must not count set to zero: rows an
+    earlier chunk already counted (the overlap of the shifted last chunk) and rows before the
+    expert. Only this operand is masked; the streamed one (from shared memory) sees 0 * value
+    for those rows, and those rows are all inside dy and x (another expert's rows or the copy
+    engine's zeros), never rows no expert covers."""
+    rel = _dw_chunk_start(chunk, rows, BLOCK_M)
+    a = desc.load([first + rel, c0])  # (BLOCK_M, width)
+    own = rel + tl.arange(0, BLOCK_M)  # row index within the expert; < 0 before it
+    keep = own >= chunk * BLOCK_M  # not counted by an earlier chunk, not before the expert
+    return tl.where(keep[None, :], a.T, 0.0)
+
+
+@triton.jit
+def _dw_resident_dots(desc, a0, a1, a2, a3, a4, a5, r0, r1, r2, r3, r4, r5, s0, CHUNKS: tl.constexpr):
+    """One dw tile (transposed when x is resident) from the resident chunks a0.. and the streamed
+    operand's rows r0.. at column s0."""
+    acc = tl.dot(a0, desc.load([r0, s0]))
+    if CHUNKS >= 2:
+        acc = tl.dot(a1, desc.load([r1, s0]), acc)
+    if CHUNKS >= 3:
+        acc = tl.dot(a2, desc.load([r2, s0]), acc)
+    if CHUNKS >= 4:
+        acc = tl.dot(a3, desc.load([r3, s0]), acc)
+    if CHUNKS >= 5:
+        acc = tl.dot(a4, desc.load([r4, s0]), acc)
+    if CHUNKS >= 6:
+        acc = tl.dot(a5, desc.load([r5, s0]), acc)
+    return acc
+
+
+@triton.jit
+def _dw_resident_item(res_desc, stream_desc, dw_desc, dw_ptr, first, rows, expert, c0, N, K, stride_we, stride_wn,
+                      stride_wk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      CHUNKS: tl.constexpr, DW_TMA: tl.constexpr, X_RES: tl.constexpr):
+    """The dw tiles of one work item for an expert of CHUNKS row chunks: its resident operand's
+    columns c0.. (dy^T at n0 = c0; x^T at k0 = c0 when X_RES) are loaded ONCE into registers, then
+    the loop walks the other operand's column tiles, streaming only that operand and storing each
+    finished dw tile (one pipelined loop of uniform length)."""
+    a0 = _dw_chunk_a(res_desc, first, rows, 0, c0, BLOCK_M)
+    r0 = first + _dw_chunk_start(0, rows, BLOCK_M)
+    a1, a2, a3, a4, a5 = a0, a0, a0, a0, a0  # placeholders past CHUNKS, never used
+    r1, r2, r3, r4, r5 = r0, r0, r0, r0, r0
+    if CHUNKS >= 2:
+        a1 = _dw_chunk_a(res_desc, first, rows, 1, c0, BLOCK_M)
+        r1 = first + _dw_chunk_start(1, rows, BLOCK_M)
+    if CHUNKS >= 3:
+        a2 = _dw_chunk_a(res_desc, first, rows, 2, c0, BLOCK_M)
+        r2 = first + _dw_chunk_start(2, rows, BLOCK_M)
+    if CHUNKS >= 4:
+        a3 = _dw_chunk_a(res_desc, first, rows, 3, c0, BLOCK_M)
+        r3 = first + _dw_chunk_start(3, rows, BLOCK_M)
+    if CHUNKS >= 5:
+        a4 = _dw_chunk_a(res_desc, first, rows, 4, c0, BLOCK_M)
+        r4 = first + _dw_chunk_start(4, rows, BLOCK_M)
+    if CHUNKS >= 6:
+        a5 = _dw_chunk_a(res_desc, first, rows, 5, c0, BLOCK_M)
+        r5 = first + _dw_chunk_start(5, rows, BLOCK_M)
+    if X_RES:
+        for nt in range(0, tl.cdiv(N, BLOCK_N)):
+            acc = _dw_resident_dots(stream_desc, a0, a1, a2, a3, a4, a5, r0, r1, r2, r3, r4, r5, nt * BLOCK_N, CHUNKS)
+            _dw_store_tile(dw_desc, dw_ptr, acc, expert, nt * BLOCK_N, c0, N, K, stride_we, stride_wn, stride_wk,
+                           BLOCK_N, BLOCK_K, DW_TMA, True)
+    else:
+        for kt in range(0, tl.cdiv(K, BLOCK_K)):
+            acc = _dw_resident_dots(stream_desc, a0, a1, a2, a3, a4, a5, r0, r1, r2, r3, r4, r5, kt * BLOCK_K, CHUNKS)
+            _dw_store_tile(dw_desc, dw_ptr, acc, expert, c0, kt * BLOCK_K, N, K, stride_we, stride_wn, stride_wk,
+                           BLOCK_N, BLOCK_K, DW_TMA, False)
+
+
+@triton.jit
+def _dw_resident_dispatch(res_desc, stream_desc, dw_desc, dw_ptr, first, rows, chunks, expert, c0, N, K, stride_we,
+                          stride_wn, stride_wk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          MAX_CHUNKS: tl.constexpr, DW_TMA: tl.constexpr, X_RES: tl.constexpr):
+    """``_dw_resident_item`` specialised for the expert's chunk count (1 <= chunks <=
+    MAX_CHUNKS), so that an expert loads and multiplies only the chunks it has; the compiled
+    paths stop at MAX_CHUNKS (a constexpr: ``static_range`` unrolls), and with them the
+    registers they hold."""
+    for c in tl.static_range(1, MAX_CHUNKS + 1):
+        if chunks == c:
+            _dw_resident_item(res_desc, stream_desc, dw_desc, dw_ptr, first, rows, expert, c0, N, K, stride_we,
+                              stride_wn, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, c, DW_TMA, X_RES)
+# fmt: on
+
+
+@triton.jit
+def _grouped_gemm_dw_resident_kernel(
+    dy_desc,  # (M, N) block (BLOCK_M, BLOCK_N)
+    x_desc,  # (M, K) block (BLOCK_M, BLOCK_K)
+    dw_desc,  # (E * N, K) block (BLOCK_N, BLOCK_K) when DW_TMA
+    dw_ptr,
+    bounds_ptr,
+    M,
+    N,
+    K,
+    E,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    NUM_PROGRAMS,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    MAX_CHUNKS: tl.constexpr,  # 1..6: experts of up to MAX_CHUNKS * BLOCK_M rows keep their operand resident
+    DW_TMA: tl.constexpr,
+    X_RES: tl.constexpr,  # x resident, dy streamed (else dy resident, x streamed)
+):
+    """dw with one operand resident: program p takes work items p, p + NUM_PROGRAMS, ... of the
+    (expert, n-tile) sequence (the (expert, k-tile) sequence when X_RES); for each,
+    ``_dw_resident_item`` holds that expert's dy^T columns (x^T columns) in registers and walks
+    every K tile (N tile) of dw, so the resident operand is read once instead of once per tile,
+    and the loop pipelines the streamed operand's loads and the dw stores like a plain GEMM's
+    main loop. Experts with more rows than MAX_CHUNKS chunks re-load the resident operand for
+    every tile; empty experts store zeros. Every row chunk is a whole copy-engine box (the last
+    one shifted back to end at the expert's last row, see ``_dw_chunk_a``): no masked pointer
+    loads. X_RES suits a dw with few K tiles and many N tiles (the down projection)."""
+    pid = tl.program_id(0)
+    num_n_tiles = tl.cdiv(N, BLOCK_N)
+    num_k_tiles = tl.cdiv(K, BLOCK_K)
+    if X_RES:
+        per_expert = num_k_tiles
+        res_desc = x_desc
+        stream_desc = dy_desc
+    else:
+        per_expert = num_n_tiles
+        res_desc = dy_desc
+        stream_desc = x_desc
+    for item in range(pid, E * per_expert, NUM_PROGRAMS):
+        expert = item // per_expert
+        c0 = (item % per_expert) * (BLOCK_K if X_RES else BLOCK_N)
+        # bounds are int64 and clamped to M by the host; clamp again so that a bad bounds
+        # buffer still cannot move the reads outside dy and x
+        row_start = tl.minimum(tl.maximum(tl.load(bounds_ptr + expert), 0), M)
+        row_end = tl.minimum(tl.maximum(tl.load(bounds_ptr + expert + 1), row_start), M)
+        rows = (row_end - row_start).to(tl.int32)
+        first = row_start.to(tl.int32)  # < M < 2**31: a descriptor coordinate
+        chunks = tl.cdiv(rows, BLOCK_M)
+        if chunks == 0:
+            zero = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+            for t in range(0, num_n_tiles if X_RES else num_k_tiles):
+                n0 = t * BLOCK_N if X_RES else c0
+                k0 = c0 if X_RES else t * BLOCK_K
+                _dw_store_tile(
+                    dw_desc, dw_ptr, zero, expert, n0, k0, N, K, stride_we, stride_wn, stride_wk,
+                    BLOCK_N, BLOCK_K, DW_TMA, False,
+                )  # fmt: skip
+        elif chunks <= MAX_CHUNKS:
+            _dw_resident_dispatch(
+                res_desc, stream_desc, dw_desc, dw_ptr, first, rows, chunks, expert, c0, N, K,
+                stride_we, stride_wn, stride_wk, BLOCK_M, BLOCK_N, BLOCK_K, MAX_CHUNKS, DW_TMA, X_RES,
+            )  # fmt: skip
+        else:
+            for t in range(0, num_n_tiles if X_RES else num_k_tiles):
+                s0 = t * (BLOCK_N if X_RES else BLOCK_K)
+                acc = tl.zeros((BLOCK_K, BLOCK_N) if X_RES else (BLOCK_N, BLOCK_K), dtype=tl.float32)
+                for chunk in range(0, chunks):
+                    a = _dw_chunk_a(res_desc, first, rows, chunk, c0, BLOCK_M)
+                    b = stream_desc.load([first + _dw_chunk_start(chunk, rows, BLOCK_M), s0])
+                    acc = tl.dot(a, b, acc)
+                _dw_store_tile(
+                    dw_desc, dw_ptr, acc, expert, s0 if X_RES else c0, c0 if X_RES else s0, N, K,
+                    stride_we, stride_wn, stride_wk, BLOCK_N, BLOCK_K, DW_TMA, X_RES,
+                )  # fmt: skip
+
+
 def dw_tma_plan(
     dy: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, cfg: GemmConfig
 ) -> tuple[Any, Any, Any] | None:
@@ -465,6 +683,40 @@ def launch_grouped_gemm_dw_tma(
         *_dw_sizes(dy, x, dw),
         NUM_PROGRAMS=num_programs,
         DW_TMA=dw_desc is not None,
+        **_launch_options(cfg),
+    )
+
+
+def launch_grouped_gemm_dw_resident(
+    plan: tuple[Any, Any, Any],
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    dw: torch.Tensor,
+    bounds: torch.Tensor,
+    cfg: GemmConfig,
+    num_programs: int,
+) -> None:
+    """Launch the resident-dy kernel (``cfg.resident`` chunks) on the current device and stream.
+    Callers hold the device guard."""
+    dy_desc, x_desc, dw_desc = plan
+    m, n = dy.shape
+    _grouped_gemm_dw_resident_kernel[(num_programs,)](
+        dy_desc,
+        x_desc,
+        dw_desc,
+        dw,
+        bounds,
+        m,
+        n,
+        x.shape[1],
+        dw.shape[0],
+        dw.stride(0),
+        dw.stride(1),
+        dw.stride(2),
+        num_programs,
+        MAX_CHUNKS=cfg.resident,
+        DW_TMA=dw_desc is not None,
+        X_RES=cfg.resident_x,
         **_launch_options(cfg),
     )
 
@@ -618,6 +870,8 @@ def moe_grouped_gemm_dw(
         plan = None if cfg.flat else dw_tma_plan(dy, x, dw, cfg)
         if cfg.flat:
             launch_grouped_gemm_dw_flat(dy, x, dw, bounds, cfg, programs)
+        elif plan is not None and cfg.resident:
+            launch_grouped_gemm_dw_resident(plan, dy, x, dw, bounds, cfg, programs)
         elif plan is not None:
             launch_grouped_gemm_dw_tma(plan, dy, x, dw, bounds, cfg, programs)
         else:

@@ -64,7 +64,10 @@ class GemmConfig:
     through tensor descriptors (the bulk tensor copy engine) where the device and the operands'
     alignment allow it, pointer loads otherwise; ``flat``: one flattened loop over each program's
     (tile, k-step) pairs, so that the software pipeline runs on across tile boundaries (the
-    next tile's first loads are in flight while this tile's epilogue stores)."""
+    next tile's first loads are in flight while this tile's epilogue stores); ``resident`` (dw
+    only, with ``tma``): experts of up to ``resident`` row chunks keep their output gradient in
+    registers while the program walks every K tile of dw (``backward``'s resident kernel);
+    ``resident_x``: keep x resident instead and walk every N tile (name suffix ``-rxN``)."""
 
     block_m: int
     block_n: int
@@ -74,13 +77,16 @@ class GemmConfig:
     programs_per_sm: int = 1
     tma: bool = False
     flat: bool = False
+    resident: int = 0
+    resident_x: bool = False
 
     @property
     def name(self) -> str:
         text = f"{self.block_m}x{self.block_n}x{self.block_k}-w{self.num_warps}-s{self.num_stages}"
         if self.programs_per_sm != 1:
             text += f"-p{self.programs_per_sm}"
-        return text + ("-tma" if self.tma else "") + ("-flat" if self.flat else "")
+        text += ("-tma" if self.tma else "") + ("-flat" if self.flat else "")
+        return text + (f"-r{'x' if self.resident_x else ''}{self.resident}" if self.resident else "")
 
     def smem_bytes(self, itemsize: int) -> int:
         """Shared memory the software pipeline asks for: one x tile and one w tile per stage."""

@@ -41,12 +41,12 @@ class TableEntry:
 
 
 def config_from_name(text: str) -> GemmConfig:
-    """``"128x128x64-w8-s3-p2-tma-flat"`` -> GemmConfig (``-pN``, ``-tma``, ``-flat`` optional)."""
+    """``"128x128x64-w8-s3-p2-tma-flat"`` -> GemmConfig (``-pN``, ``-tma``, ``-flat``, ``-rN`` / ``-rxN`` optional)."""
     parts = text.strip().lower().split("-")
     try:
         bm, bn, bk = (int(v) for v in parts[0].split("x"))
         warps = stages = None
-        programs, tma, flat = 1, False, False
+        programs, tma, flat, resident, resident_x = 1, False, False, 0, False
         for part in parts[1:]:
             if part == "tma":
                 tma = True
@@ -58,18 +58,35 @@ def config_from_name(text: str) -> GemmConfig:
                 stages = int(part[1:])
             elif part[:1] == "p":
                 programs = int(part[1:])
+            elif part[:2] == "rx":
+                resident, resident_x = int(part[2:]), True
+            elif part[:1] == "r":
+                resident = int(part[1:])
             else:
                 raise ValueError(part)
         if warps is None or stages is None:
             raise ValueError("warps and stages are required")
     except ValueError:
         raise ValueError(
-            f"launch config {text!r}: expected BMxBNxBK-wWARPS-sSTAGES[-pPROGRAMS_PER_SM][-tma][-flat], "
+            f"launch config {text!r}: expected BMxBNxBK-wWARPS-sSTAGES[-pPROGRAMS_PER_SM][-tma][-flat][-rCHUNKS|-rxCHUNKS], "
             "e.g. 128x128x64-w8-s3-p2-tma"
         ) from None
-    cfg = GemmConfig(bm, bn, bk, warps, stages, programs_per_sm=programs, tma=tma, flat=flat)
+    cfg = GemmConfig(
+        bm,
+        bn,
+        bk,
+        warps,
+        stages,
+        programs_per_sm=programs,
+        tma=tma,
+        flat=flat,
+        resident=resident,
+        resident_x=resident_x,
+    )
     if min(bm, bn, bk, warps, stages, programs) <= 0:
         raise ValueError(f"launch config {text!r}: every value must be positive")
+    if not 0 <= resident <= 6:
+        raise ValueError(f"launch config {text!r}: -rCHUNKS / -rxCHUNKS take 1 to 6 resident row chunks")
     return cfg
 
 

@@ -377,19 +377,45 @@ def test_hopper_forward_and_dx_paths(name: str, sizes: list[int]) -> None:
     assert fwd.rel_err(dx, ref) < fwd.TOLERANCE[torch.bfloat16].gemm
 
 
-@pytest.mark.parametrize("name", ["32x128x128-w4-s4-p2-tma", "64x128x128-w8-s3-flat", "64x128x128-w8-s3"])
-def test_hopper_dw_paths(name: str) -> None:
+HOPPER_DW_CONFIGS = [
+    "32x128x128-w4-s4-p2-tma",
+    "64x128x128-w8-s3-flat",
+    "64x128x128-w8-s3",
+    "64x128x128-w8-s3-tma-r3",
+    "32x128x128-w8-s4-tma-r4",
+    "64x128x128-w8-s3-tma-r1",
+    "64x128x128-w8-s3-tma-rx3",
+    "64x128x64-w4-s3-p2-tma-rx2",
+    "32x128x128-w8-s3-tma-r6",
+]
+
+
+@pytest.mark.parametrize("name", HOPPER_DW_CONFIGS)
+@pytest.mark.parametrize(
+    ("sizes", "n"),
+    [
+        ([300, 0, 517, 7, 200], 384),
+        ([40, 0, 130, 3, 64], 384),  # 237 of 1024 rows routed: the rest are NaN and must stay out
+        ([1024, 0, 0, 0, 0], 320),  # 320 % 128: dw stored by pointer stores
+        ([2, 1, 0, 5, 190], 384),  # experts under one chunk: the shifted chunk reaches before row 0
+    ],
+    ids=str,
+)
+def test_hopper_dw_paths(name: str, sizes: list[int], n: int) -> None:
     from qmoe_doctor.kernels.tuning import config_from_name
 
     cfg = config_from_name(name)
     dev = torch.device("cuda", 0)
     gen = torch.Generator(device=dev).manual_seed(7)
-    sizes = [300, 0, 517, 7, 200]
     x = torch.randn(1024, 512, generator=gen, device=dev).bfloat16()
-    dy = torch.randn(1024, 384, generator=gen, device=dev).bfloat16()
+    dy = torch.randn(1024, n, generator=gen, device=dev).bfloat16()
+    routed = sum(sizes)
+    x[routed:] = float("nan")
+    dy[routed:] = float("nan")
     m_sizes = torch.tensor(sizes, device=dev)
     dw = moe_grouped_gemm_dw(dy, x, m_sizes, config=cfg)
-    ref = moe_grouped_gemm_dw_torch(dy.double(), x.double(), m_sizes)
+    ref = moe_grouped_gemm_dw_torch(dy[:routed].double(), x[:routed].double(), m_sizes)
+    assert torch.isfinite(dw).all(), "rows no expert covers reached dw"
     assert fwd.rel_err(dw, ref) < fwd.TOLERANCE[torch.bfloat16].gemm
 
 

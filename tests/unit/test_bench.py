@@ -466,6 +466,43 @@ def test_tuner_tiny_runs_every_path_and_writes_a_table(tmp_path: Path) -> None:
     result = json.loads((tmp_path / "tune.json").read_text())
     ours = [r for r in result["rows"] if r["impl"] == "qmoe"]
     assert {r["op"] for r in ours} == {"forward", "dx", "dw"}
-    assert {r["path"] for r in ours} >= {"pointer", "tma", "tma+flat", "pointer+flat"}
+    assert {r["path"] for r in ours} >= {"pointer", "tma", "tma+flat", "pointer+flat", "tma+resident"}
     assert all(r["rel_diff"] is not None and r["rel_diff"] < 1e-2 and not r["note"] for r in ours)
     assert json.loads((tmp_path / "configs.json").read_text())["entries"] == []  # nothing timed
+
+
+def test_tuner_merge_keeps_the_other_ops_and_says_where_they_came_from() -> None:
+    import importlib.util
+
+    repo = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("tune_kernels", repo / "benchmarks" / "tune_kernels.py")
+    assert spec and spec.loader
+    tk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tk)
+    old = {
+        "tuned_on": {"date": "then"},
+        "entries": [
+            {"op": "forward", "point": "p", "config": "a"},
+            {"op": "dw", "point": "p", "config": "old"},
+        ],
+    }
+    new = {"tuned_on": {"date": "now"}, "entries": [{"op": "dw", "point": "p", "config": "new"}]}
+    merged = tk.merge_tables(new, old, ["dw"], "old.json")
+    assert [(e["op"], e["config"]) for e in merged["entries"]] == [("forward", "a"), ("dw", "new")]
+    assert merged["tuned_on"] == {"date": "now"}
+    assert merged["kept_from"] == {"table": "old.json", "ops": ["forward"], "tuned_on": {"date": "then"}}
+
+
+@pytest.mark.parametrize("tool", ["kernel_regs.py", "ncu_target.py", "block_profile.py", "host_overhead.py"])
+def test_gpu_diagnostic_tools_explain_themselves_without_a_gpu(tool: str) -> None:
+    """The sixth session's GPU tools (run on the device machine) import torch only in main():
+    --help works anywhere and says what the tool measures."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, str(repo / "tools" / tool), "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "usage:" in done.stdout and len(done.stdout.splitlines()) > 3

@@ -135,12 +135,35 @@ def test_unaligned_operands_take_the_pointer_kernel_and_stay_right() -> None:
 
 
 def test_config_names_round_trip() -> None:
-    for cfg in CONFIGS + [GemmConfig(128, 256, 64, 8, 4, tma=True, flat=True)]:
+    resident = [
+        GemmConfig(64, 128, 128, 8, 3, tma=True, resident=3),
+        GemmConfig(64, 128, 64, 4, 3, programs_per_sm=2, tma=True, resident=2, resident_x=True),
+    ]
+    for cfg in CONFIGS + [GemmConfig(128, 256, 64, 8, 4, tma=True, flat=True)] + resident:
         assert tuning.config_from_name(cfg.name) == cfg
+    assert [c.name for c in resident] == ["64x128x128-w8-s3-tma-r3", "64x128x64-w4-s3-p2-tma-rx2"]
     with pytest.raises(ValueError, match="expected BMxBNxBK"):
         tuning.config_from_name("128x256-w8")
     with pytest.raises(ValueError, match="expected BMxBNxBK"):
         tuning.config_from_name("128x256x64-w8-s3-fast")
+    with pytest.raises(ValueError, match="1 to 6 resident row chunks"):
+        tuning.config_from_name("64x128x128-w8-s3-tma-r7")
+
+
+def test_resident_dw_grid_and_shared_memory_follow_the_resident_operand() -> None:
+    from qmoe_doctor.kernels.backward import _dw_smem_bytes, dw_grid_size
+
+    cpu = torch.device("cpu")
+    dy_res = GemmConfig(64, 128, 128, 8, 3, tma=True, resident=3)
+    x_res = GemmConfig(64, 128, 128, 8, 3, tma=True, resident=3, resident_x=True)
+    # work items: (expert, n-tile) with dy resident, (expert, k-tile) with x resident; the
+    # interpreter's grid caps at 4 programs, so compare below that cap
+    assert dw_grid_size(1, 128, 512, dy_res, cpu) == 1
+    assert dw_grid_size(1, 128, 512, x_res, cpu) == 4
+    # per stage: 3 chunks x 64 rows of the streamed operand; once: the resident chunks, a dw tile
+    assert _dw_smem_bytes(dy_res, 2) == (3 * 64 * 128 * 3 + 3 * 64 * 128 + 128 * 128) * 2 == 229376
+    narrow = GemmConfig(64, 128, 64, 4, 2, tma=True, resident=3, resident_x=True)
+    assert _dw_smem_bytes(narrow, 2) == (3 * 64 * 128 * 2 + 3 * 64 * 64 + 128 * 64) * 2
 
 
 def test_packaged_table_parses_and_every_entry_beats_or_names_its_figures() -> None:

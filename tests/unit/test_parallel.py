@@ -946,10 +946,14 @@ RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "recorded"
         ("h200-session5/parallel_run27_specimen-global_expert_ids_4gpu.json", "invalid-routing"),
         ("h200-session5/parallel_run25_builtin_2gpu.json", None),
         ("h200-session5/parallel_run25_specimen-global_expert_ids_2gpu.json", "invalid-routing"),
+        # the final gather dispatch on 2 GPUs (run 31, sixth session)
+        ("h200-session6/parallel-run31-builtin.json", None),
+        ("h200-session6/parallel-run31-specimen-rank_no_set_device.json", "device-never-set"),
+        ("h200-session6/parallel-run31-specimen-global_expert_ids.json", "invalid-routing"),
     ],
 )
 def test_recorded_gpu_outcomes_classify_to_the_recorded_verdict(name: str, cause: str | None) -> None:
-    """The ranks' outcomes of runs 19, 25 and 27 give the verdict the run printed: nothing for our
+    """The ranks' outcomes of runs 19, 25, 27 and 31 give the verdict the run printed: nothing for our
     kernel (dp, pp, tp, ep all passing), else the specimen's cause on every rank but 0 and never
     on rank 0 (rank 0 sets cuda:0 / owns experts starting at 0: the planted fault cannot show
     there)."""
