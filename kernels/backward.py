@@ -482,20 +482,12 @@ def _dw_chunk_a(desc, first, rows, chunk, c0, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _dw_resident_dots(desc, a0, a1, a2, a3, a4, a5, r0, r1, r2, r3, r4, r5, s0, CHUNKS: tl.constexpr):
-    """One dw tile (transposed when x is resident) from the resident chunks a0.. and the streamed
-    operand's rows r0.. at column s0."""
-    acc = tl.dot(a0, desc.load([r0, s0]))
-    if CHUNKS >= 2:
-        acc = tl.dot(a1, desc.load([r1, s0]), acc)
-    if CHUNKS >= 3:
-        acc = tl.dot(a2, desc.load([r2, s0]), acc)
-    if CHUNKS >= 4:
-        acc = tl.dot(a3, desc.load([r3, s0]), acc)
-    if CHUNKS >= 5:
-        acc = tl.dot(a4, desc.load([r4, s0]), acc)
-    if CHUNKS >= 6:
-        acc = tl.dot(a5, desc.load([r5, s0]), acc)
+def _dw_resident_dots(desc, a, r, s0, CHUNKS: tl.constexpr):
+    """One dw tile (transposed when x is resident) from the resident chunks ``a`` and the streamed
+    operand's rows ``r`` (tuples of CHUNKS) at column s0."""
+    acc = tl.dot(a[0], desc.load([r[0], s0]))
+    for c in tl.static_range(1, CHUNKS):
+        acc = tl.dot(a[c], desc.load([r[c], s0]), acc)
     return acc
 
 
@@ -507,36 +499,17 @@ def _dw_resident_item(res_desc, stream_desc, dw_desc, dw_ptr, first, rows, exper
     columns c0.. (dy^T at n0 = c0; x^T at k0 = c0 when X_RES) are loaded ONCE into registers, then
     the loop walks the other operand's column tiles, streaming only that operand and storing each
     finished dw tile (one pipelined loop of uniform length)."""
-    a0 = _dw_chunk_a(res_desc, first, rows, 0, c0, BLOCK_M)
-    r0 = first + _dw_chunk_start(0, rows, BLOCK_M)
-    a1, a2, a3, a4, a5 = a0, a0, a0, a0, a0  # placeholders past CHUNKS, never used
-    r1, r2, r3, r4, r5 = r0, r0, r0, r0, r0
-    if CHUNKS >= 2:
-        a1 = _dw_chunk_a(res_desc, first, rows, 1, c0, BLOCK_M)
-        r1 = first + _dw_chunk_start(1, rows, BLOCK_M)
-    if CHUNKS >= 3:
-        a2 = _dw_chunk_a(res_desc, first, rows, 2, c0, BLOCK_M)
-        r2 = first + _dw_chunk_start(2, rows, BLOCK_M)
-    if CHUNKS >= 4:
-        a3 = _dw_chunk_a(res_desc, first, rows, 3, c0, BLOCK_M)
-        r3 = first + _dw_chunk_start(3, rows, BLOCK_M)
-    if CHUNKS >= 5:
-        a4 = _dw_chunk_a(res_desc, first, rows, 4, c0, BLOCK_M)
-        r4 = first + _dw_chunk_start(4, rows, BLOCK_M)
-    if CHUNKS >= 6:
-        a5 = _dw_chunk_a(res_desc, first, rows, 5, c0, BLOCK_M)
-        r5 = first + _dw_chunk_start(5, rows, BLOCK_M)
-    if X_RES:
-        for nt in range(0, tl.cdiv(N, BLOCK_N)):
-            acc = _dw_resident_dots(stream_desc, a0, a1, a2, a3, a4, a5, r0, r1, r2, r3, r4, r5, nt * BLOCK_N, CHUNKS)
-            _dw_store_tile(dw_desc, dw_ptr, acc, expert, nt * BLOCK_N, c0, N, K, stride_we, stride_wn, stride_wk,
-                           BLOCK_N, BLOCK_K, DW_TMA, True)
-    else:
-        for kt in range(0, tl.cdiv(K, BLOCK_K)):
-            acc = _dw_resident_dots(stream_desc, a0, a1, a2, a3, a4, a5, r0, r1, r2, r3, r4, r5, kt * BLOCK_K, CHUNKS)
-            _dw_store_tile(dw_desc, dw_ptr, acc, expert, c0, kt * BLOCK_K, N, K, stride_we, stride_wn, stride_wk,
-                           BLOCK_N, BLOCK_K, DW_TMA, False)
-
+    a = (_dw_chunk_a(res_desc, first, rows, 0, c0, BLOCK_M),)
+    r = (first + _dw_chunk_start(0, rows, BLOCK_M),)
+    for c in tl.static_range(1, CHUNKS):
+        a = a + (_dw_chunk_a(res_desc, first, rows, c, c0, BLOCK_M),)
+        r = r + (first + _dw_chunk_start(c, rows, BLOCK_M),)
+    # x resident: walk the N tiles, dw tile (n0, k0) = (s0, c0); dy resident: the K tiles, (c0, s0)
+    for t in range(0, tl.cdiv(N, BLOCK_N) if X_RES else tl.cdiv(K, BLOCK_K)):
+        s0 = t * (BLOCK_N if X_RES else BLOCK_K)
+        acc = _dw_resident_dots(stream_desc, a, r, s0, CHUNKS)
+        _dw_store_tile(dw_desc, dw_ptr, acc, expert, s0 if X_RES else c0, c0 if X_RES else s0, N, K, stride_we,
+                       stride_wn, stride_wk, BLOCK_N, BLOCK_K, DW_TMA, X_RES)
 
 @triton.jit
 def _dw_resident_dispatch(res_desc, stream_desc, dw_desc, dw_ptr, first, rows, chunks, expert, c0, N, K, stride_we,
