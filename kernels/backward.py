@@ -643,8 +643,30 @@ def launch_grouped_gemm_dw_tma(
     cfg: GemmConfig,
     num_programs: int,
 ) -> None:
-    """Launch the TMA dw kernel on the current device and stream. Callers hold the device guard."""
+    """Launch the TMA dw kernel, or the resident one when ``cfg.resident``, on the current device
+    and stream. Callers hold the device guard."""
     dy_desc, x_desc, dw_desc = plan
+    if cfg.resident:
+        _grouped_gemm_dw_resident_kernel[(num_programs,)](
+            dy_desc,
+            x_desc,
+            dw_desc,
+            dw,
+            bounds,
+            dy.shape[0],
+            dy.shape[1],
+            x.shape[1],
+            dw.shape[0],
+            dw.stride(0),
+            dw.stride(1),
+            dw.stride(2),
+            num_programs,
+            MAX_CHUNKS=cfg.resident,
+            DW_TMA=dw_desc is not None,
+            X_RES=cfg.resident_x,
+            **_launch_options(cfg),
+        )
+        return
     _grouped_gemm_dw_tma_kernel[(num_programs,)](
         dy_desc,
         x_desc,
@@ -656,40 +678,6 @@ def launch_grouped_gemm_dw_tma(
         *_dw_sizes(dy, x, dw),
         NUM_PROGRAMS=num_programs,
         DW_TMA=dw_desc is not None,
-        **_launch_options(cfg),
-    )
-
-
-def launch_grouped_gemm_dw_resident(
-    plan: tuple[Any, Any, Any],
-    dy: torch.Tensor,
-    x: torch.Tensor,
-    dw: torch.Tensor,
-    bounds: torch.Tensor,
-    cfg: GemmConfig,
-    num_programs: int,
-) -> None:
-    """Launch the resident-dy kernel (``cfg.resident`` chunks) on the current device and stream.
-    Callers hold the device guard."""
-    dy_desc, x_desc, dw_desc = plan
-    m, n = dy.shape
-    _grouped_gemm_dw_resident_kernel[(num_programs,)](
-        dy_desc,
-        x_desc,
-        dw_desc,
-        dw,
-        bounds,
-        m,
-        n,
-        x.shape[1],
-        dw.shape[0],
-        dw.stride(0),
-        dw.stride(1),
-        dw.stride(2),
-        num_programs,
-        MAX_CHUNKS=cfg.resident,
-        DW_TMA=dw_desc is not None,
-        X_RES=cfg.resident_x,
         **_launch_options(cfg),
     )
 
@@ -843,8 +831,6 @@ def moe_grouped_gemm_dw(
         plan = None if cfg.flat else dw_tma_plan(dy, x, dw, cfg)
         if cfg.flat:
             launch_grouped_gemm_dw_flat(dy, x, dw, bounds, cfg, programs)
-        elif plan is not None and cfg.resident:
-            launch_grouped_gemm_dw_resident(plan, dy, x, dw, bounds, cfg, programs)
         elif plan is not None:
             launch_grouped_gemm_dw_tma(plan, dy, x, dw, bounds, cfg, programs)
         else:
