@@ -2,6 +2,8 @@
 # Run 29 (one H200): Nsight Compute on our forward / dw and torch._grouped_mm's at the issue's
 # point (where the time goes: DRAM, L2, tensor pipes, stalls), then dw configs that fit two
 # programs per SM, and the resident kernel with the store after the next tile's MMAs.
+# Kept as run: the QMOE_DW_PINGPONG switch was removed from kernels/backward.py after this run
+# (slower), so a re-run's "pingpong" steps measure the plain resident kernel again.
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_run_common.sh"
 say "date: $(date -u +%FT%TZ)  gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
 NCU="ncu --profile-from-start off --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats"
