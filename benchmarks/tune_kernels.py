@@ -119,12 +119,22 @@ DW_CONFIGS = [
     "32x128x128-w8-s3-tma-r5",
     "32x128x128-w8-s3-tma-rx6",
     "32x128x64-w4-s2-p2-tma-r6",
+    # dy resident with the epilogue overlapped with the next tile's MMA (Gluon, Hopper:
+    # -ovCHUNKS, stages <= chunks)
+    "32x128x128-w8-s2-tma-ov5",
+    "32x128x128-w8-s3-tma-ov5",
+    "32x128x128-w8-s2-tma-ov6",
+    "64x128x128-w8-s2-tma-ov3",
+    "32x128x64-w8-s4-tma-ov5",
+    "32x128x128-w8-s2-tma-ov2",
+    "16x128x128-w8-s2-tma-ov2",
+    "16x128x128-w8-s2-tma-ov4",
 ]
 CONFIGS = {"forward": FWD_CONFIGS, "dx": FWD_CONFIGS, "dw": DW_CONFIGS}
 TINY_CONFIGS = {
     "forward": ["32x32x32-w4-s1", "32x32x32-w4-s1-tma", "32x32x32-w4-s1-flat", "32x32x32-w4-s1-tma-flat"],
     "dx": ["32x32x32-w4-s1", "32x32x32-w4-s1-tma", "32x32x32-w4-s1-flat", "32x32x32-w4-s1-tma-flat"],
-    "dw": ["32x32x32-w4-s1", "16x32x32-w4-s1-tma", "16x32x32-w4-s1-flat", "16x32x32-w4-s1-tma-r2"],
+    "dw": ["32x32x32-w4-s1", "16x32x32-w4-s1-tma", "16x32x32-w4-s1-flat", "16x32x32-w4-s1-tma-r2", "16x32x32-w4-s1-tma-ov2"],
 }
 
 
@@ -210,6 +220,13 @@ class Point:
         dw = torch.empty((1, 1, 1), device=self.x.device, dtype=self.x.dtype).expand(self.e, self.n, self.k)
         if config.flat:
             return "pointer+flat"
+        if config.overlap:
+            from qmoe_doctor.kernels.backward import overlap_fallback
+            from qmoe_doctor.kernels.dw_overlap import dw_overlap_ok
+
+            if dw_overlap_ok(self.dy, self.x, config):
+                return "gluon+overlap"
+            config = overlap_fallback(config)
         if dw_tma_plan(self.dy, self.x, dw, config) is None:
             return "pointer"
         return "tma+resident" if config.resident else "tma"

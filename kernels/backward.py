@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from qmoe_doctor.kernels.dw_overlap import dw_overlap_plan, dw_overlap_smem_bytes, launch_dw_overlap
 from qmoe_doctor.kernels.grouped_gemm import (
     GemmConfig,
     _clamped_sizes,
@@ -165,6 +166,10 @@ def row_bounds(m_sizes: torch.Tensor, m: int) -> torch.Tensor:
 
 
 def _dw_smem_bytes(cfg: GemmConfig, itemsize: int) -> int:
+    if cfg.overlap:
+        return dw_overlap_smem_bytes(
+            cfg.block_m, cfg.block_n, cfg.block_k, cfg.overlap, cfg.num_stages, itemsize
+        )
     if cfg.resident:
         # per stage: the streamed operand's tile for every resident chunk; once: the resident
         # operand's chunks and a dw tile
@@ -212,7 +217,9 @@ def dw_grid_size(e: int, n: int, k: int, cfg: GemmConfig, device: torch.device) 
     than the E * n-tiles * k-tiles there are (E * n-tiles work items for the resident kernel,
     E * k-tiles with x resident)."""
     n_tiles, k_tiles = triton.cdiv(n, cfg.block_n), triton.cdiv(k, cfg.block_k)
-    if cfg.resident:
+    if cfg.overlap:
+        tiles = e * n_tiles
+    elif cfg.resident:
         tiles = e * (k_tiles if cfg.resident_x else n_tiles)
     else:
         tiles = e * n_tiles * k_tiles
@@ -606,6 +613,13 @@ def _grouped_gemm_dw_resident_kernel(
                 )  # fmt: skip
 
 
+def overlap_fallback(cfg: GemmConfig) -> GemmConfig:
+    """Where the Gluon kernel of an ``-ovN`` config cannot run (no Hopper GPU, no Gluon, the
+    interpreter, N not a multiple of the tile, unaligned operands): the resident Triton kernel
+    of the same tiles and chunk count."""
+    return dataclasses.replace(cfg, overlap=0, resident=cfg.overlap, resident_x=False, tma=True)
+
+
 def dw_tma_plan(
     dy: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, cfg: GemmConfig
 ) -> tuple[Any, Any, Any] | None:
@@ -827,6 +841,12 @@ def moe_grouped_gemm_dw(
             return dw.zero_()
         bounds = row_bounds(m_sizes, m)  # on x.device, inside the guard: the current stream
         cfg = config or pick_dw_config(n, k, x.device, x.dtype, avg_rows=m / max(1, e))
+        if cfg.overlap:
+            overlap_plan = dw_overlap_plan(dy, x, dw, cfg)
+            if overlap_plan is not None:
+                launch_dw_overlap(overlap_plan, dy, x, dw, bounds, cfg, dw_grid_size(e, n, k, cfg, x.device))
+                return dw
+            cfg = overlap_fallback(cfg)
         programs = dw_grid_size(e, n, k, cfg, x.device)
         plan = None if cfg.flat else dw_tma_plan(dy, x, dw, cfg)
         if cfg.flat:

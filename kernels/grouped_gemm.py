@@ -67,7 +67,10 @@ class GemmConfig:
     next tile's first loads are in flight while this tile's epilogue stores); ``resident`` (dw
     only, with ``tma``): experts of up to ``resident`` row chunks keep their output gradient in
     registers while the program walks every K tile of dw (``backward``'s resident kernel);
-    ``resident_x``: keep x resident instead and walk every N tile (name suffix ``-rxN``)."""
+    ``resident_x``: keep x resident instead and walk every N tile (name suffix ``-rxN``);
+    ``overlap`` (dw only, Hopper): the Gluon kernel of ``kernels/dw_overlap.py``, dy resident
+    like ``-rN`` with the epilogue of one tile overlapped with the next tile's MMA (``-ovN``;
+    elsewhere the resident Triton kernel of the same tiles serves)."""
 
     block_m: int
     block_n: int
@@ -79,6 +82,7 @@ class GemmConfig:
     flat: bool = False
     resident: int = 0
     resident_x: bool = False
+    overlap: int = 0
 
     @property
     def name(self) -> str:
@@ -86,7 +90,8 @@ class GemmConfig:
         if self.programs_per_sm != 1:
             text += f"-p{self.programs_per_sm}"
         text += ("-tma" if self.tma else "") + ("-flat" if self.flat else "")
-        return text + (f"-r{'x' if self.resident_x else ''}{self.resident}" if self.resident else "")
+        text += f"-r{'x' if self.resident_x else ''}{self.resident}" if self.resident else ""
+        return text + (f"-ov{self.overlap}" if self.overlap else "")
 
     def smem_bytes(self, itemsize: int) -> int:
         """Shared memory the software pipeline asks for: one x tile and one w tile per stage."""

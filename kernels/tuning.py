@@ -41,12 +41,12 @@ class TableEntry:
 
 
 def config_from_name(text: str) -> GemmConfig:
-    """``"128x128x64-w8-s3-p2-tma-flat"`` -> GemmConfig (``-pN``, ``-tma``, ``-flat``, ``-rN`` / ``-rxN`` optional)."""
+    """``"128x128x64-w8-s3-p2-tma-flat"`` -> GemmConfig (``-pN``, ``-tma``, ``-flat``, ``-rN`` / ``-rxN`` / ``-ovN`` optional)."""
     parts = text.strip().lower().split("-")
     try:
         bm, bn, bk = (int(v) for v in parts[0].split("x"))
         warps = stages = None
-        programs, tma, flat, resident, resident_x = 1, False, False, 0, False
+        programs, tma, flat, resident, resident_x, overlap = 1, False, False, 0, False, 0
         for part in parts[1:]:
             if part == "tma":
                 tma = True
@@ -58,6 +58,8 @@ def config_from_name(text: str) -> GemmConfig:
                 stages = int(part[1:])
             elif part[:1] == "p":
                 programs = int(part[1:])
+            elif part[:2] == "ov":
+                overlap = int(part[2:])
             elif part[:2] == "rx":
                 resident, resident_x = int(part[2:]), True
             elif part[:1] == "r":
@@ -68,7 +70,7 @@ def config_from_name(text: str) -> GemmConfig:
             raise ValueError("warps and stages are required")
     except ValueError:
         raise ValueError(
-            f"launch config {text!r}: expected BMxBNxBK-wWARPS-sSTAGES[-pPROGRAMS_PER_SM][-tma][-flat][-rCHUNKS|-rxCHUNKS], "
+            f"launch config {text!r}: expected BMxBNxBK-wWARPS-sSTAGES[-pPROGRAMS_PER_SM][-tma][-flat][-rCHUNKS|-rxCHUNKS|-ovCHUNKS], "
             "e.g. 128x128x64-w8-s3-p2-tma"
         ) from None
     cfg = GemmConfig(
@@ -82,11 +84,14 @@ def config_from_name(text: str) -> GemmConfig:
         flat=flat,
         resident=resident,
         resident_x=resident_x,
+        overlap=overlap,
     )
     if min(bm, bn, bk, warps, stages, programs) <= 0:
         raise ValueError(f"launch config {text!r}: every value must be positive")
     if not 0 <= resident <= 6:
         raise ValueError(f"launch config {text!r}: -rCHUNKS / -rxCHUNKS take 1 to 6 resident row chunks")
+    if not 0 <= overlap <= 6 or (overlap and resident):
+        raise ValueError(f"launch config {text!r}: -ovCHUNKS takes 1 to 6 row chunks, without -r/-rx")
     return cfg
 
 

@@ -1,0 +1,376 @@
+"""dw on Hopper with the epilogue overlapped with the next tile's MMA (Gluon, ``-ovN`` configs).
+
+``dw[e] = dy_e.T @ x_e`` is write-bound at MoE shapes: at 30b gate_up with 2048 tokens each
+expert has ~128 rows, so a 128x128 dw tile is a 128-deep MMA followed by a 32 KB store. The
+Triton resident kernel (``backward._grouped_gemm_dw_resident_kernel``) runs MMA and epilogue
+in turn in one instruction stream: Triton waits for every outstanding MMA before an
+accumulator is read, so the tensor cores idle during the epilogue and the stores wait for the
+MMA. Here, written in Gluon (explicit ``warpgroup_mma`` / ``warpgroup_mma_wait``), a program
+issues tile t's MMAs asynchronously and, while they run, converts and stores tile t-1 from a
+second accumulator (two 128x128 fp32 accumulators over 8 warps: 128 registers per thread).
+
+Same work split and masking as the resident kernel: a program takes work items (expert,
+n-tile) of a persistent grid; the expert's dy^T columns n0..n0+BN are loaded ONCE (CHUNKS row
+chunks of R rows, each a whole TMA box, the last shifted back to end at the expert's last row)
+into registers, masked there (rows already counted by an earlier chunk, rows before the
+expert), then every K tile of dw streams only x chunks through a STAGES-deep ring and is
+stored by TMA from a double-buffered staging tile. No chunk reads past the expert's last row,
+so rows no expert covers never reach dw. Experts with more than CHUNKS chunks stream both
+operands chunk by chunk through the same ring (pipelined loads, one MMA per chunk, no epilogue
+overlap); empty experts store zeros. STAGES <= CHUNKS (the streamed path keeps each slot's dy
+chunk in the resident buffers).
+
+Needs: a Hopper GPU (sm_90), bf16/fp16, Triton with Gluon (3.5+), N a multiple of the tile's
+BN (the dw store's 2-D view (E*N, K) must not cross experts); ``dw_overlap_plan`` returns None
+otherwise and the caller takes the Triton kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+try:  # Gluon: Triton's explicit-layout dialect (not in every Triton; never under the interpreter)
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
+
+    # names that moved between Triton releases (3.6 on the GPU machines, newer in CI)
+    _cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+    _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+    _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
+    HAVE_GLUON = True
+except Exception:  # pragma: no cover - depends on the installed Triton
+    HAVE_GLUON = False
+
+__all__ = ["HAVE_GLUON", "dw_overlap_ok", "dw_overlap_plan", "dw_overlap_smem_bytes", "launch_dw_overlap"]
+
+
+def dw_overlap_smem_bytes(rows: int, bn: int, bk: int, chunks: int, stages: int, itemsize: int) -> int:
+    """Shared memory of one program: the resident dy chunks, the x ring, two staging tiles."""
+    return itemsize * (chunks * rows * bn + stages * chunks * rows * bk + 2 * bn * bk) + 8 * (stages + 1)
+
+
+if HAVE_GLUON:
+
+    @gluon.jit
+    def _chunk_row(chunk, rows, R: gl.constexpr):
+        """First row of chunk ``chunk`` relative to the expert's first row (the last chunk ends at
+        the expert's last row; under R rows it starts before the expert, where TMA reads zeros
+        or earlier experts' rows, which the mask removes)."""
+        return gl.minimum(chunk * R, rows - R)
+
+    @gluon.jit
+    def _masked_chunk(dy_chunk, rows, chunk, R: gl.constexpr, a_layout: gl.constexpr):
+        """dy^T chunk (BN, R) from shared memory as the MMA's register operand, with the rows
+        this chunk must not count set to zero."""
+        a = dy_chunk.permute((1, 0)).load(a_layout)
+        own = _chunk_row(chunk, rows, R) + gl.arange(0, R, layout=gl.SliceLayout(0, a_layout))
+        keep = gl.expand_dims(own >= chunk * R, 0)
+        return gl.where(keep, a, gl.zeros_like(a))
+
+    @gluon.jit
+    def _store_tile(acc, c_bufs, stores, dw_desc, row, col):
+        """Stage ``acc`` in the staging buffer used two stores ago (its copy-out done) and copy
+        it out by TMA without waiting for the copy."""
+        buf = c_bufs.index(stores % 2)
+        tma.store_wait(pendings=1)
+        buf.store(acc.to(dw_desc.dtype))
+        fence_async_shared()
+        _tma_store(dw_desc, [row, col], buf)
+        return stores + 1
+
+    @gluon.jit
+    def _issue_x(x_desc, x_bufs, bars, slot, first, rows, k0, CHUNKS: gl.constexpr, R: gl.constexpr):
+        bar = bars.index(slot)
+        mbarrier.expect(bar, CHUNKS * x_desc.block_type.nbytes)
+        for c in gl.static_range(CHUNKS):
+            _tma_load(x_desc, [first + _chunk_row(c, rows, R), k0], bar, x_bufs.index(slot * CHUNKS + c))
+
+    @gluon.jit
+    def _issue_pair(
+        dy_desc,
+        x_desc,
+        dy_bufs,
+        x_bufs,
+        bars,
+        slot,
+        first,
+        rows,
+        n0,
+        t,
+        chunk,
+        CHUNKS: gl.constexpr,
+        R: gl.constexpr,
+        BK: gl.constexpr,
+    ):
+        """Chunk ``chunk`` of dy (columns n0..) and of x (K tile t) into ring slot ``slot``."""
+        bar = bars.index(slot)
+        r0 = first + _chunk_row(chunk, rows, R)
+        mbarrier.expect(bar, dy_desc.block_type.nbytes + x_desc.block_type.nbytes)
+        _tma_load(dy_desc, [r0, n0], bar, dy_bufs.index(slot))
+        _tma_load(x_desc, [r0, t * BK], bar, x_bufs.index(slot * CHUNKS))
+
+    @gluon.jit
+    def _grouped_gemm_dw_overlap_kernel(
+        dy_desc,  # (M, N) block (R, BN)
+        x_desc,  # (M, K) block (R, BK)
+        dw_desc,  # (E * N, K) block (BN, BK)
+        bounds_ptr,  # (E + 1,) int64 row offsets, clamped to [0, M] by the host
+        M,
+        N,
+        K,
+        E,
+        NUM_PROGRAMS,
+        CHUNKS: gl.constexpr,
+        STAGES: gl.constexpr,
+        num_warps: gl.constexpr,
+    ):
+        gl.static_assert(STAGES <= CHUNKS, "the streamed path keeps slot s's dy chunk in dy_bufs[s]")
+        R: gl.constexpr = dy_desc.block_type.shape[0]
+        BN: gl.constexpr = dy_desc.block_type.shape[1]
+        BK: gl.constexpr = x_desc.block_type.shape[1]
+        dtype: gl.constexpr = dy_desc.dtype
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BK, 16]
+        )
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
+
+        dy_bufs = gl.allocate_shared_memory(dtype, [CHUNKS, R, BN], dy_desc.layout)
+        x_bufs = gl.allocate_shared_memory(dtype, [STAGES * CHUNKS, R, BK], x_desc.layout)
+        c_bufs = gl.allocate_shared_memory(dtype, [2, BN, BK], dw_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        dy_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(bars.index(i), count=1)
+        mbarrier.init(dy_bar, count=1)
+
+        zero = gl.zeros((BN, BK), dtype=gl.float32, layout=mma_layout)
+        n_tiles = N // BN
+        num_k = gl.cdiv(K, BK)
+        loads = 0  # x tiles loaded so far by this program: ring slot and barrier phase
+        items = 0  # resident loads so far: dy_bar's phase
+        stores = 0  # TMA stores so far: staging buffer
+        for item in range(gl.program_id(0), E * n_tiles, NUM_PROGRAMS):
+            expert = item // n_tiles
+            n0 = (item % n_tiles) * BN
+            row_start = gl.minimum(gl.maximum(gl.load(bounds_ptr + expert), 0), M)
+            row_end = gl.minimum(gl.maximum(gl.load(bounds_ptr + expert + 1), row_start), M)
+            rows = (row_end - row_start).to(gl.int32)
+            first = row_start.to(gl.int32)
+            out_row = expert * N + n0
+            chunks = gl.cdiv(rows, R)
+            if chunks == 0:
+                for t in range(num_k):
+                    stores = _store_tile(zero, c_bufs, stores, dw_desc, out_row, t * BK)
+            elif chunks <= CHUNKS:
+                _cta_barrier()  # every warp is done with the previous item's dy chunks
+                mbarrier.expect(dy_bar, CHUNKS * dy_desc.block_type.nbytes)
+                for c in gl.static_range(CHUNKS):
+                    _tma_load(dy_desc, [first + _chunk_row(c, rows, R), n0], dy_bar, dy_bufs.index(c))
+                for j in gl.static_range(STAGES):
+                    if j < num_k:
+                        _issue_x(x_desc, x_bufs, bars, (loads + j) % STAGES, first, rows, j * BK, CHUNKS, R)
+                mbarrier.wait(dy_bar, items & 1)
+                items += 1
+                a = (_masked_chunk(dy_bufs.index(0), rows, 0, R, a_layout),)
+                for c in gl.static_range(1, CHUNKS):
+                    a = a + (_masked_chunk(dy_bufs.index(c), rows, c, R, a_layout),)
+                prev = zero
+                for t in range(num_k):
+                    g = loads + t
+                    slot = g % STAGES
+                    mbarrier.wait(bars.index(slot), (g // STAGES) & 1)
+                    acc = warpgroup_mma(a[0], x_bufs.index(slot * CHUNKS), zero, use_acc=False, is_async=True)
+                    for c in gl.static_range(1, CHUNKS):
+                        acc = warpgroup_mma(a[c], x_bufs.index(slot * CHUNKS + c), acc, is_async=True)
+                    # tile t-1's epilogue runs while tile t's MMAs do
+                    if t > 0:
+                        stores = _store_tile(prev, c_bufs, stores, dw_desc, out_row, (t - 1) * BK)
+                    prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                    # tile t's MMAs are done with its slot: load tile t + STAGES there
+                    nxt = t + STAGES
+                    if nxt < num_k:
+                        _issue_x(x_desc, x_bufs, bars, slot, first, rows, nxt * BK, CHUNKS, R)
+                loads += num_k
+                stores = _store_tile(prev, c_bufs, stores, dw_desc, out_row, (num_k - 1) * BK)
+            else:
+                # more rows than resident chunks: the (tile, chunk) pairs in one pipelined
+                # sequence, dy and x chunks both through the ring (slot s's dy in dy_bufs[s]:
+                # STAGES <= CHUNKS), the MMA per chunk, each tile stored after its last chunk
+                total = num_k * chunks
+                for j in gl.static_range(STAGES):
+                    if j < total:
+                        _issue_pair(
+                            dy_desc,
+                            x_desc,
+                            dy_bufs,
+                            x_bufs,
+                            bars,
+                            (loads + j) % STAGES,
+                            first,
+                            rows,
+                            n0,
+                            j // chunks,
+                            j % chunks,
+                            CHUNKS,
+                            R,
+                            BK,
+                        )
+                acc = zero
+                for j in range(total):
+                    g = loads + j
+                    slot = g % STAGES
+                    chunk = j % chunks
+                    mbarrier.wait(bars.index(slot), (g // STAGES) & 1)
+                    a0 = _masked_chunk(dy_bufs.index(slot), rows, chunk, R, a_layout)
+                    acc = warpgroup_mma(
+                        a0, x_bufs.index(slot * CHUNKS), acc, use_acc=chunk > 0, is_async=True
+                    )
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                    nxt = j + STAGES
+                    if nxt < total:
+                        _cta_barrier()  # every warp is done with this slot's dy and x
+                        _issue_pair(
+                            dy_desc,
+                            x_desc,
+                            dy_bufs,
+                            x_bufs,
+                            bars,
+                            slot,
+                            first,
+                            rows,
+                            n0,
+                            nxt // chunks,
+                            nxt % chunks,
+                            CHUNKS,
+                            R,
+                            BK,
+                        )
+                    if chunk == chunks - 1:
+                        stores = _store_tile(acc, c_bufs, stores, dw_desc, out_row, (j // chunks) * BK)
+                loads += total
+        tma.store_wait(pendings=0)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(i))
+        mbarrier.invalidate(dy_bar)
+
+
+@functools.lru_cache(maxsize=64)
+def _smem_layout_cached(shape: tuple[int, ...], dtype: torch.dtype) -> Any:
+    return gl.NVMMASharedLayout.get_default_for(
+        list(shape), gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+    )
+
+
+def _smem_layout(shape: list[int], dtype: torch.dtype) -> Any:
+    """The TMA box's shared-memory layout, computed once per (shape, dtype): a dw call at a
+    small batch is launch-bound, and the host must not redo this for every call."""
+    return _smem_layout_cached(tuple(shape), dtype)
+
+
+def dw_overlap_ok(dy: torch.Tensor, x: torch.Tensor, cfg: Any) -> bool:
+    """Whether a dw of these operands with ``cfg`` can take the overlapped kernel: Gluon, an
+    sm_90 device, 16-bit operands with rows aligned for TMA, N a multiple of the tile, and the
+    tile split evenly over the warps (16 rows of BN per warp and repeat), STAGES <= CHUNKS."""
+    if not HAVE_GLUON or not getattr(cfg, "overlap", 0) or dy.device.type != "cuda":
+        return False
+    if dy.dtype not in (torch.bfloat16, torch.float16) or x.dtype != dy.dtype:
+        return False
+    from qmoe_doctor.kernels.grouped_gemm import capability  # cached per device index
+
+    index = dy.device.index if dy.device.index is not None else torch.cuda.current_device()
+    if capability(index)[0] != 9:
+        return False
+    if dy.shape[1] % cfg.block_n or cfg.block_n % (16 * cfg.num_warps) or cfg.num_stages > cfg.overlap:
+        return False
+    return all(
+        t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+        for t in (dy, x)
+    )
+
+
+def dw_overlap_plan(
+    dy: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, cfg: Any
+) -> tuple[Any, Any, Any] | None:
+    """Gluon tensor descriptors (dy, x, dw) for the overlapped kernel, or None when this call
+    cannot take it (``dw_overlap_ok``, and a dw whose (E*N, K) view the copy engine can store)."""
+    if not dw_overlap_ok(dy, x, cfg) or dw.dtype != dy.dtype:
+        return None
+    m, n = dy.shape
+    k = x.shape[1]
+    e = dw.shape[0]
+    if not (dw.stride(2) == 1 and dw.stride(0) == n * dw.stride(1) and (dw.stride(1) * 2) % 16 == 0):
+        return None
+    if dw.data_ptr() % 16:
+        return None
+    r, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    dy_desc = GluonTensorDescriptor(dy, [m, n], [dy.stride(0), 1], [r, bn], _smem_layout([r, bn], dy.dtype))
+    x_desc = GluonTensorDescriptor(x, [m, k], [x.stride(0), 1], [r, bk], _smem_layout([r, bk], dy.dtype))
+    dw_desc = GluonTensorDescriptor(
+        dw, [e * n, k], [dw.stride(1), 1], [bn, bk], _smem_layout([bn, bk], dy.dtype)
+    )
+    return dy_desc, x_desc, dw_desc
+
+
+def launch_dw_overlap(
+    plan: tuple[Any, Any, Any], dy: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, bounds: torch.Tensor,
+    cfg: Any, num_programs: int,
+) -> None:  # fmt: skip
+    """Launch the overlapped dw kernel on the current device and stream (callers hold the guard)."""
+    dy_desc, x_desc, dw_desc = plan
+    _grouped_gemm_dw_overlap_kernel[(num_programs,)](
+        dy_desc,
+        x_desc,
+        dw_desc,
+        bounds,
+        dy.shape[0],
+        dy.shape[1],
+        x.shape[1],
+        dw.shape[0],
+        num_programs,
+        CHUNKS=cfg.overlap,
+        STAGES=cfg.num_stages,
+        num_warps=cfg.num_warps,
+    )
+
+
+def compile_offline(cfg: Any, dtype: str = "bf16", capability: int = 90) -> Any:
+    """Compile the overlapped kernel for ``cfg`` without a GPU (Triton's compiler and its
+    bundled ptxas only): the compiled kernel, whose ``asm`` holds ttgir / ptx / cubin and
+    ``metadata.shared`` its shared memory. The CPU tests check the kernel's structure on it;
+    ``tools/kernel_regs.py`` can read its registers."""
+    if not HAVE_GLUON:
+        raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+
+    def desc(shape: list[int]) -> str:
+        return f"tensordesc<{dtype}{list(shape)},{gl.NVMMASharedLayout.get_default_for(shape, gdt)!r}>"
+
+    r, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    signature = {
+        "dy_desc": desc([r, bn]),
+        "x_desc": desc([r, bk]),
+        "dw_desc": desc([bn, bk]),
+        "bounds_ptr": "*i64",
+        **{name: "i32" for name in ("M", "N", "K", "E", "NUM_PROGRAMS")},
+        **{name: "constexpr" for name in ("CHUNKS", "STAGES", "num_warps")},
+    }
+    constexprs = {"CHUNKS": cfg.overlap, "STAGES": cfg.num_stages, "num_warps": cfg.num_warps}
+    source = GluonASTSource(_grouped_gemm_dw_overlap_kernel, signature, constexprs=constexprs)
+    return triton.compile(
+        source, target=GPUTarget("cuda", capability, 32), options={"num_warps": cfg.num_warps}
+    )

@@ -1,0 +1,153 @@
+"""The overlapped dw kernel (``kernels/dw_overlap.py``, configs ``-ovN``) without a GPU.
+
+The Gluon kernel itself runs only on an sm_90 GPU (tests/gpu); here: its config names, its
+shared-memory and grid arithmetic, the fallback every other device takes (the resident Triton
+kernel of the same tiles, run under the interpreter against the float64 reference, NaN in the
+unrouted rows), and the kernel compiled for sm_90 by Triton's own compiler on this CPU: it must
+compile, fit an H200's shared memory, and issue each tile's TMA store while that tile's
+successor's MMAs are in flight (what the kernel is for).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from qmoe_doctor.kernels.backward import (
+    _dw_smem_bytes,
+    dw_grid_size,
+    moe_grouped_gemm_dw,
+    moe_grouped_gemm_dw_torch,
+    overlap_fallback,
+)
+from qmoe_doctor.kernels.dw_overlap import HAVE_GLUON, dw_overlap_ok, dw_overlap_plan
+from qmoe_doctor.kernels.tuning import config_from_name
+
+H200_SMEM = 232448  # shared_memory_per_block_optin of an H200 / H100
+
+
+def test_names_round_trip_and_errors() -> None:
+    for name in ("64x128x128-w8-s2-tma-ov3", "16x32x32-w4-s1-tma-ov2", "32x128x128-w8-s2-tma-ov5"):
+        cfg = config_from_name(name)
+        assert cfg.name == name and cfg.overlap == int(name[-1]) and not cfg.resident
+    for bad in ("64x128x128-w8-s2-tma-ov7", "64x128x128-w8-s2-tma-ov0x", "64x128x128-w8-s2-tma-r2-ov2"):
+        with pytest.raises(ValueError, match="launch config"):
+            config_from_name(bad)
+
+
+def test_fallback_is_the_resident_kernel_of_the_same_tiles() -> None:
+    fb = overlap_fallback(config_from_name("64x128x64-w8-s3-ov3"))
+    assert fb.name == "64x128x64-w8-s3-tma-r3"
+
+
+def test_smem_and_grid_arithmetic() -> None:
+    cfg = config_from_name("64x128x128-w8-s2-tma-ov3")
+    # dy: 3 chunks of 64x128; x: 2 stages x 3 chunks of 64x128; two 128x128 staging tiles (bf16)
+    want = 2 * (3 * 64 * 128 + 2 * 3 * 64 * 128 + 2 * 128 * 128) + 8 * 3
+    assert _dw_smem_bytes(cfg, 2) == want
+    assert want <= H200_SMEM
+    # work items are (expert, n-tile): 128 experts x 12 n-tiles; the interpreter takes a few
+    assert dw_grid_size(128, 1536, 2048, cfg, torch.device("cpu")) == 4
+    assert dw_grid_size(1, 128, 2048, cfg, torch.device("cpu")) == 1
+
+
+def test_cpu_operands_never_take_the_gluon_kernel() -> None:
+    cfg = config_from_name("64x128x128-w8-s2-tma-ov3")
+    dy = torch.zeros(64, 128, dtype=torch.bfloat16)
+    x = torch.zeros(64, 256, dtype=torch.bfloat16)
+    assert not dw_overlap_ok(dy, x, cfg)
+    assert dw_overlap_plan(dy, x, torch.zeros(2, 128, 256, dtype=torch.bfloat16), cfg) is None
+
+
+@pytest.mark.parametrize("name", ["16x32x32-w4-s2-tma-ov2", "16x32x32-w4-s1-tma-ov1"])
+@pytest.mark.parametrize(
+    "sizes",
+    [[3, 0, 37, 5], [0, 0, 45, 0], [45, 0, 0, 0], [1, 1, 1, 42]],
+    ids=str,
+)
+def test_fallback_matches_reference_and_skips_unrouted_rows(name: str, sizes: list[int]) -> None:
+    gen = torch.Generator().manual_seed(5)
+    dy = torch.randn(64, 32, generator=gen).half()
+    x = torch.randn(64, 48, generator=gen).half()
+    dy[45:] = float("nan")  # 45 of 64 rows routed: the rest must never reach dw
+    x[45:] = float("nan")
+    m_sizes = torch.tensor(sizes, dtype=torch.int32)
+    got = moe_grouped_gemm_dw(dy, x, m_sizes, config=config_from_name(name))
+    want = moe_grouped_gemm_dw_torch(dy[:45].double(), x[:45].double(), m_sizes)
+    assert torch.isfinite(got).all()
+    assert float((got.double() - want).norm() / want.norm()) < 2e-3
+    for e, size in enumerate(sizes):
+        if size == 0:
+            assert (got[e] == 0).all()
+
+
+# ---- the Gluon kernel compiled for sm_90 on this CPU ---------------------------------------
+
+needs_gluon = pytest.mark.skipif(not HAVE_GLUON, reason="this Triton has no Gluon")
+
+
+def _compiled(name: str) -> dict:
+    """ptx and shared-memory size of the kernel compiled for sm_90, in a fresh process: the
+    interpreter the other CPU tests run under patches Triton's builtins in this one."""
+    script = (
+        "import json, sys\n"
+        "from qmoe_doctor.kernels.dw_overlap import compile_offline\n"
+        "from qmoe_doctor.kernels.tuning import config_from_name\n"
+        "k = compile_offline(config_from_name(sys.argv[1]))\n"
+        "print(json.dumps({'shared': k.metadata.shared, 'ptx': k.asm['ptx']}))\n"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", script, name], capture_output=True, text=True, env=env, timeout=600
+    )
+    if done.returncode and "ptxas" in done.stderr and "No such file" in done.stderr:
+        pytest.skip("Triton's bundled ptxas is missing")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _resident_loop(ptx: str) -> list[str]:
+    """The instructions of interest, in program order, of the loop that issues several
+    wgmma groups per iteration (the resident path's K loop)."""
+    keep = re.compile(
+        r"wgmma\.mma_async|wgmma\.commit_group|wgmma\.wait_group|cp\.async\.bulk\.tensor\.\dd\.global\.shared"
+        r"|cp\.async\.bulk\.tensor\.\dd\.shared|stmatrix|st\.shared|mbarrier\.try_wait"
+    )
+    return [m.group(0) for line in ptx.splitlines() if (m := keep.search(line))]
+
+
+@needs_gluon
+@pytest.mark.parametrize("name", ["64x128x128-w8-s2-tma-ov3", "64x128x64-w8-s3-tma-ov3"])
+def test_gluon_kernel_compiles_for_sm90_and_fits(name: str) -> None:
+    shared = _compiled(name)["shared"]
+    assert _dw_smem_bytes(config_from_name(name), 2) - 64 <= shared <= H200_SMEM
+
+
+@needs_gluon
+def test_gluon_kernel_stores_a_tile_while_the_next_tiles_mmas_run() -> None:
+    """Between committing a tile's wgmma groups and waiting for them, the resident loop stages
+    the previous tile (stmatrix) and issues its TMA store: the overlap this kernel exists for.
+    A kernel that waits for its MMAs before every epilogue (the Triton one) has no TMA store in
+    that window."""
+    ops = _resident_loop(_compiled("64x128x128-w8-s2-tma-ov3")["ptx"])
+    windows = []
+    pending = False
+    seen: list[str] = []
+    for op in ops:
+        if op == "wgmma.commit_group":
+            pending, seen = True, []
+        elif op == "wgmma.wait_group":
+            if pending:
+                windows.append(seen)
+            pending = False
+        elif pending:
+            seen.append(op)
+    stores = [w for w in windows if any(o.endswith(".global.shared") for o in w)]
+    assert stores, f"no TMA store is issued while MMAs are outstanding: windows {windows}"
+    assert any("stmatrix" in o or o == "st.shared" for o in stores[0])

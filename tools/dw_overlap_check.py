@@ -1,0 +1,86 @@
+"""One dw shape on the GPU: the overlapped Gluon kernel (``-ovN``) against the resident Triton
+kernel and ``torch._grouped_mm``: does it take the Gluon path, does it agree, how fast.
+
+    python3 tools/dw_overlap_check.py --shape 30b-gate_up --tokens 2048 \\
+        --configs 64x128x128-w8-s2-tma-ov3,64x128x128-w8-s3-tma-r3
+
+Uniform random top-8 routing (``--hot F``: a fraction F of the rows to expert 0); the last 1% of rows are left unrouted and hold NaN (they must not
+reach dw). Exit status 1 if any config disagrees with ``torch._grouped_mm`` (relative
+difference over 2e-2) or writes a non-finite value. Prints one line per config, then the
+reference's line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+    import triton.testing
+
+    from benchmarks.tune_kernels import PRESET_GEMMS
+    from qmoe_doctor.kernels.backward import moe_grouped_gemm_dw
+    from qmoe_doctor.kernels.dw_overlap import dw_overlap_plan
+    from qmoe_doctor.kernels.tuning import config_from_name
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="30b-gate_up", choices=sorted(PRESET_GEMMS))
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--configs", default="64x128x128-w8-s2-tma-ov3,64x128x128-w8-s3-tma-r3")
+    ap.add_argument(
+        "--hot", type=float, default=0.0,
+        help="fraction of the rows routed to expert 0 (skewed routing: experts past the resident chunks)",
+    )  # fmt: skip
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU")
+    e, n, k = PRESET_GEMMS[args.shape]
+    dev = torch.device("cuda", 0)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    m = args.tokens * 8
+    routed = m - m // 100
+    hot = int(routed * args.hot)
+    counts = torch.bincount(torch.randint(0, e, (routed - hot,), generator=gen, device=dev), minlength=e)
+    counts[0] += hot
+    x = torch.randn(m, k, generator=gen, device=dev).bfloat16()
+    dy = torch.randn(m, n, generator=gen, device=dev).bfloat16()
+    x[routed:] = float("nan")
+    dy[routed:] = float("nan")
+    offs = torch.cumsum(counts, 0).to(torch.int32)
+    ref = torch._grouped_mm(dy[:routed].T, x[:routed], offs=offs)
+    flops = 2.0 * routed * n * k
+    failed = False
+    for name in args.configs.split(","):
+        cfg = config_from_name(name)
+        probe = torch.empty((e, n, k), device=dev, dtype=torch.bfloat16)
+        path = "gluon" if dw_overlap_plan(dy, x, probe, cfg) is not None else "triton"
+        del probe
+        try:
+            dw = moe_grouped_gemm_dw(dy, x, counts, config=cfg)
+            torch.cuda.synchronize()
+        except Exception as exc:  # report and go on to the next config
+            print(f"{name:32} {path:6} FAILED {type(exc).__name__}: {str(exc)[:300]}")
+            failed = True
+            continue
+        finite = bool(torch.isfinite(dw).all())
+        diff = float((dw.float() - ref.float()).norm() / ref.float().norm())
+        ms = triton.testing.do_bench(lambda cfg=cfg: moe_grouped_gemm_dw(dy, x, counts, config=cfg))
+        ok = finite and diff < 2e-2
+        failed |= not ok
+        print(
+            f"{name:32} {path:6} {flops / ms / 1e9:7.1f} TFLOP/s  {ms * 1e3:8.1f} us  rel.diff {diff:.2e}"
+            f"  finite {finite}  {'ok' if ok else 'WRONG'}"
+        )
+        del dw
+    ms = triton.testing.do_bench(lambda: torch._grouped_mm(dy[:routed].T, x[:routed], offs=offs))
+    print(f"{'torch._grouped_mm':32} {'cutlass':6} {flops / ms / 1e9:7.1f} TFLOP/s  {ms * 1e3:8.1f} us")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
