@@ -97,25 +97,13 @@ if HAVE_GLUON:
             _tma_load(x_desc, [first + _chunk_row(c, rows, R), k0], bar, x_bufs.index(slot * CHUNKS + c))
 
     @gluon.jit
-    def _issue_pair(
-        dy_desc,
-        x_desc,
-        dy_bufs,
-        x_bufs,
-        bars,
-        slot,
-        first,
-        rows,
-        n0,
-        t,
-        chunk,
-        CHUNKS: gl.constexpr,
-        R: gl.constexpr,
-        BK: gl.constexpr,
-    ):
-        """Chunk ``chunk`` of dy (columns n0..) and of x (K tile t) into ring slot ``slot``."""
+    def _issue_pair(dy_desc, x_desc, dy_bufs, x_bufs, bars, slot, first, rows, n0, pair, chunks,
+                    CHUNKS: gl.constexpr, R: gl.constexpr, BK: gl.constexpr):  # fmt: skip
+        """Pair ``pair`` of the streamed sequence, (K tile, chunk) = divmod(pair, chunks): that
+        chunk of dy (columns n0..) and of x (the K tile) into ring slot ``slot``."""
+        t = pair // chunks
         bar = bars.index(slot)
-        r0 = first + _chunk_row(chunk, rows, R)
+        r0 = first + _chunk_row(pair % chunks, rows, R)
         mbarrier.expect(bar, dy_desc.block_type.nbytes + x_desc.block_type.nbytes)
         _tma_load(dy_desc, [r0, n0], bar, dy_bufs.index(slot))
         _tma_load(x_desc, [r0, t * BK], bar, x_bufs.index(slot * CHUNKS))
@@ -210,22 +198,8 @@ if HAVE_GLUON:
                 total = num_k * chunks
                 for j in gl.static_range(STAGES):
                     if j < total:
-                        _issue_pair(
-                            dy_desc,
-                            x_desc,
-                            dy_bufs,
-                            x_bufs,
-                            bars,
-                            (loads + j) % STAGES,
-                            first,
-                            rows,
-                            n0,
-                            j // chunks,
-                            j % chunks,
-                            CHUNKS,
-                            R,
-                            BK,
-                        )
+                        _issue_pair(dy_desc, x_desc, dy_bufs, x_bufs, bars, (loads + j) % STAGES, first, rows, n0,
+                                    j, chunks, CHUNKS, R, BK)  # fmt: skip
                 acc = zero
                 for j in range(total):
                     g = loads + j
@@ -240,22 +214,8 @@ if HAVE_GLUON:
                     nxt = j + STAGES
                     if nxt < total:
                         _cta_barrier()  # every warp is done with this slot's dy and x
-                        _issue_pair(
-                            dy_desc,
-                            x_desc,
-                            dy_bufs,
-                            x_bufs,
-                            bars,
-                            slot,
-                            first,
-                            rows,
-                            n0,
-                            nxt // chunks,
-                            nxt % chunks,
-                            CHUNKS,
-                            R,
-                            BK,
-                        )
+                        _issue_pair(dy_desc, x_desc, dy_bufs, x_bufs, bars, slot, first, rows, n0, nxt, chunks,
+                                    CHUNKS, R, BK)  # fmt: skip
                     if chunk == chunks - 1:
                         stores = _store_tile(acc, c_bufs, stores, dw_desc, out_row, (j // chunks) * BK)
                 loads += total
@@ -347,8 +307,8 @@ def launch_dw_overlap(
 def compile_offline(cfg: Any, dtype: str = "bf16", capability: int = 90) -> Any:
     """Compile the overlapped kernel for ``cfg`` without a GPU (Triton's compiler and its
     bundled ptxas only): the compiled kernel, whose ``asm`` holds ttgir / ptx / cubin and
-    ``metadata.shared`` its shared memory. The CPU tests check the kernel's structure on it;
-    ``tools/kernel_regs.py`` can read its registers."""
+    ``metadata.shared`` its shared memory. The CPU tests check the kernel's structure on it
+    (registers: run the bundled ``ptxas -v`` on ``asm["ptx"]``)."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
     import triton
