@@ -155,7 +155,8 @@ if HAVE_GLUON:
             row_end = gl.minimum(gl.maximum(gl.load(bounds_ptr + expert + 1), row_start), M)
             rows = (row_end - row_start).to(gl.int32)
             first = row_start.to(gl.int32)
-            out_row = expert * N + n0
+            # a TMA coordinate (int32 by definition); the host refuses E * N >= 2**31
+            out_row = expert * N + n0  # qmoe-doctor: ignore[int32-offset]
             chunks = gl.cdiv(rows, R)
             if chunks == 0:
                 for t in range(num_k):
@@ -270,6 +271,8 @@ def dw_overlap_plan(
     k = x.shape[1]
     e = dw.shape[0]
     if not (dw.stride(2) == 1 and dw.stride(0) == n * dw.stride(1) and (dw.stride(1) * 2) % 16 == 0):
+        return None
+    if e * n >= 2**31:  # the store's row coordinate expert * N + n0 is an int32
         return None
     if dw.data_ptr() % 16:
         return None
