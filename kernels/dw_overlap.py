@@ -247,7 +247,7 @@ def dw_overlap_ok(dy: torch.Tensor, x: torch.Tensor, cfg: Any) -> bool:
         return False
     if dy.dtype not in (torch.bfloat16, torch.float16) or x.dtype != dy.dtype:
         return False
-    from qmoe_doctor.kernels.grouped_gemm import capability  # cached per device index
+    from qmoe_doctor.kernels.grouped_gemm import _tma_ready, capability
 
     index = dy.device.index if dy.device.index is not None else torch.cuda.current_device()
     if capability(index)[0] != 9:
@@ -255,8 +255,7 @@ def dw_overlap_ok(dy: torch.Tensor, x: torch.Tensor, cfg: Any) -> bool:
     if dy.shape[1] % cfg.block_n or cfg.block_n % (16 * cfg.num_warps) or cfg.num_stages > cfg.overlap:
         return False
     return all(
-        t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
-        for t in (dy, x)
+        t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and _tma_ready(t) for t in (dy, x)
     )
 
 
@@ -274,7 +273,9 @@ def dw_overlap_plan(
         return None
     if e * n >= 2**31:  # the store's row coordinate expert * N + n0 is an int32
         return None
-    if dw.data_ptr() % 16:
+    from qmoe_doctor.kernels.grouped_gemm import _tma_ready
+
+    if not _tma_ready(dw):
         return None
     r, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     dy_desc = GluonTensorDescriptor(dy, [m, n], [dy.stride(0), 1], [r, bn], _smem_layout([r, bn], dy.dtype))
