@@ -134,7 +134,13 @@ CONFIGS = {"forward": FWD_CONFIGS, "dx": FWD_CONFIGS, "dw": DW_CONFIGS}
 TINY_CONFIGS = {
     "forward": ["32x32x32-w4-s1", "32x32x32-w4-s1-tma", "32x32x32-w4-s1-flat", "32x32x32-w4-s1-tma-flat"],
     "dx": ["32x32x32-w4-s1", "32x32x32-w4-s1-tma", "32x32x32-w4-s1-flat", "32x32x32-w4-s1-tma-flat"],
-    "dw": ["32x32x32-w4-s1", "16x32x32-w4-s1-tma", "16x32x32-w4-s1-flat", "16x32x32-w4-s1-tma-r2", "16x32x32-w4-s1-tma-ov2"],
+    "dw": [
+        "32x32x32-w4-s1",
+        "16x32x32-w4-s1-tma",
+        "16x32x32-w4-s1-flat",
+        "16x32x32-w4-s1-tma-r2",
+        "16x32x32-w4-s1-tma-ov2",
+    ],
 }
 
 
@@ -381,16 +387,22 @@ def best_table(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def merge_tables(table: dict[str, Any], old: dict[str, Any], ops: list[str], source: str) -> dict[str, Any]:
-    """``table`` (this run's ops) plus ``old``'s entries for every other op, with a note of where
-    those came from and when they were measured."""
-    kept = [e for e in old.get("entries", []) if e.get("op") not in ops]
+def merge_tables(
+    table: dict[str, Any], old: dict[str, Any], measured: set[tuple[str, str, int]], source: str
+) -> dict[str, Any]:
+    """``table`` (this run's entries) plus ``old``'s entries for every (op, point, tokens) this
+    run did not measure (other ops, other shapes or token counts), with a note of where those
+    came from and when they were measured."""
+    kept = [
+        e for e in old.get("entries", []) if (e.get("op"), e.get("point"), e.get("tokens")) not in measured
+    ]
     return {
         **table,
         "entries": kept + table["entries"],
         "kept_from": {
             "table": source,
             "ops": sorted({e["op"] for e in kept}),
+            "entries": len(kept),
             "tuned_on": old.get("tuned_on"),
         },
     }
@@ -434,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         "--merge",
         type=Path,
         default=None,
-        help="a config table whose entries for the ops NOT swept here are kept in OUT/configs.json",
+        help="a config table whose entries for the (op, shape, tokens) NOT measured here are kept in OUT/configs.json",
     )
     ap.add_argument(
         "--tiny", action="store_true", help="CPU, TRITON_INTERPRET=1: checks that the script works"
@@ -476,7 +488,8 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "tune.json").write_text(json.dumps(result, indent=1))
     table = best_table(result)
     if args.merge is not None:
-        table = merge_tables(table, json.loads(args.merge.read_text()), args.ops, str(args.merge))
+        measured = {(r["op"], r["point"], r["tokens"]) for r in result["rows"]}
+        table = merge_tables(table, json.loads(args.merge.read_text()), measured, str(args.merge))
     (args.out / "configs.json").write_text(json.dumps(table, indent=1))
     if result["timed"]:
         print(render(table))

@@ -16,9 +16,10 @@ into registers, masked there (rows already counted by an earlier chunk, rows bef
 expert), then every K tile of dw streams only x chunks through a STAGES-deep ring and is
 stored by TMA from a double-buffered staging tile. No chunk reads past the expert's last row,
 so rows no expert covers never reach dw. Experts with more than CHUNKS chunks stream both
-operands chunk by chunk through the same ring (pipelined loads, one MMA per chunk, no epilogue
-overlap); empty experts store zeros. STAGES <= CHUNKS (the streamed path keeps each slot's dy
-chunk in the resident buffers).
+operands chunk by chunk through the same ring: whole chunks feed the MMA from shared memory, the
+last (shifted, masked) one from registers, each MMA left running while the ring refills (the
+tile's store is not overlapped there: see the comment in the kernel); empty experts store zeros.
+STAGES <= CHUNKS (the streamed path keeps each slot's dy chunk in the resident buffers).
 
 Needs: a Hopper GPU (sm_90), bf16/fp16, Triton with Gluon (3.5+), N a multiple of the tile's
 BN (the dw store's 2-D view (E*N, K) must not cross experts); ``dw_overlap_plan`` returns None
@@ -109,6 +110,24 @@ if HAVE_GLUON:
         _tma_load(x_desc, [r0, t * BK], bar, x_bufs.index(slot * CHUNKS))
 
     @gluon.jit
+    def _ready(bars, g, STAGES: gl.constexpr):
+        """Wait for the ring's g-th load (this program's count) and return its slot."""
+        slot = g % STAGES
+        mbarrier.wait(bars.index(slot), (g // STAGES) & 1)
+        return slot
+
+    @gluon.jit
+    def _refill(dy_desc, x_desc, dy_bufs, x_bufs, bars, loads, first, rows, n0, done, total, chunks,
+                CHUNKS: gl.constexpr, STAGES: gl.constexpr, R: gl.constexpr, BK: gl.constexpr):  # fmt: skip
+        """Pair ``done``'s MMA has completed in every warpgroup's view once all warps pass the
+        barrier: its slot takes pair done + STAGES, if there is one."""
+        nxt = done + STAGES
+        if nxt < total:
+            _cta_barrier()
+            _issue_pair(dy_desc, x_desc, dy_bufs, x_bufs, bars, (loads + done) % STAGES, first, rows, n0, nxt,
+                        chunks, CHUNKS, R, BK)  # fmt: skip
+
+    @gluon.jit
     def _grouped_gemm_dw_overlap_kernel(
         dy_desc,  # (M, N) block (R, BN)
         x_desc,  # (M, K) block (R, BK)
@@ -158,11 +177,11 @@ if HAVE_GLUON:
             # a TMA coordinate (int32 by definition); the host refuses E * N >= 2**31
             out_row = expert * N + n0  # qmoe-doctor: ignore[int32-offset]
             chunks = gl.cdiv(rows, R)
+            _cta_barrier()  # every warp's MMAs of the previous item are done with the buffers
             if chunks == 0:
                 for t in range(num_k):
                     stores = _store_tile(zero, c_bufs, stores, dw_desc, out_row, t * BK)
             elif chunks <= CHUNKS:
-                _cta_barrier()  # every warp is done with the previous item's dy chunks
                 mbarrier.expect(dy_bar, CHUNKS * dy_desc.block_type.nbytes)
                 for c in gl.static_range(CHUNKS):
                     _tma_load(dy_desc, [first + _chunk_row(c, rows, R), n0], dy_bar, dy_bufs.index(c))
@@ -189,36 +208,48 @@ if HAVE_GLUON:
                     # tile t's MMAs are done with its slot: load tile t + STAGES there
                     nxt = t + STAGES
                     if nxt < num_k:
+                        _cta_barrier()  # both warpgroups' MMAs are done with the slot
                         _issue_x(x_desc, x_bufs, bars, slot, first, rows, nxt * BK, CHUNKS, R)
                 loads += num_k
                 stores = _store_tile(prev, c_bufs, stores, dw_desc, out_row, (num_k - 1) * BK)
             else:
-                # more rows than resident chunks: the (tile, chunk) pairs in one pipelined
+                # more rows than resident chunks: the (K tile, chunk) pairs in one pipelined
                 # sequence, dy and x chunks both through the ring (slot s's dy in dy_bufs[s]:
-                # STAGES <= CHUNKS), the MMA per chunk, each tile stored after its last chunk
+                # STAGES <= CHUNKS). Whole chunks feed the MMA from shared memory (dy^T as a
+                # transposed view), the last, shifted one as a masked register operand. Each
+                # MMA is left running while the previous one's slot is refilled.
                 total = num_k * chunks
                 for j in gl.static_range(STAGES):
                     if j < total:
                         _issue_pair(dy_desc, x_desc, dy_bufs, x_bufs, bars, (loads + j) % STAGES, first, rows, n0,
                                     j, chunks, CHUNKS, R, BK)  # fmt: skip
                 acc = zero
-                for j in range(total):
-                    g = loads + j
-                    slot = g % STAGES
-                    chunk = j % chunks
-                    mbarrier.wait(bars.index(slot), (g // STAGES) & 1)
-                    a0 = _masked_chunk(dy_bufs.index(slot), rows, chunk, R, a_layout)
-                    acc = warpgroup_mma(
-                        a0, x_bufs.index(slot * CHUNKS), acc, use_acc=chunk > 0, is_async=True
-                    )
+                for t in range(num_k):
+                    q = t * chunks
+                    slot = _ready(bars, loads + q, STAGES)
+                    acc = warpgroup_mma(dy_bufs.index(slot).permute((1, 0)), x_bufs.index(slot * CHUNKS), acc,
+                                        use_acc=False, is_async=True)  # fmt: skip
+                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                    for c in range(1, chunks - 1):
+                        slot = _ready(bars, loads + q + c, STAGES)
+                        acc = warpgroup_mma(dy_bufs.index(slot).permute((1, 0)), x_bufs.index(slot * CHUNKS), acc,
+                                            is_async=True)  # fmt: skip
+                        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                        _refill(dy_desc, x_desc, dy_bufs, x_bufs, bars, loads, first, rows, n0, q + c - 1, total, chunks,
+                                CHUNKS, STAGES, R, BK)  # fmt: skip
+                    q = q + chunks - 1
+                    slot = _ready(bars, loads + q, STAGES)
+                    a_last = _masked_chunk(dy_bufs.index(slot), rows, chunks - 1, R, a_layout)
+                    acc = warpgroup_mma(a_last, x_bufs.index(slot * CHUNKS), acc, is_async=True)
+                    # the tile's last MMAs are waited for (an accumulator still in flight cannot be
+                    # carried into the next tile without ptxas serializing every wgmma), then its
+                    # two slots refill and the tile is stored while those loads run
                     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                    nxt = j + STAGES
-                    if nxt < total:
-                        _cta_barrier()  # every warp is done with this slot's dy and x
-                        _issue_pair(dy_desc, x_desc, dy_bufs, x_bufs, bars, slot, first, rows, n0, nxt, chunks,
-                                    CHUNKS, R, BK)  # fmt: skip
-                    if chunk == chunks - 1:
-                        stores = _store_tile(acc, c_bufs, stores, dw_desc, out_row, (j // chunks) * BK)
+                    _refill(dy_desc, x_desc, dy_bufs, x_bufs, bars, loads, first, rows, n0, q - 1, total, chunks,
+                            CHUNKS, STAGES, R, BK)  # fmt: skip
+                    _refill(dy_desc, x_desc, dy_bufs, x_bufs, bars, loads, first, rows, n0, q, total, chunks,
+                            CHUNKS, STAGES, R, BK)  # fmt: skip
+                    stores = _store_tile(acc, c_bufs, stores, dw_desc, out_row, t * BK)
                 loads += total
         tma.store_wait(pendings=0)
         for i in gl.static_range(STAGES):

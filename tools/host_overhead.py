@@ -5,7 +5,8 @@
 Small batches are launch-bound: the GPU finishes a 128-token grouped GEMM faster than Python
 issues the next. This times N back-to-back calls on the host (no synchronization inside the
 loop; the queue is drained before and after), per op and implementation, then profiles our
-forward with cProfile and prints the functions that take the time.
+forward with cProfile and prints the functions that take the time, and times the dw call's
+host path stage by stage (bounds, config, descriptors, the launch alone).
 """
 
 from __future__ import annotations
@@ -19,6 +20,62 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _per_call(fn, calls: int) -> float:
+    """Host microseconds per call of ``fn`` (the GPU queue drained before, not inside)."""
+    import torch
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - t0) / calls
+    torch.cuda.synchronize()
+    return host * 1e6
+
+
+def dw_stages(point, calls: int) -> None:
+    """The dw call's host path, one stage at a time, with the packaged config."""
+    import torch
+
+    from qmoe_doctor.kernels import backward as bw
+    from qmoe_doctor.kernels import dw_overlap as ov
+
+    dy, x, sizes = point.dy, point.x, point.m_sizes
+    m, n = dy.shape
+    k, e = x.shape[1], sizes.shape[0]
+    cfg = bw.pick_dw_config(n, k, x.device, x.dtype, avg_rows=m / e)
+    dw = torch.empty((e, n, k), device=x.device, dtype=x.dtype)
+    bounds = bw.row_bounds(sizes, m)
+    programs = bw.dw_grid_size(e, n, k, cfg, x.device)
+    stages = {
+        "check_dw_operands": lambda: bw.check_dw_operands(dy, x, sizes),
+        "torch.empty (dw)": lambda: torch.empty((e, n, k), device=x.device, dtype=x.dtype),
+        "row_bounds": lambda: bw.row_bounds(sizes, m),
+        "pick_dw_config": lambda: bw.pick_dw_config(n, k, x.device, x.dtype, avg_rows=m / e),
+        "dw_grid_size": lambda: bw.dw_grid_size(e, n, k, cfg, x.device),
+    }
+    if cfg.overlap and ov.dw_overlap_plan(dy, x, dw, cfg) is not None:
+        plan = ov.dw_overlap_plan(dy, x, dw, cfg)
+        stages["dw_overlap_plan (3 descriptors)"] = lambda: ov.dw_overlap_plan(dy, x, dw, cfg)
+        stages["launch_dw_overlap (Gluon launch)"] = lambda: ov.launch_dw_overlap(
+            plan, dy, x, dw, bounds, cfg, programs
+        )
+    else:
+        cfg = bw.overlap_fallback(cfg) if cfg.overlap else cfg
+        plan = bw.dw_tma_plan(dy, x, dw, cfg)
+        if plan is not None:
+            stages["dw_tma_plan (3 descriptors)"] = lambda: bw.dw_tma_plan(dy, x, dw, cfg)
+            stages["launch_grouped_gemm_dw_tma"] = lambda: bw.launch_grouped_gemm_dw_tma(
+                plan, dy, x, dw, bounds, cfg, programs
+            )
+    stages["moe_grouped_gemm_dw (whole call)"] = lambda: bw.moe_grouped_gemm_dw(dy, x, sizes)
+    print(f"dw host path by stage (config {cfg.name}):")
+    for name, fn in stages.items():
+        print(f"  {name:34} {_per_call(fn, calls):7.1f} us/call")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
             wall = (time.perf_counter() - t0) / args.calls
             print(f"{op:8} {impl:18} host {host * 1e6:7.1f} us/call   host+GPU {wall * 1e6:7.1f} us/call")
+    dw_stages(point, args.calls)
     fn = point.ours("forward", None)
     prof = cProfile.Profile()
     prof.enable()

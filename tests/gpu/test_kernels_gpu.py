@@ -431,6 +431,39 @@ def test_overlap_dw_at_moe_scale(name: str) -> None:
     assert fwd.rel_err(dw, ref) < fwd.TOLERANCE[torch.bfloat16].gemm
 
 
+@pytest.mark.parametrize("name", OVERLAP_CONFIGS)
+def test_overlap_dw_streamed_experts(name: str) -> None:
+    """Every expert past the resident chunks (the 8192-token case): the streamed path alone,
+    with whole-chunk MMAs from shared memory and the last chunk shifted and masked. Counts: a
+    multiple of the chunk (nothing to mask), one row past it, odd ones, unrouted NaN rows."""
+    from qmoe_doctor.kernels.dw_overlap import dw_overlap_plan
+    from qmoe_doctor.kernels.tuning import config_from_name
+
+    if torch.cuda.get_device_capability(0)[0] != 9:
+        pytest.skip("the overlapped dw kernel is for sm_90")
+    cfg = config_from_name(name)
+    dev = torch.device("cuda", 0)
+    gen = torch.Generator(device=dev).manual_seed(29)
+    e, n, k = 16, 512, 1024
+    floor = cfg.overlap * cfg.block_m + 1
+    counts = torch.randint(floor, floor + 500, (e,), generator=gen, device=dev)
+    counts[0] = 8 * cfg.block_m
+    counts[1] = 8 * cfg.block_m + 1
+    routed = int(counts.sum())
+    m = routed + 200
+    x = torch.randn(m, k, generator=gen, device=dev).bfloat16()
+    dy = torch.randn(m, n, generator=gen, device=dev).bfloat16()
+    x[routed:] = float("nan")
+    dy[routed:] = float("nan")
+    probe = torch.empty((e, n, k), device=dev, dtype=torch.bfloat16)
+    assert dw_overlap_plan(dy, x, probe, cfg) is not None, "this call should take the Gluon kernel"
+    del probe
+    dw = moe_grouped_gemm_dw(dy, x, counts, config=cfg)
+    ref = moe_grouped_gemm_dw_torch(dy[:routed].double(), x[:routed].double(), counts)
+    assert torch.isfinite(dw).all(), "rows no expert covers reached dw"
+    assert fwd.rel_err(dw, ref) < fwd.TOLERANCE[torch.bfloat16].gemm
+
+
 @pytest.mark.parametrize("name", HOPPER_DW_CONFIGS)
 @pytest.mark.parametrize(
     ("sizes", "n"),

@@ -471,7 +471,7 @@ def test_tuner_tiny_runs_every_path_and_writes_a_table(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "configs.json").read_text())["entries"] == []  # nothing timed
 
 
-def test_tuner_merge_keeps_the_other_ops_and_says_where_they_came_from() -> None:
+def test_tuner_merge_keeps_what_was_not_measured_and_says_where_it_came_from() -> None:
     import importlib.util
 
     repo = Path(__file__).resolve().parents[2]
@@ -482,15 +482,28 @@ def test_tuner_merge_keeps_the_other_ops_and_says_where_they_came_from() -> None
     old = {
         "tuned_on": {"date": "then"},
         "entries": [
-            {"op": "forward", "point": "p", "config": "a"},
-            {"op": "dw", "point": "p", "config": "old"},
+            {"op": "forward", "point": "p", "tokens": 8, "config": "a"},
+            {"op": "dw", "point": "p", "tokens": 8, "config": "old"},
+            {"op": "dw", "point": "p", "tokens": 64, "config": "other-tokens"},
+            {"op": "dw", "point": "q", "tokens": 8, "config": "other-shape"},
         ],
     }
-    new = {"tuned_on": {"date": "now"}, "entries": [{"op": "dw", "point": "p", "config": "new"}]}
-    merged = tk.merge_tables(new, old, ["dw"], "old.json")
-    assert [(e["op"], e["config"]) for e in merged["entries"]] == [("forward", "a"), ("dw", "new")]
+    new = {"tuned_on": {"date": "now"}, "entries": [{"op": "dw", "point": "p", "tokens": 8, "config": "new"}]}
+    merged = tk.merge_tables(new, old, {("dw", "p", 8)}, "old.json")
+    assert [(e["op"], e["config"]) for e in merged["entries"]] == [
+        ("forward", "a"),
+        ("dw", "other-tokens"),
+        ("dw", "other-shape"),
+        ("dw", "new"),
+    ]
     assert merged["tuned_on"] == {"date": "now"}
-    assert merged["kept_from"] == {"table": "old.json", "ops": ["forward"], "tuned_on": {"date": "then"}}
+    assert merged["kept_from"] == {"table": "old.json", "ops": ["dw", "forward"], "entries": 3, "tuned_on": {"date": "then"}}
+    # a point measured without a winner (every config failed) drops its old entry too
+    assert [e["config"] for e in tk.merge_tables({"entries": []}, old, {("dw", "p", 8)}, "o")["entries"]] == [
+        "a",
+        "other-tokens",
+        "other-shape",
+    ]
 
 
 @pytest.mark.parametrize("tool", ["kernel_regs.py", "ncu_target.py", "block_profile.py", "host_overhead.py"])

@@ -4,8 +4,9 @@ The Gluon kernel itself runs only on an sm_90 GPU (tests/gpu); here: its config 
 shared-memory and grid arithmetic, the fallback every other device takes (the resident Triton
 kernel of the same tiles, run under the interpreter against the float64 reference, NaN in the
 unrouted rows), and the kernel compiled for sm_90 by Triton's own compiler on this CPU: it must
-compile, fit an H200's shared memory, and issue each tile's TMA store while that tile's
-successor's MMAs are in flight (what the kernel is for).
+compile, fit an H200's shared memory, keep ptxas from spilling or serializing its wgmma, and
+issue each tile's TMA store while that tile's successor's MMAs are in flight (what the kernel is
+for).
 """
 
 from __future__ import annotations
@@ -96,11 +97,18 @@ def _compiled(name: str) -> dict:
     """ptx and shared-memory size of the kernel compiled for sm_90, in a fresh process: the
     interpreter the other CPU tests run under patches Triton's builtins in this one."""
     script = (
-        "import json, sys\n"
+        "import json, os, sys\n"
         "from qmoe_doctor.kernels.dw_overlap import compile_offline\n"
         "from qmoe_doctor.kernels.tuning import config_from_name\n"
         "k = compile_offline(config_from_name(sys.argv[1]))\n"
-        "print(json.dumps({'shared': k.metadata.shared, 'ptx': k.asm['ptx']}))\n"
+        "import subprocess, tempfile\n"
+        "from triton.backends.nvidia.compiler import get_ptxas\n"
+        "with tempfile.NamedTemporaryFile('w', suffix='.ptx', delete=False) as f:\n"
+        "    f.write(k.asm['ptx'])\n"
+        "v = subprocess.run([get_ptxas(90).path, '-arch=sm_90a', '-v', f.name, '-o', os.devnull],\n"
+        "                   capture_output=True, text=True)\n"
+        "os.unlink(f.name)\n"
+        "print(json.dumps({'shared': k.metadata.shared, 'ptx': k.asm['ptx'], 'ptxas': v.stderr}))\n"
     )
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     done = subprocess.run(
@@ -127,6 +135,21 @@ def _resident_loop(ptx: str) -> list[str]:
 def test_gluon_kernel_compiles_for_sm90_and_fits(name: str) -> None:
     shared = _compiled(name)["shared"]
     assert _dw_smem_bytes(config_from_name(name), 2) - 64 <= shared <= H200_SMEM
+
+
+@needs_gluon
+@pytest.mark.parametrize("name", ["64x128x128-w8-s2-tma-ov3", "32x128x128-w8-s3-tma-ov5"])
+def test_ptxas_keeps_the_wgmma_pipeline(name: str) -> None:
+    """ptxas (the one Triton uses for sm_90) must neither spill nor serialize the kernel's
+    wgmma: an accumulator read or copied while its MMA is in flight (say, carried into the next
+    tile's loop still running) makes ptxas serialize every wgmma of the kernel (C7514), which
+    silently costs the resident path its overlap too."""
+    report = _compiled(name)["ptxas"]
+    regs = re.search(r"Used (\d+) registers", report)
+    assert regs, report
+    assert int(regs.group(1)) <= 255
+    assert "C7514" not in report and "serialized" not in report, report
+    assert re.search(r"\b0 bytes spill stores", report), report
 
 
 @needs_gluon
