@@ -72,8 +72,47 @@ def dw_stages(point, calls: int) -> None:
             stages["launch_grouped_gemm_dw_tma"] = lambda: bw.launch_grouped_gemm_dw_tma(
                 plan, dy, x, dw, bounds, cfg, programs
             )
+    stages["row_bounds_torch (the six torch ops)"] = lambda: bw.row_bounds_torch(sizes, m)
+    stages["device_guard enter/exit"] = lambda: _guarded(x.device)
     stages["moe_grouped_gemm_dw (whole call)"] = lambda: bw.moe_grouped_gemm_dw(dy, x, sizes)
     print(f"dw host path by stage (config {cfg.name}):")
+    for name, fn in stages.items():
+        print(f"  {name:34} {_per_call(fn, calls):7.1f} us/call")
+
+
+def _guarded(device) -> None:
+    from qmoe_doctor.kernels.grouped_gemm import device_guard
+
+    with device_guard(device):
+        pass
+
+
+def forward_stages(point, calls: int) -> None:
+    """The forward call's host path, one stage at a time, with the packaged config."""
+    import torch
+
+    from qmoe_doctor.kernels import grouped_gemm as gg
+
+    x, w, sizes = point.x, point.w, point.m_sizes
+    m, k = x.shape
+    e, n, _ = w.shape
+    cfg = gg.pick_config(m, n, k, e, x.device, x.dtype, op="forward")
+    y = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    programs = gg.grid_size(m, n, e, cfg, x.device)
+    plan = gg.tma_plan(x, w, y, cfg)
+    stages = {
+        "check_operands": lambda: gg.check_operands(x, w, sizes),
+        "torch.empty (y)": lambda: torch.empty((m, n), device=x.device, dtype=x.dtype),
+        "pick_config": lambda: gg.pick_config(m, n, k, e, x.device, x.dtype, op="forward"),
+        "grid_size": lambda: gg.grid_size(m, n, e, cfg, x.device),
+        "tma_plan (3 descriptors)": lambda: gg.tma_plan(x, w, y, cfg),
+    }
+    if plan is not None and not cfg.flat:
+        stages["launch_grouped_gemm_tma (Triton launch)"] = lambda: gg.launch_grouped_gemm_tma(
+            plan, y, sizes, m, n, k, e, cfg, programs
+        )
+    stages["moe_grouped_gemm (whole call)"] = lambda: gg.moe_grouped_gemm(x, w, sizes)
+    print(f"forward host path by stage (config {cfg.name}):")
     for name, fn in stages.items():
         print(f"  {name:34} {_per_call(fn, calls):7.1f} us/call")
 
@@ -103,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             wall = (time.perf_counter() - t0) / args.calls
             print(f"{op:8} {impl:18} host {host * 1e6:7.1f} us/call   host+GPU {wall * 1e6:7.1f} us/call")
     dw_stages(point, args.calls)
+    forward_stages(point, args.calls)
     fn = point.ours("forward", None)
     prof = cProfile.Profile()
     prof.enable()

@@ -35,6 +35,7 @@ from qmoe_doctor.kernels.backward import (
     moe_grouped_gemm_dx_torch,
     pick_dw_config,
     row_bounds,
+    row_bounds_torch,
 )
 from qmoe_doctor.kernels.grouped_gemm import GemmConfig, moe_grouped_gemm, moe_grouped_gemm_torch
 
@@ -191,10 +192,25 @@ def test_dw_float16(edge: str) -> None:
         ((2**31 - 1, 2**31 - 1), 2**33, (0, 2**31 - 1, 2**32 - 2)),  # int32 counts, int64 sum
     ],
 )
-def test_row_bounds_clamp_like_the_forward(sizes: tuple[int, ...], m: int, want: tuple[int, ...]) -> None:
-    bounds = row_bounds(torch.tensor(sizes, dtype=torch.int32), m)
+@pytest.mark.parametrize("impl", [row_bounds, row_bounds_torch], ids=["triton", "torch"])
+def test_row_bounds_clamp_like_the_forward(impl, sizes: tuple[int, ...], m: int, want: tuple[int, ...]) -> None:
+    bounds = impl(torch.tensor(sizes, dtype=torch.int32), m)
     assert bounds.dtype == torch.int64
     assert bounds.tolist() == list(want)
+
+
+@pytest.mark.parametrize("e", [1, 7, 128, 160, 300])
+def test_row_bounds_kernel_matches_its_torch_twin(e: int) -> None:
+    """The Triton kernel (the interpreter here) against the torch ops, with negative counts,
+    empty experts, int64 counts and an M that cuts the sum short."""
+    gen = torch.Generator().manual_seed(e)
+    sizes = torch.randint(-3, 40, (e,), generator=gen)
+    sizes[:: max(1, e // 5)] = 0
+    for dtype in (torch.int32, torch.int64):
+        counts = sizes.to(dtype)
+        total = int(counts.clamp_min(0).sum())
+        for m in (total, max(1, total // 2), total + 17):
+            assert row_bounds(counts, m).tolist() == row_bounds_torch(counts, m).tolist()
 
 
 def test_dw_no_rows_gives_zeros() -> None:
