@@ -464,6 +464,39 @@ def test_overlap_dw_streamed_experts(name: str) -> None:
     assert fwd.rel_err(dw, ref) < fwd.TOLERANCE[torch.bfloat16].gemm
 
 
+@pytest.mark.parametrize("name", OVERLAP_CONFIGS)
+@pytest.mark.parametrize("hot", [0, 31, 63])
+def test_overlap_dw_skewed_routing(name: str, hot: int) -> None:
+    """A third of the rows on one expert (first, middle, last): its items are cut along K and
+    the programs' runs balanced by cost; every dw tile must still be written once, right."""
+    from qmoe_doctor.kernels.dw_overlap import dw_overlap_plan
+    from qmoe_doctor.kernels.tuning import config_from_name
+
+    if torch.cuda.get_device_capability(0)[0] != 9:
+        pytest.skip("the overlapped dw kernel is for sm_90")
+    cfg = config_from_name(name)
+    dev = torch.device("cuda", 0)
+    gen = torch.Generator(device=dev).manual_seed(41 + hot)
+    e, n, k = 64, 512, 1024
+    counts = torch.randint(0, 120, (e,), generator=gen, device=dev)
+    counts[hot] = 3000
+    counts[(hot + 5) % e] = 0
+    routed = int(counts.sum())
+    m = routed + 64
+    x = torch.randn(m, k, generator=gen, device=dev).bfloat16()
+    dy = torch.randn(m, n, generator=gen, device=dev).bfloat16()
+    x[routed:] = float("nan")
+    dy[routed:] = float("nan")
+    probe = torch.empty((e, n, k), device=dev, dtype=torch.bfloat16)
+    assert dw_overlap_plan(dy, x, probe, cfg) is not None, "this call should take the Gluon kernel"
+    del probe
+    dw = moe_grouped_gemm_dw(dy, x, counts, config=cfg)
+    ref = moe_grouped_gemm_dw_torch(dy[:routed].double(), x[:routed].double(), counts)
+    assert torch.isfinite(dw).all(), "rows no expert covers reached dw"
+    assert (dw[(hot + 5) % e] == 0).all(), "an empty expert must get zero dw"
+    assert fwd.rel_err(dw, ref) < fwd.TOLERANCE[torch.bfloat16].gemm
+
+
 @pytest.mark.parametrize("name", HOPPER_DW_CONFIGS)
 @pytest.mark.parametrize(
     ("sizes", "n"),

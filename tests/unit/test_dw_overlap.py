@@ -12,6 +12,7 @@ for).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -27,7 +28,7 @@ from qmoe_doctor.kernels.backward import (
     moe_grouped_gemm_dw_torch,
     overlap_fallback,
 )
-from qmoe_doctor.kernels.dw_overlap import HAVE_GLUON, dw_overlap_ok, dw_overlap_plan
+from qmoe_doctor.kernels.dw_overlap import HAVE_GLUON, dw_overlap_ok, dw_overlap_plan, share_of_items
 from qmoe_doctor.kernels.tuning import config_from_name
 
 H200_SMEM = 232448  # shared_memory_per_block_optin of an H200 / H100
@@ -56,6 +57,49 @@ def test_smem_and_grid_arithmetic() -> None:
     # work items are (expert, n-tile): 128 experts x 12 n-tiles; the interpreter takes a few
     assert dw_grid_size(128, 1536, 2048, cfg, torch.device("cpu")) == 4
     assert dw_grid_size(1, 128, 2048, cfg, torch.device("cpu")) == 1
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [128] * 128,  # uniform (30b gate_up, 2048 tokens)
+        [819] + [122] * 127,  # 5% of the rows on the first expert (run 40's skew)
+        [122] * 127 + [819],  # ... on the last
+        [0] * 60 + [5000] + [0] * 67,  # everything on one expert
+        [512] * 128,  # 8192 tokens: every expert past the resident chunks
+        [3, 0, 0, 700, 1, 0, 40],  # fewer items than programs
+    ],
+    ids=["uniform", "hot-first", "hot-last", "one-expert", "all-streamed", "tiny"],
+)
+def test_item_share_covers_every_item_once_and_balances_cost(rows: list[int]) -> None:
+    """The overlapped kernel's split of its items (host twin of ``_share``): every (expert,
+    n-tile, K tile) covered by exactly one item of one program, runs contiguous in order, and no
+    program's cost past an even share by more than one item. Round-robin over whole (expert,
+    n-tile) items gave the programs of a hot expert's 12 items a full share of the others on
+    top (run 40: 157 against 270 TFLOP/s uniform)."""
+    n_tiles, num_k, programs, r, chunks = 12, 16, 132, 32, 5
+    shares = share_of_items(rows, n_tiles, num_k, programs, r, chunks)
+    flat = [item for run in shares for item in run]
+    assert flat == sorted(flat)
+    covered = []
+    for e, t, piece in flat:
+        pieces = 1 + max(p for ee, tt, p in flat if ee == e and tt == t)
+        covered += [(e, t, k) for k in range(piece * num_k // pieces, (piece + 1) * num_k // pieces)]
+    assert covered == [(e, t, k) for e in range(len(rows)) for t in range(n_tiles) for k in range(num_k)]
+
+    def cost(e: int, pieces: int) -> int:
+        row_chunks = math.ceil(rows[e] / r)
+        return math.ceil(row_chunks / pieces) + 1
+
+    pieces_of = {e: 1 + max(p for ee, _, p in flat if ee == e) for e in range(len(rows))}
+    loads = [sum(cost(e, pieces_of[e]) for e, _, _ in run) for run in shares]
+    assert max(loads) <= sum(loads) / programs + max(cost(e, pieces_of[e]) for e in range(len(rows)))
+    if rows[0] == 819:
+        whole = {e: -(-rows[e] // r) + 1 for e in range(len(rows))}  # one item per (expert, n-tile)
+        round_robin = max(
+            sum(whole[i // n_tiles] for i in range(p, len(rows) * n_tiles, programs)) for p in range(programs)
+        )
+        assert max(loads) < 0.85 * round_robin, (max(loads), round_robin)  # 66 against 82
 
 
 def test_cpu_operands_never_take_the_gluon_kernel() -> None:
