@@ -9,12 +9,11 @@ MMA. Here, written in Gluon (explicit ``warpgroup_mma`` / ``warpgroup_mma_wait``
 issues tile t's MMAs asynchronously and, while they run, converts and stores tile t-1 from a
 second accumulator (two 128x128 fp32 accumulators over 8 warps: 128 registers per thread).
 
-Work split: the items are (expert, n-tile) as in the resident kernel, with the items of an
-expert past the resident chunks also cut along K (about one piece per CHUNKS row chunks), and
-each program of the persistent grid takes a contiguous run of items of about equal cost (row
-chunks + 1 per item), computed in the kernel from the row bounds: with skewed routing a hot
-expert's items no longer pile onto the programs that round-robin would also give a full share
-of the rest (``share_of_items`` is the host twin). Masking as in the resident kernel: for an
+Work split: the items are (expert, n-tile) as in the resident kernel, round-robin over the
+programs of a persistent grid, except that the items of an expert past the resident chunks are
+also cut along K (about one piece per CHUNKS row chunks): with skewed routing a hot expert's
+(expert, n-tile) items were each several times the others and the programs that got them still
+got a full share of the rest (``share_of_items`` is the host twin). Masking as in the resident kernel: for an
 item the expert's dy^T columns n0..n0+BN are loaded ONCE (CHUNKS row
 chunks of R rows, each a whole TMA box, the last shifted back to end at the expert's last row)
 into registers, masked there (rows already counted by an earlier chunk, rows before the
@@ -146,38 +145,20 @@ if HAVE_GLUON:
     @gluon.jit
     def _pieces(chunks, num_k, CHUNKS: gl.constexpr):
         """K pieces of an (expert, n-tile) item: 1 where the expert's dy stays resident, else
-        about one per CHUNKS row chunks (at most one per K tile), so that a hot expert's items
-        are as fine as the others."""
+        about one per CHUNKS row chunks (at most one per K tile)."""
         return gl.where(chunks > CHUNKS, gl.minimum((chunks + CHUNKS - 1) // CHUNKS, num_k), 1)
 
     @gluon.jit
-    def _owned_before(q, cum, cost, total, P, count):
-        """Per expert: how many of its ``count`` items belong to programs before ``q``. Item i of
-        expert e belongs to program floor(P * midpoint / total), midpoint = cum[e] + (i + 1/2)
-        cost[e] (doubled here to stay in integers)."""
-        num = 2 * q * total - P * (2 * cum + cost)
-        den = 2 * P * gl.maximum(cost, 1)
-        owned = gl.where(num > 0, (num + den - 1) // den, 0)
-        return gl.where(cost > 0, gl.minimum(owned, count), 0)
-
-    @gluon.jit
-    def _share(bounds_ptr, E, n_tiles, num_k, P, e_idx, R: gl.constexpr, CHUNKS: gl.constexpr):
-        """(first, end) item per expert of this program's run: the items in (expert, n-tile, K
-        piece) order, each costing its share of the expert's row chunks + 1 (the epilogue), cut
-        into P runs of about equal cost. Every item falls in exactly one run."""
+    def _item_starts(bounds_ptr, E, n_tiles, num_k, e_idx, R: gl.constexpr, CHUNKS: gl.constexpr):
+        """(first item of each expert (int32; past the end for lanes >= E), number of items):
+        n_tiles items per expert, times its K pieces (``_pieces``)."""
         live = e_idx < E
         lo = gl.load(bounds_ptr + e_idx, mask=live, other=0)
         hi = gl.load(bounds_ptr + e_idx + 1, mask=live, other=0)
-        chunks = (gl.maximum(hi - lo, 0) + R - 1) // R
-        pieces = _pieces(chunks, num_k, CHUNKS)
-        count = n_tiles * pieces
-        cost = gl.where(live, (chunks + pieces - 1) // pieces + 1, 0)
-        span = cost * count
-        cum = gl.associative_scan(span, 0, _add) - span
-        total = gl.sum(span, axis=0)
-        pid = gl.program_id(0)
-        first = _owned_before(pid, cum, cost, total, P, count).to(gl.int32)
-        return first, _owned_before(pid + 1, cum, cost, total, P, count).to(gl.int32)
+        chunks = ((gl.maximum(hi - lo, 0) + R - 1) // R).to(gl.int32)
+        count = gl.where(live, n_tiles * _pieces(chunks, num_k, CHUNKS), 0)
+        starts = gl.associative_scan(count, 0, _add) - count
+        return gl.where(live, starts, 2**31 - 1), gl.sum(count, axis=0)
 
     @gluon.jit
     def _grouped_gemm_dw_overlap_kernel(
@@ -220,108 +201,107 @@ if HAVE_GLUON:
         loads = 0  # x tiles loaded so far by this program: ring slot and barrier phase
         items = 0  # resident loads so far: dy_bar's phase
         stores = 0  # TMA stores so far: staging buffer
-        # this program's share of the (expert, n-tile) items: a contiguous run of about equal cost
-        # (row chunks + 1 per item), so that a hot expert's long items do not land on programs
-        # that also get a full round-robin share of the others (skewed routing, run 40)
+        # the items, round-robin over the programs as in the resident kernel (neighbouring
+        # programs share the expert's x in L2): (expert, n-tile), and for an expert past the
+        # resident chunks (expert, n-tile, K piece), so that a hot expert's items are as fine
+        # as the others' (skewed routing, run 40); with no such expert, item = expert * n_tiles
+        # + n-tile, and no search
         e_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
         e_idx = gl.arange(0, E_POW2, layout=e_layout)
-        own_first, own_end = _share(bounds_ptr, E, n_tiles, num_k, NUM_PROGRAMS, e_idx, R, CHUNKS)
-        owns = own_end > own_first
-        for expert in range(
-            gl.min(gl.where(owns, e_idx, E_POW2), axis=0), gl.max(gl.where(owns, e_idx, -1), axis=0) + 1
-        ):
-            nt_first = gl.sum(gl.where(e_idx == expert, own_first, 0), axis=0)  # items, not n-tiles
-            nt_end = gl.sum(gl.where(e_idx == expert, own_end, 0), axis=0)
+        starts, total_items = _item_starts(bounds_ptr, E, n_tiles, num_k, e_idx, R, CHUNKS)
+        uniform = total_items == E * n_tiles
+        for g in range(gl.program_id(0), total_items, NUM_PROGRAMS):
+            if uniform:
+                expert = g // n_tiles
+                local = g % n_tiles
+            else:
+                expert = gl.sum(gl.where(starts <= g, 1, 0), axis=0) - 1
+                local = g - gl.sum(gl.where(e_idx == expert, starts, 0), axis=0)
             row_start = gl.minimum(gl.maximum(gl.load(bounds_ptr + expert), 0), M)
             row_end = gl.minimum(gl.maximum(gl.load(bounds_ptr + expert + 1), row_start), M)
             rows = (row_end - row_start).to(gl.int32)
             first = row_start.to(gl.int32)
             pieces = _pieces(gl.cdiv(rows, R), num_k, CHUNKS)
-            for it in range(nt_first, nt_end):
-                n0 = (it // pieces) * BN
-                # a TMA coordinate (int32 by definition); the host refuses E * N >= 2**31
-                out_row = expert * N + n0  # qmoe-doctor: ignore[int32-offset]
-                chunks = gl.cdiv(rows, R)
-                _cta_barrier()  # every warp's MMAs of the previous item are done with the buffers
-                if chunks == 0:
-                    for t in range(num_k):
-                        stores = _store_tile(zero, c_bufs, stores, dw_desc, out_row, t * BK)
-                elif chunks <= CHUNKS:
-                    mbarrier.expect(dy_bar, CHUNKS * dy_desc.block_type.nbytes)
-                    for c in gl.static_range(CHUNKS):
-                        _tma_load(dy_desc, [first + _chunk_row(c, rows, R), n0], dy_bar, dy_bufs.index(c))
-                    for j in gl.static_range(STAGES):
-                        if j < num_k:
-                            _issue_x(
-                                x_desc, x_bufs, bars, (loads + j) % STAGES, first, rows, j * BK, CHUNKS, R
-                            )
-                    mbarrier.wait(dy_bar, items & 1)
-                    items += 1
-                    a = (_masked_chunk(dy_bufs.index(0), rows, 0, R, a_layout),)
+            n0 = (local // pieces) * BN
+            # a TMA coordinate (int32 by definition); the host refuses E * N >= 2**31
+            out_row = expert * N + n0  # qmoe-doctor: ignore[int32-offset]
+            chunks = gl.cdiv(rows, R)
+            _cta_barrier()  # every warp's MMAs of the previous item are done with the buffers
+            if chunks == 0:
+                for t in range(num_k):
+                    stores = _store_tile(zero, c_bufs, stores, dw_desc, out_row, t * BK)
+            elif chunks <= CHUNKS:
+                mbarrier.expect(dy_bar, CHUNKS * dy_desc.block_type.nbytes)
+                for c in gl.static_range(CHUNKS):
+                    _tma_load(dy_desc, [first + _chunk_row(c, rows, R), n0], dy_bar, dy_bufs.index(c))
+                for j in gl.static_range(STAGES):
+                    if j < num_k:
+                        _issue_x(x_desc, x_bufs, bars, (loads + j) % STAGES, first, rows, j * BK, CHUNKS, R)
+                mbarrier.wait(dy_bar, items & 1)
+                items += 1
+                a = (_masked_chunk(dy_bufs.index(0), rows, 0, R, a_layout),)
+                for c in gl.static_range(1, CHUNKS):
+                    a = a + (_masked_chunk(dy_bufs.index(c), rows, c, R, a_layout),)
+                prev = zero
+                for t in range(num_k):
+                    g = loads + t
+                    slot = g % STAGES
+                    mbarrier.wait(bars.index(slot), (g // STAGES) & 1)
+                    acc = warpgroup_mma(a[0], x_bufs.index(slot * CHUNKS), zero, use_acc=False, is_async=True)
                     for c in gl.static_range(1, CHUNKS):
-                        a = a + (_masked_chunk(dy_bufs.index(c), rows, c, R, a_layout),)
-                    prev = zero
-                    for t in range(num_k):
-                        g = loads + t
-                        slot = g % STAGES
-                        mbarrier.wait(bars.index(slot), (g // STAGES) & 1)
-                        acc = warpgroup_mma(
-                            a[0], x_bufs.index(slot * CHUNKS), zero, use_acc=False, is_async=True
-                        )
-                        for c in gl.static_range(1, CHUNKS):
-                            acc = warpgroup_mma(a[c], x_bufs.index(slot * CHUNKS + c), acc, is_async=True)
-                        # tile t-1's epilogue runs while tile t's MMAs do
-                        if t > 0:
-                            stores = _store_tile(prev, c_bufs, stores, dw_desc, out_row, (t - 1) * BK)
-                        prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                        # tile t's MMAs are done with its slot: load tile t + STAGES there
-                        nxt = t + STAGES
-                        if nxt < num_k:
-                            _cta_barrier()  # both warpgroups' MMAs are done with the slot
-                            _issue_x(x_desc, x_bufs, bars, slot, first, rows, nxt * BK, CHUNKS, R)
-                    loads += num_k
-                    stores = _store_tile(prev, c_bufs, stores, dw_desc, out_row, (num_k - 1) * BK)
-                else:
-                    # more rows than resident chunks: the (K tile, chunk) pairs in one pipelined
-                    # sequence, dy and x chunks both through the ring (slot s's dy in dy_bufs[s]:
-                    # STAGES <= CHUNKS). Whole chunks feed the MMA from shared memory (dy^T as a
-                    # transposed view), the last, shifted one as a masked register operand. Each
-                    # MMA is left running while the previous one's slot is refilled.
-                    k_lo = (it % pieces) * num_k // pieces  # this item's K tiles
-                    k_hi = (it % pieces + 1) * num_k // pieces
-                    total = (k_hi - k_lo) * chunks
-                    for j in gl.static_range(STAGES):
-                        if j < total:
-                            _issue_pair(dy_desc, x_desc, dy_bufs, x_bufs, bars, (loads + j) % STAGES, first, rows, n0,
-                                        k_lo, j, chunks, CHUNKS, R, BK)  # fmt: skip
-                    acc = zero
-                    for t in range(k_lo, k_hi):
-                        q = (t - k_lo) * chunks
-                        slot = _ready(bars, loads + q, STAGES)
+                        acc = warpgroup_mma(a[c], x_bufs.index(slot * CHUNKS + c), acc, is_async=True)
+                    # tile t-1's epilogue runs while tile t's MMAs do
+                    if t > 0:
+                        stores = _store_tile(prev, c_bufs, stores, dw_desc, out_row, (t - 1) * BK)
+                    prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                    # tile t's MMAs are done with its slot: load tile t + STAGES there
+                    nxt = t + STAGES
+                    if nxt < num_k:
+                        _cta_barrier()  # both warpgroups' MMAs are done with the slot
+                        _issue_x(x_desc, x_bufs, bars, slot, first, rows, nxt * BK, CHUNKS, R)
+                loads += num_k
+                stores = _store_tile(prev, c_bufs, stores, dw_desc, out_row, (num_k - 1) * BK)
+            else:
+                # more rows than resident chunks: the (K tile, chunk) pairs in one pipelined
+                # sequence, dy and x chunks both through the ring (slot s's dy in dy_bufs[s]:
+                # STAGES <= CHUNKS). Whole chunks feed the MMA from shared memory (dy^T as a
+                # transposed view), the last, shifted one as a masked register operand. Each
+                # MMA is left running while the previous one's slot is refilled.
+                k_lo = (local % pieces) * num_k // pieces  # this item's K tiles
+                k_hi = (local % pieces + 1) * num_k // pieces
+                total = (k_hi - k_lo) * chunks
+                for j in gl.static_range(STAGES):
+                    if j < total:
+                        _issue_pair(dy_desc, x_desc, dy_bufs, x_bufs, bars, (loads + j) % STAGES, first, rows, n0,
+                                    k_lo, j, chunks, CHUNKS, R, BK)  # fmt: skip
+                acc = zero
+                for t in range(k_lo, k_hi):
+                    q = (t - k_lo) * chunks
+                    slot = _ready(bars, loads + q, STAGES)
+                    acc = warpgroup_mma(dy_bufs.index(slot).permute((1, 0)), x_bufs.index(slot * CHUNKS), acc,
+                                        use_acc=False, is_async=True)  # fmt: skip
+                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                    for c in range(1, chunks - 1):
+                        slot = _ready(bars, loads + q + c, STAGES)
                         acc = warpgroup_mma(dy_bufs.index(slot).permute((1, 0)), x_bufs.index(slot * CHUNKS), acc,
-                                            use_acc=False, is_async=True)  # fmt: skip
+                                            is_async=True)  # fmt: skip
                         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                        for c in range(1, chunks - 1):
-                            slot = _ready(bars, loads + q + c, STAGES)
-                            acc = warpgroup_mma(dy_bufs.index(slot).permute((1, 0)), x_bufs.index(slot * CHUNKS), acc,
-                                                is_async=True)  # fmt: skip
-                            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                            _refill(dy_desc, x_desc, dy_bufs, x_bufs, bars, loads, first, rows, n0, k_lo, q + c - 1, total, chunks,
-                                    CHUNKS, STAGES, R, BK)  # fmt: skip
-                        q = q + chunks - 1
-                        slot = _ready(bars, loads + q, STAGES)
-                        a_last = _masked_chunk(dy_bufs.index(slot), rows, chunks - 1, R, a_layout)
-                        acc = warpgroup_mma(a_last, x_bufs.index(slot * CHUNKS), acc, is_async=True)
-                        # the tile's last MMAs are waited for (an accumulator still in flight cannot be
-                        # carried into the next tile without ptxas serializing every wgmma), then its
-                        # two slots refill and the tile is stored while those loads run
-                        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                        _refill(dy_desc, x_desc, dy_bufs, x_bufs, bars, loads, first, rows, n0, k_lo, q - 1, total, chunks,
+                        _refill(dy_desc, x_desc, dy_bufs, x_bufs, bars, loads, first, rows, n0, k_lo, q + c - 1, total, chunks,
                                 CHUNKS, STAGES, R, BK)  # fmt: skip
-                        _refill(dy_desc, x_desc, dy_bufs, x_bufs, bars, loads, first, rows, n0, k_lo, q, total, chunks,
-                                CHUNKS, STAGES, R, BK)  # fmt: skip
-                        stores = _store_tile(acc, c_bufs, stores, dw_desc, out_row, t * BK)
-                    loads += total
+                    q = q + chunks - 1
+                    slot = _ready(bars, loads + q, STAGES)
+                    a_last = _masked_chunk(dy_bufs.index(slot), rows, chunks - 1, R, a_layout)
+                    acc = warpgroup_mma(a_last, x_bufs.index(slot * CHUNKS), acc, is_async=True)
+                    # the tile's last MMAs are waited for (an accumulator still in flight cannot be
+                    # carried into the next tile without ptxas serializing every wgmma), then its
+                    # two slots refill and the tile is stored while those loads run
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                    _refill(dy_desc, x_desc, dy_bufs, x_bufs, bars, loads, first, rows, n0, k_lo, q - 1, total, chunks,
+                            CHUNKS, STAGES, R, BK)  # fmt: skip
+                    _refill(dy_desc, x_desc, dy_bufs, x_bufs, bars, loads, first, rows, n0, k_lo, q, total, chunks,
+                            CHUNKS, STAGES, R, BK)  # fmt: skip
+                    stores = _store_tile(acc, c_bufs, stores, dw_desc, out_row, t * BK)
+                loads += total
         tma.store_wait(pendings=0)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(i))
@@ -344,24 +324,19 @@ def _smem_layout(shape: list[int], dtype: torch.dtype) -> Any:
 def share_of_items(
     rows: list[int], n_tiles: int, num_k: int, programs: int, r: int, chunks: int
 ) -> list[list[tuple[int, int, int]]]:
-    """The overlapped kernel's split of its items over ``programs`` persistent programs,
-    computed on the host the way the kernel does (``_pieces`` / ``_share`` / ``_owned_before``):
-    per program, its (expert, n-tile, K piece) items in order. An expert whose rows fit
-    ``chunks`` chunks of ``r`` rows has one item per n-tile (all K tiles); a larger one is cut
-    along K into about one piece per ``chunks`` row chunks. Each item costs its share of the
-    expert's row chunks + 1, and item i goes to program floor(programs * midpoint / total)."""
+    """The overlapped kernel's items per program, computed on the host the way the kernel does
+    (``_pieces`` / ``_item_starts``): (expert, n-tile, K piece) in order, item g to program
+    g % programs. An expert whose rows fit ``chunks`` chunks of ``r`` rows has one item per
+    n-tile (all K tiles); a larger one is cut along K into about one piece per ``chunks`` row
+    chunks. For tests and tools."""
     out: list[list[tuple[int, int, int]]] = [[] for _ in range(programs)]
-    plan = []
-    for n in rows:
+    g = 0
+    for e, n in enumerate(rows):
         c = -(-max(0, n) // r)
         pieces = min(-(-c // chunks), num_k) if c > chunks else 1
-        plan.append((pieces, -(-c // pieces) + 1))
-    total = sum(cost * n_tiles * pieces for pieces, cost in plan)
-    cum = 0
-    for e, (pieces, cost) in enumerate(plan):
         for i in range(n_tiles * pieces):
-            out[(2 * cum + (2 * i + 1) * cost) * programs // (2 * total)].append((e, i // pieces, i % pieces))
-        cum += cost * n_tiles * pieces
+            out[g % programs].append((e, i // pieces, i % pieces))
+            g += 1
     return out
 
 

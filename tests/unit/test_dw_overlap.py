@@ -72,34 +72,33 @@ def test_smem_and_grid_arithmetic() -> None:
     ids=["uniform", "hot-first", "hot-last", "one-expert", "all-streamed", "tiny"],
 )
 def test_item_share_covers_every_item_once_and_balances_cost(rows: list[int]) -> None:
-    """The overlapped kernel's split of its items (host twin of ``_share``): every (expert,
-    n-tile, K tile) covered by exactly one item of one program, runs contiguous in order, and no
-    program's cost past an even share by more than one item. Round-robin over whole (expert,
-    n-tile) items gave the programs of a hot expert's 12 items a full share of the others on
-    top (run 40: 157 against 270 TFLOP/s uniform)."""
+    """The overlapped kernel's items (host twin of ``_item_starts`` / ``_pieces``): every
+    (expert, n-tile, K tile) covered by exactly one item, and with a hot expert the most loaded
+    program well under what whole (expert, n-tile) items gave (run 40: 157 TFLOP/s against 270
+    uniform, with 5% of the rows on one expert)."""
     n_tiles, num_k, programs, r, chunks = 12, 16, 132, 32, 5
     shares = share_of_items(rows, n_tiles, num_k, programs, r, chunks)
-    flat = [item for run in shares for item in run]
-    assert flat == sorted(flat)
-    covered = []
-    for e, t, piece in flat:
-        pieces = 1 + max(p for ee, tt, p in flat if ee == e and tt == t)
-        covered += [(e, t, k) for k in range(piece * num_k // pieces, (piece + 1) * num_k // pieces)]
+    items = sorted(item for run in shares for item in run)
+    pieces_of = {e: 1 + max(p for ee, _, p in items if ee == e) for e in range(len(rows))}
+    covered = [
+        (e, t, k)
+        for e, t, piece in items
+        for k in range(piece * num_k // pieces_of[e], (piece + 1) * num_k // pieces_of[e])
+    ]
     assert covered == [(e, t, k) for e in range(len(rows)) for t in range(n_tiles) for k in range(num_k)]
+    assert all(pieces_of[e] == 1 for e, n in enumerate(rows) if n <= chunks * r)
 
-    def cost(e: int, pieces: int) -> int:
-        row_chunks = math.ceil(rows[e] / r)
-        return math.ceil(row_chunks / pieces) + 1
+    def cost(e: int, piece: int, pieces: int) -> int:  # K tiles x (row chunks + the epilogue)
+        return ((piece + 1) * num_k // pieces - piece * num_k // pieces) * (math.ceil(rows[e] / r) + 1)
 
-    pieces_of = {e: 1 + max(p for ee, _, p in flat if ee == e) for e in range(len(rows))}
-    loads = [sum(cost(e, pieces_of[e]) for e, _, _ in run) for run in shares]
-    assert max(loads) <= sum(loads) / programs + max(cost(e, pieces_of[e]) for e in range(len(rows)))
-    if rows[0] == 819:
-        whole = {e: -(-rows[e] // r) + 1 for e in range(len(rows))}  # one item per (expert, n-tile)
-        round_robin = max(
-            sum(whole[i // n_tiles] for i in range(p, len(rows) * n_tiles, programs)) for p in range(programs)
-        )
-        assert max(loads) < 0.85 * round_robin, (max(loads), round_robin)  # 66 against 82
+    loads = [sum(cost(e, piece, pieces_of[e]) for e, _, piece in run) for run in shares]
+    whole = [
+        sum(cost(i // n_tiles, 0, 1) for i in range(p, len(rows) * n_tiles, programs))
+        for p in range(programs)
+    ]
+    assert sum(loads) == sum(whole)
+    if max(rows) > 4 * sum(rows) / len(rows) and len(rows) > programs / n_tiles:
+        assert max(loads) < 0.85 * max(whole), (max(loads), max(whole))
 
 
 def test_cpu_operands_never_take_the_gluon_kernel() -> None:
