@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Run 49 (one H200): the packaged table with run 48's dw sweep: the GPU kernel and benchmark
+# tests, the benchmark for docs/performance.md (table and plot), the host path by stage, and
+# the dw check with the table's own pick (no --configs) uniform and with 5% / 20% of the rows
+# on one expert.
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_run_common.sh"
+say "date: $(date -u +%FT%TZ)  gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
+say "versions: $(python3 -c 'import torch,triton,sys;print("torch",torch.__version__,"triton",triton.__version__,"cuda",torch.version.cuda,"python",sys.version.split()[0])')"
+t pytest-kernels 220 python3 -m pytest tests/gpu/test_kernels_gpu.py tests/gpu/test_bench_gpu.py -m "gpu or multigpu" \
+  -q -p no:cacheprovider -rfE
+tail -3 "$R/pytest-kernels.log" | tee -a "$S"
+say "load: $(cat /proc/loadavg)"
+t bench 200 python3 benchmarks/bench_kernels.py --tokens 128,512,2048,8192 --json-out "$R/bench.json" --plot "$R/bench.png"
+python3 - "$R/bench.json" <<'PY' | tee -a "$S"
+import json, sys
+d = json.load(open(sys.argv[1]))
+for r in d["rows"]:
+    if r["impl"] in ("qmoe", "torch._grouped_mm", "qmoe MoEBlock", "MoEBlock + torch._grouped_mm", "per-expert loop twin"):
+        print(f"{r['op']:24} {r['impl']:30} {r['tokens']:>5} {r['ms'] or 0:8.4f} ms {r['tflops'] or 0:7.1f} {r.get('config') or ''}")
+PY
+t host 90 python3 tools/host_overhead.py --tokens 128 --calls 200
+grep -E "us/call|by stage" "$R/host.log" | tee -a "$S"
+for hot in 0 0.05 0.2; do
+  t check-table-$hot 60 python3 tools/dw_overlap_check.py --configs table --hot $hot
+  grep -v Warning "$R/check-table-$hot.log" | tail -2 | tee -a "$S"
+done
+pack
+echo "==== SUMMARY"; cat "$S"
