@@ -1190,6 +1190,25 @@ def classify_parallel(
                     f"failed (it was at {o.facts.get('parallel.at', '?')}): not a fault of its own"
                 )
                 explained.add(o.probe_id)
+        # a rank that hung in the step while other ranks of the same run failed with a diagnosed
+        # cause: a collective waits for every rank (8 ranks, run 51: rank 0 waited for the seven
+        # that failed until the parent's timeout). Only with its own single-device run correct,
+        # and only when another rank's failure is diagnosed: a hang of its own stays unexplained.
+        culprits_here = [_place(f, gpu_of) for f in failed_first if f.probe_id in explained]
+        for o in ranks:
+            if (
+                culprits_here
+                and o.error_kind is ErrorKind.TIMEOUT
+                and o.probe_id not in explained
+                and _single_ok(o) is True
+            ):
+                explanations.append(
+                    f"{_place(o, gpu_of)} ({MODE_OF[condition].value}) timed out at "
+                    f"{o.facts.get('parallel.at', '?')} while {', '.join(culprits_here)} had failed (diagnosed "
+                    "above): a collective waits for every rank; its own single-device run is correct, so "
+                    "not a fault of its own"
+                )
+                explained.add(o.probe_id)
         for o in ranks:
             if o.failed and o.probe_id not in explained and _single_ok(o) is False:
                 explanations.append(

@@ -62,10 +62,14 @@ class ScanReport:
     log_dir: str = ""
     inventory: dict[str, Any] = field(default_factory=dict)
     audit: tuple[AuditReport, ...] = ()  # int32 offset audit of the scanned presets
+    # False in the reports written while the scan runs (``on_progress``): what ran so far, and the
+    # sessions still to run. A scan that is killed leaves the last of them behind.
+    complete: bool = True
+    not_run: tuple[str, ...] = ()
 
     @property
     def healthy(self) -> bool:
-        return not self.diagnoses and not self.unexplained
+        return self.complete and not self.diagnoses and not self.unexplained
 
 
 def group_names(plan: ScanPlan) -> dict[str, str]:
@@ -90,8 +94,14 @@ def run_scan(
     on_event: Callable[[Event], None] | None = None,
     inventory: dict[str, Any] | None = None,
     audit_presets: Sequence[str] = (),
+    on_progress: Callable[[ScanReport], None] | None = None,
 ) -> ScanReport:
-    """Run every session of the plan, then the follow-ups the results call for."""
+    """Run every session of the plan, then the follow-ups the results call for.
+
+    ``on_progress`` gets a report of everything so far (``complete=False``, the sessions not
+    run yet in ``not_run``) after each session: ``scan --save`` writes it, so that a scan that is
+    stopped (a CI job's time limit, a device call's) leaves its finished pairs behind (run 50: the
+    eight-GPU scan was stopped after 48 of 56 pairs and left nothing)."""
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="qmoe-doctor-"))
@@ -105,7 +115,38 @@ def run_scan(
             raise KernelRefError(out.error_message or "the kernel could not be resolved")
 
     outcomes: list[Outcome] = []
-    for session in plan.sessions:
+
+    def report(complete: bool, not_run: tuple[str, ...] = ()) -> ScanReport:
+        result = classify(outcomes, kernel=plan.kernel, gpu_names=group_names(plan))
+        return ScanReport(
+            kernel=plan.kernel,
+            tier="gpu" if gpus else "cpu",
+            started=started,
+            wall_s=time.perf_counter() - t0,
+            gpus=tuple(gpus),
+            sessions=tuple(
+                SessionInfo(
+                    label=s.label,
+                    gpu_of_ordinal=dict(s.gpu_of_ordinal),
+                    cuda_visible_devices=s.env.get("CUDA_VISIBLE_DEVICES"),
+                )
+                for s in plan.sessions
+            ),
+            outcomes=tuple(outcomes),
+            diagnoses=result.diagnoses,
+            explanations=result.explanations,
+            unexplained=result.unexplained,
+            skipped=plan.skipped,
+            log_dir=str(log_dir),
+            inventory=inventory or {},
+            audit=tuple(
+                audit_shape(get_preset(name), DEFAULT_TOKENS) for name in dict.fromkeys(audit_presets)
+            ),
+            complete=complete,
+            not_run=not_run,
+        )
+
+    for done, session in enumerate(plan.sessions, start=1):
         specs = list(session.specs)
         if specs and specs[0].condition is Condition.INTERPRETER_CHECK:
             # The environment first: if our own trivial kernel cannot run on this interpreter,
@@ -127,30 +168,9 @@ def run_scan(
         ]
         if followups:
             outcomes += run_session(followups, base_env=session.env, log_dir=log_dir, on_event=watch)
-    result = classify(outcomes, kernel=plan.kernel, gpu_names=group_names(plan))
-    return ScanReport(
-        kernel=plan.kernel,
-        tier="gpu" if gpus else "cpu",
-        started=started,
-        wall_s=time.perf_counter() - t0,
-        gpus=tuple(gpus),
-        sessions=tuple(
-            SessionInfo(
-                label=s.label,
-                gpu_of_ordinal=dict(s.gpu_of_ordinal),
-                cuda_visible_devices=s.env.get("CUDA_VISIBLE_DEVICES"),
-            )
-            for s in plan.sessions
-        ),
-        outcomes=tuple(outcomes),
-        diagnoses=result.diagnoses,
-        explanations=result.explanations,
-        unexplained=result.unexplained,
-        skipped=plan.skipped,
-        log_dir=str(log_dir),
-        inventory=inventory or {},
-        audit=tuple(audit_shape(get_preset(name), DEFAULT_TOKENS) for name in dict.fromkeys(audit_presets)),
-    )
+        if on_progress is not None and done < len(plan.sessions):
+            on_progress(report(False, tuple(s.label for s in plan.sessions[done:])))
+    return report(True)
 
 
 def _first_line_of(text: str | None) -> str:

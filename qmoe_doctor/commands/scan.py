@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import typer
@@ -18,7 +19,14 @@ from qmoe_doctor.plan import DEFAULT_CONDITIONS, ScanOptions, plan_scan
 from qmoe_doctor.presets import PRESETS
 from qmoe_doctor.records import Condition, to_jsonable
 from qmoe_doctor.render import render_report
-from qmoe_doctor.scan import KernelRefError, all_spawn_failures, nothing_ran, report_json, run_scan
+from qmoe_doctor.scan import (
+    KernelRefError,
+    ScanReport,
+    all_spawn_failures,
+    nothing_ran,
+    report_json,
+    run_scan,
+)
 
 KERNEL_HELP = (
     "Kernel to scan, called as fn(x, w, m_sizes) -> y: 'builtin' (ours), 'specimen:NAME' "
@@ -184,6 +192,13 @@ def scan_command(
             elif event.kind is EventKind.WORKER_RESTARTED:
                 err.print(f"  worker replaced: {event.detail}", style="yellow")
 
+        partial: list[ScanReport] = []
+
+        def on_progress(so_far: ScanReport) -> None:
+            partial[:] = [so_far]
+            if save is not None:
+                _write_report(save, so_far)
+
         try:
             report = run_scan(
                 plan,
@@ -192,7 +207,17 @@ def scan_command(
                 on_event=on_event,
                 inventory=to_jsonable(inv) if inv is not None else None,
                 audit_presets=(preset, opts.boundary_preset),
+                on_progress=on_progress,
             )
+        except KeyboardInterrupt:
+            progress.stop()
+            where = (
+                f"the report so far ({len(partial[0].outcomes)} probes, complete: false) is in {save}"
+                if save is not None and partial
+                else "nothing was saved (--save writes the report after every session)"
+            )
+            err.print(f"[yellow]interrupted[/]: {where}")
+            raise typer.Exit(ExitCode.CHECK_BROKEN) from None
         except KernelRefError as exc:
             err.print(
                 f"[red]error:[/] the kernel {kernel!r} could not be used: {exc}\n"
@@ -202,7 +227,7 @@ def scan_command(
             )
             raise typer.Exit(ExitCode.USAGE) from None
     if save is not None:
-        save.write_text(json.dumps(report_json(report), indent=2, allow_nan=True) + "\n")
+        _write_report(save, report)
     if json_out:
         emit_json("scan", report_json(report))
     else:
@@ -210,3 +235,10 @@ def scan_command(
     if all_spawn_failures(report) or nothing_ran(report):
         raise typer.Exit(ExitCode.CHECK_BROKEN)
     raise typer.Exit(ExitCode.HEALTHY if report.healthy else ExitCode.FAULT)
+
+
+def _write_report(path: Path, report: ScanReport) -> None:
+    """Write the JSON report whole or not at all (a scan killed mid-write keeps the last one)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report_json(report), indent=2, allow_nan=True) + "\n")
+    os.replace(tmp, path)

@@ -950,10 +950,14 @@ RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "recorded"
         ("h200-session6/parallel-run31-builtin.json", None),
         ("h200-session6/parallel-run31-specimen-rank_no_set_device.json", "device-never-set"),
         ("h200-session6/parallel-run31-specimen-global_expert_ids.json", "invalid-routing"),
+        # eight ranks at the 235B preset (run 51, issue 9)
+        ("h200x8-runs50-51/parallel-run51-builtin.json", None),
+        ("h200x8-runs50-51/parallel-run51-specimen-rank_no_set_device.json", "device-never-set"),
+        ("h200x8-runs50-51/parallel-run51-specimen-global_expert_ids.json", "invalid-routing"),
     ],
 )
 def test_recorded_gpu_outcomes_classify_to_the_recorded_verdict(name: str, cause: str | None) -> None:
-    """The ranks' outcomes of runs 19, 25, 27 and 31 give the verdict the run printed: nothing for our
+    """The ranks' outcomes of runs 19, 25, 27, 31 and 51 give the verdict the run printed: nothing for our
     kernel (dp, pp, tp, ep all passing), else the specimen's cause on every rank but 0 and never
     on rank 0 (rank 0 sets cuda:0 / owns experts starting at 0: the planted fault cannot show
     there)."""
@@ -974,6 +978,30 @@ def test_recorded_gpu_outcomes_classify_to_the_recorded_verdict(name: str, cause
     assert d.cause == cause and d.confidence is Confidence.HIGH
     ranks = sorted(w.split()[1] for w in d.where)
     assert ranks == [str(r) for r in range(1, world)], d.where
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["parallel-run51-specimen-rank_no_set_device.json", "parallel-run51-specimen-global_expert_ids.json"],
+)
+def test_a_rank_that_waited_for_diagnosed_ranks_is_explained_not_unexplained(name: str) -> None:
+    """Run 51 (8x H200): ranks 1-7 failed with the specimen's cause and rank 0, whose own
+    single-device run was correct, hung in the step until the parent's timeout. The run
+    reported rank 0 as unexplained (the 2-rank runs never hit this: torchrun stopped rank 0
+    first). Re-classified, rank 0 is explained by the diagnosed ranks; without them (rank 0's
+    outcome alone) its timeout stays unexplained: a hang of its own is never hidden."""
+    from qmoe_doctor.records import from_jsonable
+
+    report = json.loads((RECORDED / "h200x8-runs50-51" / name).read_text())
+    assert [u["probe_id"] for u in report["unexplained"]] == [f"rank 0/{report['outcomes'][0]['spec']['condition']}"]
+    outcomes = [from_jsonable(Outcome, o) for o in report["outcomes"]]
+    rank0 = next(o for o in outcomes if o.facts.get("parallel.rank") == 0)
+    assert rank0.error_kind is ErrorKind.TIMEOUT
+    got = classify_parallel(outcomes, kernel=report["kernel"])
+    assert got.unexplained == ()
+    assert any(e.startswith("rank 0 ") and "timed out" in e for e in got.explanations), got.explanations
+    alone = classify_parallel([rank0], kernel=report["kernel"])
+    assert [u.probe_id for u in alone.unexplained] == [rank0.probe_id] and alone.diagnoses == ()
 
 
 def test_recorded_gather_runs_used_the_copy_engine_transport() -> None:

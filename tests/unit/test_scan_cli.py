@@ -152,3 +152,69 @@ def test_cpu_tier_with_a_broken_interpreter_is_skipped_not_blamed(tmp_path: Path
     assert statuses == {"interpreter-check": "error", "single": "skipped"}
     assert doc["unexplained"] == [] and doc["diagnoses"] == []
     assert any("interpreter cannot run" in e for e in doc["explanations"])
+
+
+def _two_session_plan():
+    """The CPU tier's plan with its session split in two (as a GPU plan has one per GPU / pair)."""
+    import dataclasses
+
+    from qmoe_doctor.plan import ScanOptions, plan_scan
+
+    plan = plan_scan("builtin", [], ScanOptions(conditions=("single", "repeat-call")))
+    (only,) = plan.sessions
+    specs = [s for s in only.specs if s.condition.value != "interpreter-check"]
+    first = dataclasses.replace(only, label="first", specs=tuple(specs[:1]))
+    second = dataclasses.replace(only, label="second", specs=tuple(specs[1:]))
+    return dataclasses.replace(plan, sessions=(first, second))
+
+
+def _passing(specs, **_):
+    from qmoe_doctor.records import Outcome, Phase, Status
+
+    return [Outcome(probe_id=s.probe_id, spec=s, status=Status.PASS, phase=Phase.DONE) for s in specs]
+
+
+def test_run_scan_reports_progress_after_every_session_but_the_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report of everything so far after each session (complete: false, the sessions not run
+    listed, never healthy), so that a scan stopped half-way leaves its finished sessions behind
+    (run 50: an eight-GPU scan stopped after 48 of 56 pairs left nothing)."""
+    from qmoe_doctor import scan
+
+    monkeypatch.setattr(scan, "run_session", _passing)
+    plan = _two_session_plan()
+    seen = []
+    final = scan.run_scan(plan, on_progress=seen.append)
+    (partial,) = seen
+    assert partial.complete is False and partial.not_run == ("second",) and not partial.healthy
+    assert [o.probe_id for o in partial.outcomes] == [s.probe_id for s in plan.sessions[0].specs]
+    assert scan.report_json(partial)["healthy"] is False
+    assert final.complete and final.not_run == () and final.healthy
+    assert len(final.outcomes) == sum(len(s.specs) for s in plan.sessions)
+
+
+def test_interrupted_scan_keeps_the_report_so_far(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C (or a job's time limit raising it) after the first session: exit 4, and --save
+    holds the first session's report, marked incomplete, written whole."""
+    from qmoe_doctor import scan
+    from qmoe_doctor.commands import scan as scan_cmd
+
+    monkeypatch.setattr(scan, "run_session", _passing)
+    plan = _two_session_plan()
+    monkeypatch.setattr(scan_cmd, "plan_scan", lambda *a, **k: plan)
+
+    def stopped(p, *, on_progress=None, **kw):
+        def interrupt(report):
+            on_progress(report)
+            raise KeyboardInterrupt
+
+        return scan.run_scan(p, on_progress=interrupt, **kw)
+
+    monkeypatch.setattr(scan_cmd, "run_scan", stopped)
+    out = tmp_path / "report.json"
+    result = runner.invoke(app, ["scan", "--cpu", "--save", str(out), "--log-dir", str(tmp_path / "l")])
+    assert result.exit_code == 4, result.output
+    assert "interrupted" in result.output and str(out) in result.output.replace("\n", "")
+    saved = json.loads(out.read_text())
+    assert saved["complete"] is False and saved["not_run"] == ["second"] and saved["healthy"] is False
+    assert len(saved["outcomes"]) == len(plan.sessions[0].specs)
+    assert not list(tmp_path.glob("*.tmp"))
