@@ -951,9 +951,9 @@ RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "recorded"
         ("h200-session6/parallel-run31-specimen-rank_no_set_device.json", "device-never-set"),
         ("h200-session6/parallel-run31-specimen-global_expert_ids.json", "invalid-routing"),
         # eight ranks at the 235B preset (run 51, issue 9)
-        ("h200x8-runs50-51/parallel-run51-builtin.json", None),
-        ("h200x8-runs50-51/parallel-run51-specimen-rank_no_set_device.json", "device-never-set"),
-        ("h200x8-runs50-51/parallel-run51-specimen-global_expert_ids.json", "invalid-routing"),
+        ("h200x8-runs50-52/parallel-run51-builtin.json", None),
+        ("h200x8-runs50-52/parallel-run51-specimen-rank_no_set_device.json", "device-never-set"),
+        ("h200x8-runs50-52/parallel-run51-specimen-global_expert_ids.json", "invalid-routing"),
     ],
 )
 def test_recorded_gpu_outcomes_classify_to_the_recorded_verdict(name: str, cause: str | None) -> None:
@@ -992,7 +992,7 @@ def test_a_rank_that_waited_for_diagnosed_ranks_is_explained_not_unexplained(nam
     outcome alone) its timeout stays unexplained: a hang of its own is never hidden."""
     from qmoe_doctor.records import from_jsonable
 
-    report = json.loads((RECORDED / "h200x8-runs50-51" / name).read_text())
+    report = json.loads((RECORDED / "h200x8-runs50-52" / name).read_text())
     assert [u["probe_id"] for u in report["unexplained"]] == [f"rank 0/{report['outcomes'][0]['spec']['condition']}"]
     outcomes = [from_jsonable(Outcome, o) for o in report["outcomes"]]
     rank0 = next(o for o in outcomes if o.facts.get("parallel.rank") == 0)

@@ -94,3 +94,34 @@ def test_saved_scan_report_reads_back() -> None:
     report = from_jsonable(ScanReport, json.loads(path.read_text()))
     assert report.sessions[0].gpu_of_ordinal == {0: 0, 1: 1}
     assert [d.cause for d in report.diagnoses] == ["missing-device-guard"]
+
+
+def test_eight_gpu_scans_cover_every_ordered_pair_and_reclassify_healthy() -> None:
+    """Issue 9 (runs 50 and 52, 8x H200): run 50's full scan was stopped after 48 of the 56
+    ordered pairs (its printed lines are all that is left), run 52 scanned the other 8 as two-GPU
+    scans (--save'd reports). Together they cover all 56 ordered pairs, every probe passed, and
+    run 52's recorded outcomes classify to no diagnosis here too."""
+    import itertools
+    import re
+    from pathlib import Path
+
+    from qmoe_doctor.classify import classify
+    from qmoe_doctor.records import Outcome, Status, from_jsonable
+    from qmoe_doctor.scan import ScanReport
+
+    runs = Path(__file__).parent.parent / "fixtures/recorded/h200x8-runs50-52"
+    lines = (runs / "scan-run50-partial.log").read_text().splitlines()
+    probe = re.compile(r"^\s+(\d)->(\d)/([\w:-]+): (\w+)")
+    pairs = {(int(m[1]), int(m[2])) for m in map(probe.match, lines) if m}
+    assert all(line.rstrip().endswith(": pass") for line in lines if line.strip())
+    assert len(pairs) == 48
+    for path in sorted(runs.glob("run52-scan-*.json")):
+        report = from_jsonable(ScanReport, json.loads(path.read_text()))
+        assert report.complete and report.healthy and all(o.status is Status.PASS for o in report.outcomes)
+        got = classify([from_jsonable(Outcome, o) for o in json.loads(path.read_text())["outcomes"]], kernel="builtin")
+        assert got.diagnoses == () and got.unexplained == ()
+        for session in report.sessions:
+            if "->" in session.label:
+                a, b = (int(x) for x in re.findall(r"GPU (\d)", session.label))
+                pairs.add((a, b))
+    assert pairs == set(itertools.permutations(range(8), 2))
