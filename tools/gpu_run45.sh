@@ -11,14 +11,7 @@ grep -E "us/call|by stage" "$R/host.log" | tee -a "$S"
 t pytest-kernels 220 python3 -m pytest tests/gpu/test_kernels_gpu.py tests/gpu/test_bench_gpu.py -m "gpu or multigpu" \
   -q -p no:cacheprovider -rfE
 tail -3 "$R/pytest-kernels.log" | tee -a "$S"
-t bench 200 python3 benchmarks/bench_kernels.py --tokens 128,512,2048,8192 --json-out "$R/bench.json" --plot "$R/bench.png"
-python3 - "$R/bench.json" <<'PY' | tee -a "$S"
-import json, sys
-d = json.load(open(sys.argv[1]))
-for r in d["rows"]:
-    if r["impl"] in ("qmoe", "torch._grouped_mm", "qmoe MoEBlock", "MoEBlock + torch._grouped_mm"):
-        print(f"{r['op']:24} {r['impl']:30} {r['tokens']:>5} {r['ms'] or 0:8.4f} ms {r['tflops'] or 0:7.1f} {r.get('config') or ''}")
-PY
+bench_table
 CHK=32x128x128-w8-s3-tma-ov5,32x128x128-w4-s5-p2-tma
 [ "$(left)" -gt 40 ] && t check-8192 40 python3 tools/dw_overlap_check.py --configs "$CHK" --tokens 8192 && \
   grep -v Warning "$R/check-8192.log" | tail -3 | tee -a "$S"

@@ -6,14 +6,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_run_common.sh"
 say "date: $(date -u +%FT%TZ)  gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
 say "load: $(cat /proc/loadavg)"
-t bench 200 python3 benchmarks/bench_kernels.py --tokens 128,512,2048,8192 --json-out "$R/bench.json" --plot "$R/bench.png"
-python3 - "$R/bench.json" <<'PY' | tee -a "$S"
-import json, sys
-d = json.load(open(sys.argv[1]))
-for r in d["rows"]:
-    if r["impl"] in ("qmoe", "torch._grouped_mm", "qmoe MoEBlock", "MoEBlock + torch._grouped_mm", "per-expert loop twin"):
-        print(f"{r['op']:24} {r['impl']:30} {r['tokens']:>5} {r['ms'] or 0:8.4f} ms {r['tflops'] or 0:7.1f} {r.get('config') or ''}")
-PY
+bench_table
 say "load: $(cat /proc/loadavg)"
 t host 90 python3 tools/host_overhead.py --tokens 128 --calls 200
 grep -E "us/call|by stage" "$R/host.log" | tee -a "$S"

@@ -10,14 +10,7 @@ t pytest-kernels 220 python3 -m pytest tests/gpu/test_kernels_gpu.py tests/gpu/t
   -q -p no:cacheprovider -rfE
 tail -3 "$R/pytest-kernels.log" | tee -a "$S"
 say "load: $(cat /proc/loadavg)"
-t bench 200 python3 benchmarks/bench_kernels.py --tokens 128,512,2048,8192 --json-out "$R/bench.json" --plot "$R/bench.png"
-python3 - "$R/bench.json" <<'PY' | tee -a "$S"
-import json, sys
-d = json.load(open(sys.argv[1]))
-for r in d["rows"]:
-    if r["impl"] in ("qmoe", "torch._grouped_mm", "qmoe MoEBlock", "MoEBlock + torch._grouped_mm", "per-expert loop twin"):
-        print(f"{r['op']:24} {r['impl']:30} {r['tokens']:>5} {r['ms'] or 0:8.4f} ms {r['tflops'] or 0:7.1f} {r.get('config') or ''}")
-PY
+bench_table
 t host 90 python3 tools/host_overhead.py --tokens 128 --calls 200
 grep -E "us/call|by stage" "$R/host.log" | tee -a "$S"
 for hot in 0 0.05 0.2; do

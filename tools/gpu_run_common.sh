@@ -6,6 +6,7 @@
 #   t NAME LIMIT CMD  run CMD with a hard limit, log to $R/NAME.log, one summary line
 #   modes_table FILE  one line per mode of a `qmoe-doctor parallel --save` report
 #   profile_table     the tools/ep_profile.py results under $R/prof-*
+#   bench_table       the benchmark at 128-8192 tokens, its main rows to the summary
 #   dw_round CFGS REGS  one H200: the dw sweep of CFGS at the 16 preset points merged into the
 #                     packaged table, registers of REGS, the benchmark and the GPU kernel tests
 #                     with the merged table (runs 32, 34)
@@ -47,20 +48,23 @@ for f in sorted(R.glob("prof-*/ep_profile_rank*.json")):
         print("  ", name, {k: v for k, v in m.items() if not isinstance(v, (list, dict))})
 PY
 }
+bench_table() {  # the benchmark at 128-8192 tokens (table, plot), its main rows to the summary
+  t bench 200 python3 benchmarks/bench_kernels.py --tokens 128,512,2048,8192 --json-out "$R/bench.json" --plot "$R/bench.png"
+  python3 - "$R/bench.json" <<'PY' | tee -a "$S"
+import json, sys
+d = json.load(open(sys.argv[1]))
+keep = ("qmoe", "torch._grouped_mm", "qmoe MoEBlock", "MoEBlock + torch._grouped_mm", "per-expert loop twin")
+for r in d["rows"]:
+    if r["impl"] in keep:
+        print(f"{r['op']:24} {r['impl']:30} {r['tokens']:>5} {r['ms'] or 0:8.4f} ms {r['tflops'] or 0:7.1f} {r.get('config') or ''}")
+PY
+}
 dw_round() {
   t tune-dw 200 python3 benchmarks/tune_kernels.py --ops dw --configs "$1" --merge kernels/configs_sm90.json --out "$R/tune-dw"
   grep -E "^dw|^op" "$R/tune-dw.log" | tee -a "$S"
   t regs 60 python3 tools/kernel_regs.py --op dw --configs "$2"
   grep resident "$R/regs.log" | tee -a "$S"
-  QMOE_CONFIG_TABLE=$R/tune-dw/configs.json t bench 200 python3 benchmarks/bench_kernels.py --tokens 128,512,2048,8192 \
-    --json-out "$R/bench.json" --plot "$R/bench.png"
-  python3 - "$R/bench.json" <<'PY' | tee -a "$S"
-import json, sys
-d = json.load(open(sys.argv[1]))
-for r in d["rows"]:
-    if r["impl"] in ("qmoe", "torch._grouped_mm", "qmoe MoEBlock", "MoEBlock + torch._grouped_mm"):
-        print(f"{r['op']:24} {r['impl']:30} {r['tokens']:>5} {r['ms'] or 0:8.4f} ms {r['tflops'] or 0:7.1f} {r.get('config') or ''}")
-PY
+  QMOE_CONFIG_TABLE=$R/tune-dw/configs.json bench_table
   QMOE_CONFIG_TABLE=$R/tune-dw/configs.json t pytest-kernels 200 python3 -m pytest tests/gpu/test_kernels_gpu.py \
     tests/gpu/test_bench_gpu.py -m "gpu or multigpu" -q -p no:cacheprovider -rfE
   tail -3 "$R/pytest-kernels.log" | tee -a "$S"

@@ -431,70 +431,60 @@ def test_overlap_dw_at_moe_scale(name: str) -> None:
     assert fwd.rel_err(dw, ref) < fwd.TOLERANCE[torch.bfloat16].gemm
 
 
-@pytest.mark.parametrize("name", OVERLAP_CONFIGS)
-def test_overlap_dw_streamed_experts(name: str) -> None:
-    """Every expert past the resident chunks (the 8192-token case): the streamed path alone,
-    with whole-chunk MMAs from shared memory and the last chunk shifted and masked. Counts: a
-    multiple of the chunk (nothing to mask), one row past it, odd ones, unrouted NaN rows."""
+def _gluon_dw_matches_reference(name: str, counts: torch.Tensor, n: int, k: int, seed: int) -> torch.Tensor:
+    """dw of random bf16 operands with these expert counts (and 64 unrouted NaN rows after them)
+    on the Gluon kernel itself, checked against the float64 loop: the dw, for further checks."""
     from qmoe_doctor.kernels.dw_overlap import dw_overlap_plan
     from qmoe_doctor.kernels.tuning import config_from_name
 
     if torch.cuda.get_device_capability(0)[0] != 9:
         pytest.skip("the overlapped dw kernel is for sm_90")
     cfg = config_from_name(name)
-    dev = torch.device("cuda", 0)
-    gen = torch.Generator(device=dev).manual_seed(29)
-    e, n, k = 16, 512, 1024
-    floor = cfg.overlap * cfg.block_m + 1
-    counts = torch.randint(floor, floor + 500, (e,), generator=gen, device=dev)
-    counts[0] = 8 * cfg.block_m
-    counts[1] = 8 * cfg.block_m + 1
+    dev = counts.device
+    gen = torch.Generator(device=dev).manual_seed(seed)
     routed = int(counts.sum())
-    m = routed + 200
-    x = torch.randn(m, k, generator=gen, device=dev).bfloat16()
-    dy = torch.randn(m, n, generator=gen, device=dev).bfloat16()
+    x = torch.randn(routed + 64, k, generator=gen, device=dev).bfloat16()
+    dy = torch.randn(routed + 64, n, generator=gen, device=dev).bfloat16()
     x[routed:] = float("nan")
     dy[routed:] = float("nan")
-    probe = torch.empty((e, n, k), device=dev, dtype=torch.bfloat16)
+    probe = torch.empty((counts.shape[0], n, k), device=dev, dtype=torch.bfloat16)
     assert dw_overlap_plan(dy, x, probe, cfg) is not None, "this call should take the Gluon kernel"
     del probe
     dw = moe_grouped_gemm_dw(dy, x, counts, config=cfg)
     ref = moe_grouped_gemm_dw_torch(dy[:routed].double(), x[:routed].double(), counts)
     assert torch.isfinite(dw).all(), "rows no expert covers reached dw"
     assert fwd.rel_err(dw, ref) < fwd.TOLERANCE[torch.bfloat16].gemm
+    return dw
+
+
+@pytest.mark.parametrize("name", OVERLAP_CONFIGS)
+def test_overlap_dw_streamed_experts(name: str) -> None:
+    """Every expert past the resident chunks (the 8192-token case): the streamed path alone,
+    with whole-chunk MMAs from shared memory, the last chunk shifted and masked, and the items
+    cut along K. Counts: a multiple of the chunk (nothing to mask), one row past it, odd ones."""
+    from qmoe_doctor.kernels.tuning import config_from_name
+
+    cfg = config_from_name(name)
+    gen = torch.Generator().manual_seed(29)
+    floor = cfg.overlap * cfg.block_m + 1
+    counts = torch.randint(floor, floor + 500, (16,), generator=gen)
+    counts[0] = 8 * cfg.block_m
+    counts[1] = 8 * cfg.block_m + 1
+    _gluon_dw_matches_reference(name, counts.cuda(), 512, 1024, seed=29)
 
 
 @pytest.mark.parametrize("name", OVERLAP_CONFIGS)
 @pytest.mark.parametrize("hot", [0, 31, 63])
 def test_overlap_dw_skewed_routing(name: str, hot: int) -> None:
-    """A third of the rows on one expert (first, middle, last): its items are cut along K and
-    the programs' runs balanced by cost; every dw tile must still be written once, right."""
-    from qmoe_doctor.kernels.dw_overlap import dw_overlap_plan
-    from qmoe_doctor.kernels.tuning import config_from_name
-
-    if torch.cuda.get_device_capability(0)[0] != 9:
-        pytest.skip("the overlapped dw kernel is for sm_90")
-    cfg = config_from_name(name)
-    dev = torch.device("cuda", 0)
-    gen = torch.Generator(device=dev).manual_seed(41 + hot)
-    e, n, k = 64, 512, 1024
-    counts = torch.randint(0, 120, (e,), generator=gen, device=dev)
+    """3000 rows on one expert (first, middle, last), 0-120 on the others, one empty: the hot
+    expert's items are cut along K and go round-robin with the rest; every dw tile must still
+    be written once, right, and the empty expert's dw zero."""
+    gen = torch.Generator().manual_seed(41 + hot)
+    counts = torch.randint(0, 120, (64,), generator=gen)
     counts[hot] = 3000
-    counts[(hot + 5) % e] = 0
-    routed = int(counts.sum())
-    m = routed + 64
-    x = torch.randn(m, k, generator=gen, device=dev).bfloat16()
-    dy = torch.randn(m, n, generator=gen, device=dev).bfloat16()
-    x[routed:] = float("nan")
-    dy[routed:] = float("nan")
-    probe = torch.empty((e, n, k), device=dev, dtype=torch.bfloat16)
-    assert dw_overlap_plan(dy, x, probe, cfg) is not None, "this call should take the Gluon kernel"
-    del probe
-    dw = moe_grouped_gemm_dw(dy, x, counts, config=cfg)
-    ref = moe_grouped_gemm_dw_torch(dy[:routed].double(), x[:routed].double(), counts)
-    assert torch.isfinite(dw).all(), "rows no expert covers reached dw"
-    assert (dw[(hot + 5) % e] == 0).all(), "an empty expert must get zero dw"
-    assert fwd.rel_err(dw, ref) < fwd.TOLERANCE[torch.bfloat16].gemm
+    counts[(hot + 5) % 64] = 0
+    dw = _gluon_dw_matches_reference(name, counts.cuda(), 512, 1024, seed=41 + hot)
+    assert (dw[(hot + 5) % 64] == 0).all(), "an empty expert must get zero dw"
 
 
 @pytest.mark.parametrize("name", HOPPER_DW_CONFIGS)
