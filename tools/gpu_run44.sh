@@ -8,16 +8,11 @@
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_run_common.sh"
 say "date: $(date -u +%FT%TZ)  gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
 say "versions: $(python3 -c 'import torch,triton,sys;print("torch",torch.__version__,"triton",triton.__version__,"cuda",torch.version.cuda,"python",sys.version.split()[0])')"
-t pytest-dw 200 python3 -m pytest tests/gpu/test_kernels_gpu.py -m "gpu or multigpu" -q -p no:cacheprovider -rfE \
-  -k "overlap or hopper_dw"
-tail -3 "$R/pytest-dw.log" | tee -a "$S"
+dw_tests
 CHK=64x128x128-w8-s2-tma-ov3,32x128x128-w8-s3-tma-ov5,64x128x128-w8-s3-tma-r3,32x128x128-w4-s4-p2-tma
-t check 100 python3 tools/dw_overlap_check.py --configs "$CHK"
-grep -v Warning "$R/check.log" | tail -6 | tee -a "$S"
-t check-8192 100 python3 tools/dw_overlap_check.py --configs "$CHK,64x128x128-w8-s3-tma-ov3" --tokens 8192
-grep -v Warning "$R/check-8192.log" | tail -7 | tee -a "$S"
-t check-hot 100 python3 tools/dw_overlap_check.py --configs "$CHK" --hot 0.05
-grep -v Warning "$R/check-hot.log" | tail -6 | tee -a "$S"
+dw_check check "$CHK"
+dw_check check-8192 "$CHK,64x128x128-w8-s3-tma-ov3" --tokens 8192
+dw_check check-hot "$CHK" --hot 0.05
 t host 90 python3 tools/host_overhead.py --tokens 128 --calls 100
 grep -E "us/call|by stage" "$R/host.log" | tee -a "$S"
 PLAIN=32x128x128-w4-s4-p2-tma,32x128x128-w4-s5-p2-tma,32x128x128-w8-s4-p2-tma,64x128x128-w4-s2-p2-tma,64x128x64-w4-s4-p2-tma

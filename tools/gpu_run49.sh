@@ -14,8 +14,7 @@ bench_table
 t host 90 python3 tools/host_overhead.py --tokens 128 --calls 200
 grep -E "us/call|by stage" "$R/host.log" | tee -a "$S"
 for hot in 0 0.05 0.2; do
-  t check-table-$hot 60 python3 tools/dw_overlap_check.py --configs table --hot $hot
-  grep -v Warning "$R/check-table-$hot.log" | tail -2 | tee -a "$S"
+  dw_check "check-table-$hot" table --hot "$hot"
 done
 pack
 echo "==== SUMMARY"; cat "$S"

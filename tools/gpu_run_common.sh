@@ -6,6 +6,8 @@
 #   t NAME LIMIT CMD  run CMD with a hard limit, log to $R/NAME.log, one summary line
 #   modes_table FILE  one line per mode of a `qmoe-doctor parallel --save` report
 #   profile_table     the tools/ep_profile.py results under $R/prof-*
+#   dw_tests          the GPU dw tests (overlapped and Hopper paths)
+#   dw_check N C ARGS tools/dw_overlap_check.py with configs C, as $R/N.log and to the summary
 #   bench_table       the benchmark at 128-8192 tokens, its main rows to the summary
 #   dw_round CFGS REGS  one H200: the dw sweep of CFGS at the 16 preset points merged into the
 #                     packaged table, registers of REGS, the benchmark and the GPU kernel tests
@@ -47,6 +49,16 @@ for f in sorted(R.glob("prof-*/ep_profile_rank*.json")):
     for name, m in r["variants"].items():
         print("  ", name, {k: v for k, v in m.items() if not isinstance(v, (list, dict))})
 PY
+}
+dw_tests() {  # the GPU dw tests of the overlapped and Hopper dw paths
+  t pytest-dw 200 python3 -m pytest tests/gpu/test_kernels_gpu.py -m "gpu or multigpu" -q -p no:cacheprovider -rfE \
+    -k "overlap or hopper_dw"
+  tail -3 "$R/pytest-dw.log" | tee -a "$S"
+}
+dw_check() {  # dw_check NAME CONFIGS [ARGS...]: tools/dw_overlap_check.py, its table to the summary
+  local name=$1 configs=$2; shift 2
+  t "$name" 100 python3 tools/dw_overlap_check.py --configs "$configs" "$@"
+  grep -v Warning "$R/$name.log" | tail -6 | tee -a "$S"
 }
 bench_table() {  # the benchmark at 128-8192 tokens (table, plot), its main rows to the summary
   t bench 200 python3 benchmarks/bench_kernels.py --tokens 128,512,2048,8192 --json-out "$R/bench.json" --plot "$R/bench.png"
