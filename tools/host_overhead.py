@@ -37,6 +37,12 @@ def _per_call(fn, calls: int) -> float:
     return host * 1e6
 
 
+def _print_stages(title: str, stages: dict, calls: int) -> None:
+    print(title)
+    for name, fn in stages.items():
+        print(f"  {name:34} {_per_call(fn, calls):7.1f} us/call")
+
+
 def dw_stages(point, calls: int) -> None:
     """The dw call's host path, one stage at a time, with the packaged config."""
     import torch
@@ -75,9 +81,7 @@ def dw_stages(point, calls: int) -> None:
     stages["row_bounds_torch (the six torch ops)"] = lambda: bw.row_bounds_torch(sizes, m)
     stages["device_guard enter/exit"] = lambda: _guarded(x.device)
     stages["moe_grouped_gemm_dw (whole call)"] = lambda: bw.moe_grouped_gemm_dw(dy, x, sizes)
-    print(f"dw host path by stage (config {cfg.name}):")
-    for name, fn in stages.items():
-        print(f"  {name:34} {_per_call(fn, calls):7.1f} us/call")
+    _print_stages(f"dw host path by stage (config {cfg.name}):", stages, calls)
 
 
 def _guarded(device) -> None:
@@ -112,9 +116,7 @@ def forward_stages(point, calls: int) -> None:
             plan, y, sizes, m, n, k, e, cfg, programs
         )
     stages["moe_grouped_gemm (whole call)"] = lambda: gg.moe_grouped_gemm(x, w, sizes)
-    print(f"forward host path by stage (config {cfg.name}):")
-    for name, fn in stages.items():
-        print(f"  {name:34} {_per_call(fn, calls):7.1f} us/call")
+    _print_stages(f"forward host path by stage (config {cfg.name}):", stages, calls)
 
 
 def main(argv: list[str] | None = None) -> int:
