@@ -236,6 +236,11 @@ def _pick_dw_config(n: int, k: int, index: int, dtype: torch.dtype, avg_rows: fl
             cfg = GemmConfig(64, 128, 128, num_warps=8, num_stages=3)
         else:
             cfg = GemmConfig(64, 64, 64, num_warps=4, num_stages=3)
+    return _fit_dw(cfg, index, dtype)
+
+
+def _fit_dw(cfg: GemmConfig, index: int, dtype: torch.dtype) -> GemmConfig:
+    """``cfg`` with fewer stages until its shared memory fits device ``index``."""
     limit = smem_limit(index)
     itemsize = torch.empty((), dtype=dtype).element_size()
     while cfg.num_stages > 1 and _dw_smem_bytes(cfg, itemsize) > limit:
@@ -647,8 +652,8 @@ def _grouped_gemm_dw_resident_kernel(
 def overlap_fallback(cfg: GemmConfig) -> GemmConfig:
     """Where the Gluon kernel of an ``-ovN`` config cannot run (no Hopper GPU, no Gluon, the
     interpreter, N not a multiple of the tile, unaligned operands): the resident Triton kernel
-    of the same tiles and chunk count."""
-    return dataclasses.replace(cfg, overlap=0, resident=cfg.overlap, resident_x=False, tma=True)
+    of the same tiles and chunk count (at most 6, the Triton kernel's largest)."""
+    return dataclasses.replace(cfg, overlap=0, resident=min(cfg.overlap, 6), resident_x=False, tma=True)
 
 
 def dw_tma_plan(
@@ -878,6 +883,8 @@ def moe_grouped_gemm_dw(
                 launch_dw_overlap(overlap_plan, dy, x, dw, bounds, cfg, dw_grid_size(e, n, k, cfg, x.device))
                 return dw
             cfg = overlap_fallback(cfg)
+            if x.device.type == "cuda":  # the Triton kernel of the same tiles may need more
+                cfg = _fit_dw(cfg, x.device.index if x.device.index is not None else torch.cuda.current_device(), x.dtype)
         programs = dw_grid_size(e, n, k, cfg, x.device)
         plan = None if cfg.flat else dw_tma_plan(dy, x, dw, cfg)
         if cfg.flat:

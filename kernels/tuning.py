@@ -90,8 +90,8 @@ def config_from_name(text: str) -> GemmConfig:
         raise ValueError(f"launch config {text!r}: every value must be positive")
     if not 0 <= resident <= 6:
         raise ValueError(f"launch config {text!r}: -rCHUNKS / -rxCHUNKS take 1 to 6 resident row chunks")
-    if not 0 <= overlap <= 6 or (overlap and resident):
-        raise ValueError(f"launch config {text!r}: -ovCHUNKS takes 1 to 6 row chunks, without -r/-rx")
+    if not 0 <= overlap <= 12 or (overlap and resident):
+        raise ValueError(f"launch config {text!r}: -ovCHUNKS takes 1 to 12 row chunks, without -r/-rx")
     return cfg
 
 
