@@ -8,8 +8,8 @@ no partial row tile anywhere), and the copy engine's ceilings on the weight stac
 
 Prints one line per (op, routing, implementation); each of ours is checked against
 ``torch._grouped_mm`` (relative difference under 2e-2, else the line says WRONG and the exit
-status is 1). Ceilings: reading the (E, N, K) stack once (a sum), writing it (``zero_``),
-copying it; as TB/s and as the TFLOP/s of this shape's forward if its bytes moved at that rate.
+status is 1). Ceilings: reading the (E, N, K) stack once (torch's sum, and a plain Triton
+kernel of wide loads), writing it (``zero_``), copying it; as TB/s and as the TFLOP/s of this shape's forward if its bytes moved at that rate.
 """
 
 from __future__ import annotations
@@ -33,6 +33,30 @@ def counts_for(routing: str, m: int, e: int, gen, dev):  # noqa: ANN001, ANN201 
     return torch.bincount(ids.flatten(), minlength=e)
 
 
+def stream_read(t):  # noqa: ANN001, ANN201 - torch objects
+    """A callable reading every byte of contiguous ``t`` once with wide loads spread over a
+    persistent grid (a sum per program): the read ceiling without a reduction's tail."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _read_kernel(ptr, out_ptr, n, PROGRAMS: tl.constexpr, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for start in range(pid * BLOCK, n, PROGRAMS * BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            acc += tl.load(ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+        tl.store(out_ptr + pid, tl.sum(acc, 0))
+
+    flat = t.reshape(-1)
+    programs = torch.cuda.get_device_properties(t.device).multi_processor_count * 4
+    out = torch.empty(programs, device=t.device, dtype=torch.float32)
+    return lambda: _read_kernel[(programs,)](
+        flat, out, flat.numel(), PROGRAMS=programs, BLOCK=8192, num_warps=8
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
     import triton.testing
@@ -45,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="30b-gate_up", choices=sorted(PRESET_GEMMS))
     ap.add_argument("--tokens", type=int, default=2048)
-    ap.add_argument("--forward", default="table", help="forward configs ('table': the packaged pick); '' for none")
+    ap.add_argument(
+        "--forward", default="table", help="forward configs ('table': the packaged pick); '' for none"
+    )
     ap.add_argument("--dw", default="table", help="dw configs ('table': the packaged pick); '' for none")
     ap.add_argument("--routings", default="random,balanced")
     ap.add_argument("--no-ceilings", action="store_true")
@@ -69,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         out = torch.empty_like(w)
         for what, fn, moved in (
             ("read (sum)", lambda: w.sum(dtype=torch.float32), stack),
+            ("read (stream)", stream_read(w), stack),
             ("write (zero_)", lambda: out.zero_(), stack),
             ("copy", lambda: out.copy_(w), 2 * stack),
         ):
@@ -89,22 +116,26 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if op == "forward":
                 ref = torch._grouped_mm(x, w.transpose(1, 2), offs=offs)
-                ms = triton.testing.do_bench(lambda: torch._grouped_mm(x, w.transpose(1, 2), offs=offs))
+                ms = triton.testing.do_bench(
+                    lambda offs=offs: torch._grouped_mm(x, w.transpose(1, 2), offs=offs)
+                )
             else:
                 ref = torch._grouped_mm(dy.T, x, offs=offs)
-                ms = triton.testing.do_bench(lambda: torch._grouped_mm(dy.T, x, offs=offs))
-            print(f"{op:8} {routing:9} {'torch._grouped_mm':36} {flops / ms / 1e9:7.1f} TFLOP/s  {ms * 1e3:8.1f} us")
+                ms = triton.testing.do_bench(lambda offs=offs: torch._grouped_mm(dy.T, x, offs=offs))
+            print(
+                f"{op:8} {routing:9} {'torch._grouped_mm':36} {flops / ms / 1e9:7.1f} TFLOP/s  {ms * 1e3:8.1f} us"
+            )
             for name in names.split(","):
                 pinned = None if name == "table" else config_from_name(name)
                 if op == "forward":
                     cfg = pinned or pick_config(m, n, k, e, dev, torch.bfloat16, op="forward")
 
-                    def call(cfg=pinned):  # noqa: ANN001, ANN202
+                    def call(cfg=pinned, counts=counts):  # noqa: ANN001, ANN202
                         return moe_grouped_gemm(x, w, counts, config=cfg)
                 else:
                     cfg = pinned or pick_dw_config(n, k, dev, torch.bfloat16, avg_rows=m / e)
 
-                    def call(cfg=pinned):  # noqa: ANN001, ANN202
+                    def call(cfg=pinned, counts=counts):  # noqa: ANN001, ANN202
                         return moe_grouped_gemm_dw(dy, x, counts, config=cfg)
 
                 label = cfg.name if pinned else f"table: {cfg.name}"
