@@ -506,7 +506,9 @@ def test_tuner_merge_keeps_what_was_not_measured_and_says_where_it_came_from() -
     ]
 
 
-@pytest.mark.parametrize("tool", ["kernel_regs.py", "ncu_target.py", "block_profile.py", "host_overhead.py"])
+@pytest.mark.parametrize(
+    "tool", ["kernel_regs.py", "ncu_target.py", "block_profile.py", "host_overhead.py", "routing_probe.py"]
+)
 def test_gpu_diagnostic_tools_explain_themselves_without_a_gpu(tool: str) -> None:
     """The sixth session's GPU tools (run on the device machine) import torch only in main():
     --help works anywhere and says what the tool measures."""
@@ -538,3 +540,26 @@ def test_packaged_dw_entries_are_the_recorded_sweep_s_winners() -> None:
     dw = {(e["point"], e["tokens"]): e["config"] for e in packaged["entries"] if e["op"] == "dw"}
     assert len(dw) == 16
     assert dw == picked
+
+
+def test_routing_probe_routings_cover_every_row() -> None:
+    """tools/routing_probe.py's two routings: balanced gives every expert M/E rows (the rest one
+    each to the first experts), random is the benchmark's top-8 of uniform scores (8 distinct
+    experts per token): both route every one of the M rows, and only balanced is flat."""
+    import importlib.util
+
+    import torch
+
+    repo = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("routing_probe", repo / "tools" / "routing_probe.py")
+    assert spec and spec.loader
+    rp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rp)
+    gen = torch.Generator().manual_seed(0)
+    cpu = torch.device("cpu")
+    for m, e in ((16384, 128), (1000, 7)):
+        flat = rp.counts_for("balanced", m, e, gen, cpu)
+        assert int(flat.sum()) == m and int(flat.max() - flat.min()) <= 1 and flat.shape == (e,)
+    rand = rp.counts_for("random", 16384, 128, gen, cpu)
+    assert int(rand.sum()) == 16384 and rand.shape == (128,)
+    assert int(rand.max() - rand.min()) > 16  # uniform top-8: ~128 +- 11 rows per expert
