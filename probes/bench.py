@@ -6,7 +6,8 @@ reads one ``BenchRequest`` (JSON, the first argument), measures, writes one ``Be
 ``script_main`` is the flag interface of ``benchmarks/bench_kernels.py`` (one process, no child).
 
 What is measured, per token count T (rows M = T * top_k, sorted by expert from a uniform random
-top-k, the imbalance of an untrained router):
+top-k, the imbalance of an untrained router; or, with ``routing="balanced"``, M/E rows per
+expert for the GEMM rows):
 
 * forward ``y = x @ w[e].T``, dx ``dy @ w[e]``, dw ``dy_e.T @ x_e``: ours, ``torch._grouped_mm``
   (``offs`` = cumulative int32 row ends), the per-expert loop, one dense GEMM of the same FLOPs;
@@ -142,10 +143,21 @@ class _Measure:
         )
 
 
-def _routing(tokens: int, e: int, top_k: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:
-    """m_sizes (E,) int32 of a uniform random top-k routing of ``tokens`` tokens."""
+def _routing(
+    tokens: int, e: int, top_k: int, gen: torch.Generator, device: torch.device, routing: str = "random"
+) -> torch.Tensor:
+    """m_sizes (E,) int32 of ``tokens`` tokens routed to top_k experts each: a uniform random
+    top-k ("random"), or M = tokens * top_k rows spread evenly ("balanced": M // E each, the
+    remainder one each to the first experts)."""
     from qmoe_doctor.kernels.routing import sort_by_expert
 
+    if routing == "balanced":
+        m = tokens * top_k
+        sizes = torch.full((e,), m // e, dtype=torch.int32, device=device)
+        sizes[: m % e] += 1
+        return sizes
+    if routing != "random":
+        raise ValueError(f"routing {routing!r}: choose one of {', '.join(B.ROUTINGS)}")
     ids = torch.rand(tokens, e, generator=gen, device=device).topk(top_k, dim=-1).indices
     return sort_by_expert(ids, e).m_sizes
 
@@ -158,6 +170,7 @@ def _bench_gemms(
     w: torch.Tensor,  # (E, N, K)
     w_ref: torch.Tensor,
     gen: torch.Generator,
+    routing: str = "random",
 ) -> None:
     from qmoe_doctor.kernels.backward import (
         moe_grouped_gemm_dw,
@@ -171,7 +184,7 @@ def _bench_gemms(
     e, n, k = w.shape
     device, dtype = w.device, w.dtype
     m = tokens * top_k
-    m_sizes = _routing(tokens, e, top_k, gen, device)
+    m_sizes = _routing(tokens, e, top_k, gen, device, routing)
     offs = torch.cumsum(m_sizes, 0).to(torch.int32)  # torch._grouped_mm: cumulative row ends
     ends = [0, *offs.tolist()]
     x = torch.randn(m, k, generator=gen, device=device).to(dtype)
@@ -498,7 +511,7 @@ def run(request: B.BenchRequest, *, log: Log = _log, command: str = "") -> B.Ben
     notes: list[str] = []
     for tokens in request.tokens:
         try:
-            _bench_gemms(meas, tokens=tokens, top_k=top_k, w=w, w_ref=w_ref, gen=gen)
+            _bench_gemms(meas, tokens=tokens, top_k=top_k, w=w, w_ref=w_ref, gen=gen, routing=request.routing)
         except Exception as exc:  # e.g. out of memory for a reference at a large token count
             notes.append(f"GEMM rows at {tokens} tokens stopped: {_note(exc)}")
         _free(device)
@@ -542,6 +555,7 @@ def run(request: B.BenchRequest, *, log: Log = _log, command: str = "") -> B.Ben
         dtype=str(dtype).removeprefix("torch."),
         shape=shape,
         tokens=request.tokens,
+        routing=request.routing,
         created_unix=time.time(),
         wall_s=time.monotonic() - t_start,
         rows=B.with_fractions(meas.rows),
@@ -595,6 +609,10 @@ def parse_script_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n", type=int, default=None, help="N of the GEMM (default: 2 * intermediate)")
     p.add_argument("--k", type=int, default=None, help="K of the GEMM (default: hidden)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument(
+        "--routing", choices=B.ROUTINGS, default="random",
+        help="rows per expert of the GEMM rows: random top-k (default) or balanced (every expert M/E)",
+    )  # fmt: skip
     p.add_argument("--tiny", action="store_true", help="CPU + Triton interpreter, tiny shape, no timing")
     p.add_argument("--no-block", action="store_true", help="skip the MoE block rows")
     p.add_argument("--placement", action="store_true", help="also per placement (needs 2 visible GPUs)")
@@ -628,6 +646,7 @@ def script_main(argv: list[str] | None = None) -> int:
         num_experts=args.e,
         n=args.n,
         k=args.k,
+        routing=args.routing,
     )
     report = run(
         request,

@@ -116,6 +116,15 @@ BENCH_FILES: Mapping[str, str] = {"json": "bench.json", "plot": "bench.png", "lo
 # --------------------------------------------------------------------------------------------
 
 
+Routing = Literal["random", "balanced"]
+#: How the GEMM rows spread over the experts. "random": each token's top-k of uniform random
+#: scores (an untrained router: ~M/E rows per expert, give or take sqrt(M/E), so many experts end
+#: in a partial row tile); "balanced": every expert M/E rows (the rest one each to the first),
+#: which separates the kernels' efficiency from routing imbalance. The block rows always route
+#: through the block's own router.
+ROUTINGS: tuple[str, ...] = ("random", "balanced")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BenchRequest:
     """What the parent asks the child to measure."""
@@ -130,6 +139,7 @@ class BenchRequest:
     num_experts: int | None = None  # overrides of the preset's GEMM shape (the script's --e/--n/--k)
     n: int | None = None
     k: int | None = None
+    routing: Routing = "random"  # GEMM rows: the rows per expert (see ROUTINGS)
     result_path: str = ""  # where the child writes the BenchReport JSON
 
 
@@ -192,6 +202,7 @@ class BenchReport:
     dtype: str  # torch dtype name: "bfloat16", ...
     shape: BenchShape
     tokens: tuple[int, ...]
+    routing: str = "random"  # of the GEMM rows (ROUTINGS)
     flop_convention: str = FLOP_CONVENTION
     timing: str = TIMING_GEMM
     timing_placement: str = TIMING_PLACEMENT
@@ -547,6 +558,10 @@ def header_lines(report: BenchReport) -> list[str]:
         f"{report.device}{gpus} | torch {report.torch} | triton {report.triton} | {report.dtype} | "
         f"preset {report.preset}: E={s.e} N={s.n} K={s.k} top_k={s.top_k} (block H={s.hidden} I={s.intermediate})"
     ]
+    if report.routing != "random":
+        lines.append(
+            f"GEMM rows routed {report.routing}: every expert M/E rows (the block rows use the block's router)"
+        )
     if report.timed:
         lines.append(
             f"TFLOP/s ({report.timing}); the dim % is the fraction of one dense GEMM of the same FLOPs"
@@ -655,6 +670,8 @@ __all__ = [
     "DEFAULT_TOKENS",
     "KIND",
     "PlacementRow",
+    "ROUTINGS",
+    "Routing",
     "default_tokens",
     "load_report",
     "parse_tokens",

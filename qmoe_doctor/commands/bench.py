@@ -16,6 +16,7 @@ from qmoe_doctor.bench import (
     BENCH_FILES,
     DEFAULT_TIMEOUT_S,
     DEFAULT_TOKENS,
+    ROUTINGS,
     TINY_MAX_TOKENS,
     BenchError,
     BenchReport,
@@ -58,6 +59,13 @@ def bench_command(
         True, "--block/--no-block", help="Also the whole MoE block, forward and backward."
     ),
     dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32 (ignored by --tiny: float32)."),
+    routing: str = typer.Option(
+        "random",
+        "--routing",
+        help="Rows per expert of the GEMM rows: 'random' (each token's top-k of uniform random scores, an "
+        "untrained router: many experts end in a partial row tile) or 'balanced' (every expert M/E rows: "
+        "the kernels without routing imbalance). The block rows use the block's own router.",
+    ),
     out: Path = typer.Option(
         Path("qmoe-bench"), "--out", help="Directory for bench.json, bench.png and bench.log."
     ),
@@ -82,7 +90,7 @@ def bench_command(
     token counts, in a child process; print a table, write JSON and a PNG plot under --out.
 
     Exit codes: 0 measured (bench asserts no speed), 2 usage error (unknown preset, bad --gpus,
-    --tokens or --dtype, --tiny with --gpus or --placement), 3 too few GPUs (none without --tiny,
+    --tokens, --dtype or --routing, --tiny with --gpus or --placement), 3 too few GPUs (none without --tiny,
     fewer than 2 for --placement), 4 the benchmark child failed (crash, timeout, no report).
     """
     err = stderr_console()
@@ -92,6 +100,8 @@ def bench_command(
         )
     if dtype not in ("bf16", "fp16", "fp32"):
         raise typer.BadParameter(f"{dtype!r}: choose bf16, fp16 or fp32", param_hint="--dtype")
+    if routing not in ROUTINGS:
+        raise typer.BadParameter(f"{routing!r}: choose {' or '.join(ROUTINGS)}", param_hint="--routing")
     try:
         counts = parse_tokens(tokens) if tokens else default_tokens(preset, tiny=tiny)
     except ValueError as exc:
@@ -117,6 +127,7 @@ def bench_command(
         tiny=tiny,
         block=block,
         placement=placement,
+        routing=routing,  # type: ignore[arg-type]
     )
     where = ", ".join(g.describe() for g in used) if used else "the CPU (Triton interpreter, nothing timed)"
     err.print(f"bench {request.preset}, tokens {','.join(map(str, counts))} on {where}", style="dim")
@@ -136,6 +147,7 @@ def bench_command(
     command = ["qmoe-doctor", "bench", "--preset", request.preset, "--tokens", ",".join(map(str, counts))]
     command += ["--tiny"] if tiny else ["--gpus", ",".join(str(g.index) for g in used), "--dtype", dtype]
     command += (["--placement"] if placement else []) + ([] if block else ["--no-block"])
+    command += ["--routing", routing] if routing != "random" else []
     report = dataclasses.replace(report, command=shlex.join(command))
     files: dict[str, str | None] = {
         "json": str(out / BENCH_FILES["json"]),

@@ -122,6 +122,37 @@ def test_bench_tiny_table_says_nothing_is_timed(tmp_path: Path) -> None:
     assert "ran" in result.stdout
 
 
+def test_bench_tiny_balanced_routing_is_recorded_and_said(tmp_path: Path) -> None:
+    """--routing balanced reaches the child (every expert M/E rows in the GEMM rows), the report
+    records it, the table's header says it and the recorded command repeats it."""
+    args = ["bench", "--tiny", "--tokens", "8", "--no-block", "--routing", "balanced", "--out", str(tmp_path)]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["routing"] == "balanced" and "--routing balanced" in doc["command"]
+    assert {r["op"] for r in doc["rows"]} == {"forward", "dx", "dw"}
+    assert all(r["rel_err"] is None or r["rel_err"] < 1e-3 for r in doc["rows"]), doc["rows"]
+    table = runner.invoke(app, args)
+    assert table.exit_code == 0 and "routed balanced" in " ".join(table.stdout.split())
+
+
+def test_bench_routings_route_every_row() -> None:
+    """The child's routings: balanced is M // E per expert plus one for the first M % E; random
+    is a top-k of uniform scores (top_k distinct experts per token, so M rows in all)."""
+    import torch
+
+    from qmoe_doctor.probes.bench import _routing
+
+    gen = torch.Generator().manual_seed(1)
+    cpu = torch.device("cpu")
+    flat = _routing(100, 6, 4, gen, cpu, "balanced")
+    assert flat.tolist() == [67, 67, 67, 67, 66, 66] and int(flat.sum()) == 400
+    rand = _routing(100, 6, 4, gen, cpu, "random")
+    assert int(rand.sum()) == 400 and rand.tolist() != flat.tolist()
+    with pytest.raises(ValueError, match="routing 'skewed'"):
+        _routing(100, 6, 4, gen, cpu, "skewed")
+
+
 # --------------------------------------------------------------------------------------------
 # Usage, GPUs and a failing child: exit codes
 # --------------------------------------------------------------------------------------------
@@ -136,6 +167,7 @@ def test_bench_tiny_table_says_nothing_is_timed(tmp_path: Path) -> None:
         (["--tiny", "--tokens", ","], "names no token count"),
         (["--tiny", "--tokens", "100000"], "at most"),
         (["--tiny", "--dtype", "fp8"], "bf16, fp16 or fp32"),
+        (["--tiny", "--routing", "skewed"], "random or balanced"),
         (["--tiny", "--gpus", "0"], "--tiny runs on the CPU"),
         (["--tiny", "--placement"], "--tiny runs on the CPU"),
     ],
