@@ -13,7 +13,8 @@ expert for the GEMM rows):
   (``offs`` = cumulative int32 row ends), the per-expert loop, one dense GEMM of the same FLOPs;
 * the Qwen3-MoE block, forward and forward + backward: ``MoEBlock`` on our kernels, ``MoEBlock``
   with ``torch._grouped_mm`` as its forward kernel, the per-expert-loop twin (all three share one
-  set of parameters), and a dense GEMM of the same FLOPs;
+  set of parameters), and a dense GEMM of the same FLOPs; on a GPU also the first two's forward
+  replayed from a CUDA graph (no host launch path: what the GPU alone takes);
 * with ``placement`` (2 GPUs): see ``qmoe_doctor.bench``.
 
 Every row also gets its relative error against a float32 reference (float64 on the CPU). Under
@@ -327,12 +328,46 @@ class _Blocks:
                     **at,
                 )
             )
+        if meas.timed:  # the same forward replayed from a CUDA graph: the GPU's part alone
+            for impl, module in (
+                (B.BLOCK_QMOE_GRAPH, self.ours),
+                (B.BLOCK_GROUPED_MM_GRAPH, self.with_grouped_mm),
+            ):
+                meas.add("block-forward", impl, _GraphedForward(module, hidden), ref_out, flops, **at)  # type: ignore[arg-type]
         del ref_out
         # one dense GEMM of the same FLOPs: (M, H) x (H, 3I) = 6*M*H*I; with backward (H, 9I)
         a = torch.randn(m, s.hidden, generator=gen, device=device).to(dtype)
         for op, cols, op_flops in (("block-forward", 3, flops), ("block-forward-backward", 9, 3 * flops)):
             b = torch.randn(s.hidden, cols * s.intermediate, generator=gen, device=device).to(dtype)
             meas.add(op, B.DENSE, _matmul(a, b), None, op_flops, **at)  # type: ignore[arg-type]
+
+
+class _GraphedForward:
+    """``module(hidden)[0]`` captured in a CUDA graph on the first call (after warm-up calls on
+    a side stream, as capture requires), replayed on every call; returns the graph's output.
+    Capture fails on any host synchronization in the forward: the row then carries the error."""
+
+    def __init__(self, module: torch.nn.Module, hidden: torch.Tensor) -> None:
+        self.module = module
+        self.hidden = hidden
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: torch.Tensor | None = None
+
+    def __call__(self) -> torch.Tensor:
+        if self.graph is None:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.no_grad(), torch.cuda.stream(side):
+                for _ in range(3):  # compile, pick configs, fill the allocator's cache
+                    self.module(self.hidden)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.no_grad(), torch.cuda.graph(graph):
+                self.out = self.module(self.hidden)[0]
+            self.graph = graph
+        self.graph.replay()
+        assert self.out is not None
+        return self.out
 
 
 def _matmul(a: torch.Tensor, b: torch.Tensor) -> Callable[[], torch.Tensor]:

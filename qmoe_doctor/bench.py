@@ -74,8 +74,13 @@ DENSE = "dense (same FLOPs)"
 BLOCK_QMOE = "qmoe MoEBlock"
 BLOCK_GROUPED_MM = "MoEBlock + torch._grouped_mm"
 BLOCK_LOOP = "per-expert loop twin"
+#: The block forward replayed from a CUDA graph (GPU runs only): the same GPU work without the
+#: host's launch path, which a step of a few small kernels is bound by below ~8192 tokens.
+BLOCK_QMOE_GRAPH = "qmoe MoEBlock, CUDA graph"
+BLOCK_GROUPED_MM_GRAPH = "MoEBlock + torch._grouped_mm, CUDA graph"
 GEMM_IMPLS = (QMOE, GROUPED_MM, LOOP, DENSE)
 BLOCK_IMPLS = (BLOCK_QMOE, BLOCK_GROUPED_MM, BLOCK_LOOP, DENSE)
+GRAPH_IMPLS = (BLOCK_QMOE_GRAPH, BLOCK_GROUPED_MM_GRAPH)
 #: Ours, in either table: the row the targets of issue 8 speak of.
 OURS = frozenset({QMOE, BLOCK_QMOE})
 
@@ -666,8 +671,11 @@ __all__ = [
     "BenchRequest",
     "BenchRow",
     "BenchShape",
+    "BLOCK_GROUPED_MM_GRAPH",
+    "BLOCK_QMOE_GRAPH",
     "DEFAULT_TIMEOUT_S",
     "DEFAULT_TOKENS",
+    "GRAPH_IMPLS",
     "KIND",
     "PlacementRow",
     "ROUTINGS",

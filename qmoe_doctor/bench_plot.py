@@ -17,8 +17,10 @@ from typing import Any
 
 from qmoe_doctor.bench import (
     BLOCK_GROUPED_MM,
+    BLOCK_GROUPED_MM_GRAPH,
     BLOCK_LOOP,
     BLOCK_QMOE,
+    BLOCK_QMOE_GRAPH,
     DENSE,
     GROUPED_MM,
     LOOP,
@@ -42,6 +44,8 @@ STYLE: dict[str, tuple[str, str, str, float]] = {
     BLOCK_QMOE: ("#d62728", "-", "o", 2.4),
     GROUPED_MM: ("#1f77b4", "-", "s", 1.6),
     BLOCK_GROUPED_MM: ("#1f77b4", "-", "s", 1.6),
+    BLOCK_QMOE_GRAPH: ("#d62728", ":", "o", 1.6),
+    BLOCK_GROUPED_MM_GRAPH: ("#1f77b4", ":", "s", 1.2),
     LOOP: ("#7f7f7f", "-", "^", 1.2),
     BLOCK_LOOP: ("#7f7f7f", "-", "^", 1.2),
     DENSE: ("#2ca02c", "--", "", 1.4),
