@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from qmoe_doctor.bench import DENSE, GRAPH_IMPLS, GROUPED_MM, QMOE
+from qmoe_doctor.bench import BLOCK_GROUPED_MM, BLOCK_QMOE, DENSE, GRAPH_IMPLS, GROUPED_MM, QMOE
 from qmoe_doctor.cli import app
 from qmoe_doctor.tolerances import tolerance
 
@@ -30,12 +30,16 @@ def test_bench_times_every_row_on_one_gpu(tmp_path: Path) -> None:
         assert r["ms"] and r["tflops"], r
         if r["impl"] == DENSE:
             assert r["frac_dense"] == pytest.approx(1.0)
-        if r["impl"] in (QMOE, GROUPED_MM, *GRAPH_IMPLS):
+        if r["impl"] in (QMOE, GROUPED_MM):
             assert r["rel_err"] < tolerance(doc["dtype"]), r
     # the block forward replayed from a CUDA graph: captured (no host synchronization in the
-    # forward), at every token count, for our kernels and for torch._grouped_mm's
-    graphed = {(r["impl"], r["tokens"]) for r in doc["rows"] if r["op"] == "block-forward"}
-    assert {(impl, t) for impl in GRAPH_IMPLS for t in (128, 512)} <= graphed
+    # forward) at every token count, for our kernels and for torch._grouped_mm's, and the replay
+    # computes what the eager call does (the same error against the float32 reference; the
+    # block's error itself is bf16 routing and rounding, the loop twin's too: run 58, ~0.03-0.05)
+    block = {(r["impl"], r["tokens"]): r["rel_err"] for r in doc["rows"] if r["op"] == "block-forward"}
+    for graphed, eager in zip(GRAPH_IMPLS, (BLOCK_QMOE, BLOCK_GROUPED_MM), strict=True):
+        for t in (128, 512):
+            assert block[(graphed, t)] == pytest.approx(block[(eager, t)], rel=1e-6, abs=1e-9), (graphed, t)
 
 
 @pytest.mark.multigpu
