@@ -14,11 +14,12 @@ programs of a persistent grid, except that the items of an expert past the resid
 also cut along K (about one piece per CHUNKS row chunks): with skewed routing a hot expert's
 (expert, n-tile) items were each several times the others and the programs that got them still
 got a full share of the rest (``share_of_items`` is the host twin). Masking as in the resident kernel: for an
-item the expert's dy^T columns n0..n0+BN are loaded ONCE (CHUNKS row
-chunks of R rows, each a whole TMA box, the last shifted back to end at the expert's last row)
+item the expert's dy^T columns n0..n0+BN are loaded ONCE (its own row chunks, at most CHUNKS,
+of R rows each, each a whole TMA box, the last shifted back to end at the expert's last row)
 into registers, masked there (rows already counted by an earlier chunk, rows before the
-expert), then every K tile of dw streams only x chunks through a STAGES-deep ring and is
-stored by TMA from a double-buffered staging tile. No chunk reads past the expert's last row,
+expert), then every K tile of dw streams only x chunks (as many as the expert has: the walk is
+compiled once per chunk count) through a STAGES-deep ring and is stored by TMA from a
+double-buffered staging tile. No chunk reads past the expert's last row,
 so rows no expert covers never reach dw. Experts with more than CHUNKS chunks stream both
 operands chunk by chunk through the same ring: whole chunks feed the MMA from shared memory, the
 last (shifted, masked) one from registers, each MMA left running while the ring refills (the
@@ -473,14 +474,7 @@ def compile_offline(cfg: Any, dtype: str = "bf16", capability: int = 90, experts
         "E_POW2": experts_pow2,
         "num_warps": cfg.num_warps,
     }
-    # the launcher's specialisation at the sizes that matter: pointers and the integers that
-    # are multiples of 16 (every preset shape) carry tt.divisibility 16
-    names = _grouped_gemm_dw_overlap_kernel.arg_names
-    attrs = {
-        (names.index(a),): [["tt.divisibility", 16]]
-        for a in ("bounds_ptr", "M", "N", "K")
-    }
-    source = GluonASTSource(_grouped_gemm_dw_overlap_kernel, signature, constexprs=constexprs, attrs=attrs)
+    source = GluonASTSource(_grouped_gemm_dw_overlap_kernel, signature, constexprs=constexprs)
     return triton.compile(
         source, target=GPUTarget("cuda", capability, 32), options={"num_warps": cfg.num_warps}
     )

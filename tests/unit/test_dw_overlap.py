@@ -183,7 +183,9 @@ def test_gluon_kernel_compiles_for_sm90_and_fits(name: str) -> None:
 
 
 @needs_gluon
-@pytest.mark.parametrize("name", ["64x128x128-w8-s2-tma-ov3", "32x128x128-w8-s3-tma-ov5"])
+@pytest.mark.parametrize(
+    "name", ["64x128x128-w8-s2-tma-ov3", "32x128x128-w8-s3-tma-ov5", "16x128x128-w8-s3-tma-ov10"]
+)
 def test_ptxas_keeps_the_wgmma_pipeline(name: str) -> None:
     """ptxas (the one Triton uses for sm_90) must neither spill nor serialize the kernel's
     wgmma: an accumulator read or copied while its MMA is in flight (say, carried into the next
