@@ -23,14 +23,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import triton.testing
 
-    from benchmarks.tune_kernels import PRESET_GEMMS
     from qmoe_doctor.kernels.backward import moe_grouped_gemm_dw, pick_dw_config
     from qmoe_doctor.kernels.dw_overlap import dw_overlap_plan
     from qmoe_doctor.kernels.tuning import config_from_name
+    from tools.probe_common import add_shape_args, parse_gpu_shape
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", default="30b-gate_up", choices=sorted(PRESET_GEMMS))
-    ap.add_argument("--tokens", type=int, default=2048)
+    add_shape_args(ap)
     ap.add_argument(
         "--configs", default="table,64x128x128-w8-s2-tma-ov3,64x128x128-w8-s3-tma-r3",
         help="configs to measure; 'table' is the packaged table's pick for this shape (no config passed)",
@@ -39,13 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         "--hot", type=float, default=0.0,
         help="fraction of the rows routed to expert 0 (skewed routing: experts past the resident chunks)",
     )  # fmt: skip
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        ap.error("needs a CUDA GPU")
-    e, n, k = PRESET_GEMMS[args.shape]
-    dev = torch.device("cuda", 0)
-    gen = torch.Generator(device=dev).manual_seed(0)
-    m = args.tokens * 8
+    args, (e, n, k, dev, gen, m) = parse_gpu_shape(ap, argv)
     routed = m - m // 100
     hot = int(routed * args.hot)
     counts = torch.bincount(torch.randint(0, e, (routed - hot,), generator=gen, device=dev), minlength=e)

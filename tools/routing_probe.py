@@ -61,27 +61,20 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import triton.testing
 
-    from benchmarks.tune_kernels import PRESET_GEMMS
     from qmoe_doctor.kernels.backward import moe_grouped_gemm_dw, pick_dw_config
     from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm, pick_config
     from qmoe_doctor.kernels.tuning import config_from_name
+    from tools.probe_common import add_shape_args, parse_gpu_shape
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", default="30b-gate_up", choices=sorted(PRESET_GEMMS))
-    ap.add_argument("--tokens", type=int, default=2048)
+    add_shape_args(ap)
     ap.add_argument(
         "--forward", default="table", help="forward configs ('table': the packaged pick); '' for none"
     )
     ap.add_argument("--dw", default="table", help="dw configs ('table': the packaged pick); '' for none")
     ap.add_argument("--routings", default="random,balanced")
     ap.add_argument("--no-ceilings", action="store_true")
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        ap.error("needs a CUDA GPU")
-    e, n, k = PRESET_GEMMS[args.shape]
-    dev = torch.device("cuda", 0)
-    gen = torch.Generator(device=dev).manual_seed(0)
-    m = args.tokens * 8
+    args, (e, n, k, dev, gen, m) = parse_gpu_shape(ap, argv)
     flops = 2.0 * m * n * k
     x = torch.randn(m, k, generator=gen, device=dev).bfloat16()
     w = (torch.randn(e, n, k, generator=gen, device=dev) / k**0.5).bfloat16()
