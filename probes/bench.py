@@ -144,7 +144,7 @@ class _Measure:
         )
 
 
-def _routing(
+def routing_sizes(
     tokens: int, e: int, top_k: int, gen: torch.Generator, device: torch.device, routing: str = "random"
 ) -> torch.Tensor:
     """m_sizes (E,) int32 of ``tokens`` tokens routed to top_k experts each: a uniform random
@@ -185,7 +185,7 @@ def _bench_gemms(
     e, n, k = w.shape
     device, dtype = w.device, w.dtype
     m = tokens * top_k
-    m_sizes = _routing(tokens, e, top_k, gen, device, routing)
+    m_sizes = routing_sizes(tokens, e, top_k, gen, device, routing)
     offs = torch.cumsum(m_sizes, 0).to(torch.int32)  # torch._grouped_mm: cumulative row ends
     ends = [0, *offs.tolist()]
     x = torch.randn(m, k, generator=gen, device=device).to(dtype)
@@ -461,7 +461,7 @@ def _placement_rows(
     m = tokens * top_k
     flops = 2.0 * m * n * k
     with _current(b):
-        m_sizes = _routing(tokens, e, top_k, gen, dev_b)
+        m_sizes = routing_sizes(tokens, e, top_k, gen, dev_b)
         x = torch.randn(m, k, generator=gen, device=dev_b).to(w.dtype)
         ref = moe_grouped_gemm(x, w, m_sizes).float()
     cases: list[tuple[B.Placement, str, int, Callable[[], torch.Tensor]]] = [

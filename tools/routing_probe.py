@@ -21,18 +21,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def counts_for(routing: str, m: int, e: int, gen, dev):  # noqa: ANN001, ANN201 - torch objects
-    import torch
-
-    if routing == "balanced":
-        counts = torch.full((e,), m // e, dtype=torch.int64, device=dev)
-        counts[: m % e] += 1
-        return counts
-    tokens = m // 8
-    ids = torch.rand(tokens, e, generator=gen, device=dev).topk(8, dim=-1).indices
-    return torch.bincount(ids.flatten(), minlength=e)
-
-
 def stream_read(t):  # noqa: ANN001, ANN201 - torch objects
     """A callable reading every byte of contiguous ``t`` once with wide loads spread over a
     persistent grid (a sum per program): the read ceiling without a reduction's tail."""
@@ -64,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from qmoe_doctor.kernels.backward import moe_grouped_gemm_dw, pick_dw_config
     from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm, pick_config
     from qmoe_doctor.kernels.tuning import config_from_name
+    from qmoe_doctor.probes.bench import routing_sizes
     from tools.probe_common import add_shape_args, parse_gpu_shape
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -72,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         "--forward", default="table", help="forward configs ('table': the packaged pick); '' for none"
     )
     ap.add_argument("--dw", default="table", help="dw configs ('table': the packaged pick); '' for none")
-    ap.add_argument("--routings", default="random,balanced")
+    ap.add_argument(
+        "--routings", default="random,balanced", help="any of random,balanced (qmoe-doctor bench --routing)"
+    )
     ap.add_argument("--no-ceilings", action="store_true")
     args, (e, n, k, dev, gen, m) = parse_gpu_shape(ap, argv)
     flops = 2.0 * m * n * k
@@ -99,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         del out
 
     for routing in args.routings.split(","):
-        counts = counts_for(routing, m, e, gen, dev)
+        counts = routing_sizes(m // 8, e, 8, gen, dev, routing)  # the benchmark's routings
         offs = torch.cumsum(counts, 0).to(torch.int32)
         waste = float((torch.ceil(counts / 128) * 128).sum() / m)
         print(f"-- {routing}: rows per expert {int(counts.min())}..{int(counts.max())}, "

@@ -25,10 +25,12 @@ from qmoe_doctor import knobs
 from qmoe_doctor.bench import (
     BLOCK_IMPLS,
     BLOCK_OPS,
+    BLOCK_QMOE_GRAPH,
     DEFAULT_TOKENS,
     DENSE,
     GEMM_IMPLS,
     GEMM_OPS,
+    GRAPH_IMPLS,
     QMOE,
     BenchReport,
     BenchRow,
@@ -141,16 +143,20 @@ def test_bench_routings_route_every_row() -> None:
     is a top-k of uniform scores (top_k distinct experts per token, so M rows in all)."""
     import torch
 
-    from qmoe_doctor.probes.bench import _routing
+    from qmoe_doctor.probes.bench import routing_sizes
 
     gen = torch.Generator().manual_seed(1)
     cpu = torch.device("cpu")
-    flat = _routing(100, 6, 4, gen, cpu, "balanced")
+    flat = routing_sizes(100, 6, 4, gen, cpu, "balanced")
     assert flat.tolist() == [67, 67, 67, 67, 66, 66] and int(flat.sum()) == 400
-    rand = _routing(100, 6, 4, gen, cpu, "random")
+    rand = routing_sizes(100, 6, 4, gen, cpu, "random")
     assert int(rand.sum()) == 400 and rand.tolist() != flat.tolist()
+    # the issue's point (tools/routing_probe.py measures both): 128 rows each, or ~128 +- 11
+    assert routing_sizes(2048, 128, 8, gen, cpu, "balanced").unique().tolist() == [128]
+    spread = routing_sizes(2048, 128, 8, gen, cpu, "random")
+    assert int(spread.sum()) == 16384 and int(spread.max() - spread.min()) > 16
     with pytest.raises(ValueError, match="routing 'skewed'"):
-        _routing(100, 6, 4, gen, cpu, "skewed")
+        routing_sizes(100, 6, 4, gen, cpu, "skewed")
 
 
 # --------------------------------------------------------------------------------------------
@@ -433,6 +439,27 @@ def test_table_shows_tflops_fraction_of_dense_and_slowdowns() -> None:
     assert "'slow' at 3.0x" in text
 
 
+SESSION9 = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "h200-session9"
+
+
+def test_recorded_graph_rows_and_routing_render() -> None:
+    """Run 58's report (an H200) has the CUDA-graph block rows: they load, sit under the block
+    forward beside the eager rows, and the renderer shows their numbers; run 57's balanced
+    report says its routing in the header, its random twin does not."""
+    report = load_report(SESSION9 / "bench-run58.json")
+    graphed = [r for r in report.rows if r.impl in GRAPH_IMPLS]
+    assert {(r.op, r.tokens) for r in graphed} == {("block-forward", t) for t in (128, 512, 2048, 8192)} and len(graphed) == 8
+    assert set(GRAPH_IMPLS) <= set(report.impls("block-forward"))
+    console = Console(record=True, width=260)
+    render_report(console, report)
+    text = console.export_text()
+    assert BLOCK_QMOE_GRAPH in text and "232.7" in text and "180.8" in text
+    for name, says in (("bench-balanced-run57.json", True), ("bench-random-run57.json", False)):
+        console = Console(record=True, width=200)
+        render_report(console, load_report(SESSION9 / name))
+        assert ("routed balanced" in console.export_text()) == says, name
+
+
 # --------------------------------------------------------------------------------------------
 # The plot (needs matplotlib: the 'plot' extra)
 # --------------------------------------------------------------------------------------------
@@ -572,26 +599,3 @@ def test_packaged_dw_entries_are_the_recorded_sweep_s_winners() -> None:
     dw = {(e["point"], e["tokens"]): e["config"] for e in packaged["entries"] if e["op"] == "dw"}
     assert len(dw) == 16
     assert dw == picked
-
-
-def test_routing_probe_routings_cover_every_row() -> None:
-    """tools/routing_probe.py's two routings: balanced gives every expert M/E rows (the rest one
-    each to the first experts), random is the benchmark's top-8 of uniform scores (8 distinct
-    experts per token): both route every one of the M rows, and only balanced is flat."""
-    import importlib.util
-
-    import torch
-
-    repo = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("routing_probe", repo / "tools" / "routing_probe.py")
-    assert spec and spec.loader
-    rp = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rp)
-    gen = torch.Generator().manual_seed(0)
-    cpu = torch.device("cpu")
-    for m, e in ((16384, 128), (1000, 7)):
-        flat = rp.counts_for("balanced", m, e, gen, cpu)
-        assert int(flat.sum()) == m and int(flat.max() - flat.min()) <= 1 and flat.shape == (e,)
-    rand = rp.counts_for("random", 16384, 128, gen, cpu)
-    assert int(rand.sum()) == 16384 and rand.shape == (128,)
-    assert int(rand.max() - rand.min()) > 16  # uniform top-8: ~128 +- 11 rows per expert
