@@ -29,7 +29,12 @@ import torch
 import triton
 import triton.language as tl
 
-from qmoe_doctor.kernels.dw_overlap import dw_overlap_plan, dw_overlap_smem_bytes, launch_dw_overlap
+from qmoe_doctor.kernels.dw_overlap import (
+    dw_overlap_plan,
+    dw_overlap_smem_bytes,
+    launch_dw_overlap,
+    overlap_halves,
+)
 from qmoe_doctor.kernels.grouped_gemm import (
     GemmConfig,
     _clamped_sizes,
@@ -651,9 +656,13 @@ def _grouped_gemm_dw_resident_kernel(
 
 def overlap_fallback(cfg: GemmConfig) -> GemmConfig:
     """Where the Gluon kernel of an ``-ovN`` config cannot run (no Hopper GPU, no Gluon, the
-    interpreter, N not a multiple of the tile, unaligned operands): the resident Triton kernel
-    of the same tiles and chunk count (at most 6, the Triton kernel's largest)."""
-    return dataclasses.replace(cfg, overlap=0, resident=min(cfg.overlap, 6), resident_x=False, tma=True)
+    interpreter, N not a multiple of the item, unaligned operands): the resident Triton kernel
+    of the same tiles (a paired item's one tile: 128 wide) and chunk count (at most 6, the
+    Triton kernel's largest)."""
+    tile = cfg.block_n // overlap_halves(cfg.block_n)
+    return dataclasses.replace(
+        cfg, block_n=tile, overlap=0, resident=min(cfg.overlap, 6), resident_x=False, tma=True
+    )
 
 
 def dw_tma_plan(
@@ -884,7 +893,11 @@ def moe_grouped_gemm_dw(
                 return dw
             cfg = overlap_fallback(cfg)
             if x.device.type == "cuda":  # the Triton kernel of the same tiles may need more
-                cfg = _fit_dw(cfg, x.device.index if x.device.index is not None else torch.cuda.current_device(), x.dtype)
+                cfg = _fit_dw(
+                    cfg,
+                    x.device.index if x.device.index is not None else torch.cuda.current_device(),
+                    x.dtype,
+                )
         programs = dw_grid_size(e, n, k, cfg, x.device)
         plan = None if cfg.flat else dw_tma_plan(dy, x, dw, cfg)
         if cfg.flat:

@@ -9,22 +9,32 @@ MMA. Here, written in Gluon (explicit ``warpgroup_mma`` / ``warpgroup_mma_wait``
 issues tile t's MMAs asynchronously and, while they run, converts and stores tile t-1 from a
 second accumulator (two 128x128 fp32 accumulators over 8 warps: 128 registers per thread).
 
+Paired items (a block_n of 256, ``overlap_halves``): an item is two 128-wide dw tiles, and
+each x K tile is loaded once for both (``_paired_walk``): the x traffic per dw byte halves. Both
+MMA operands then come from shared memory (dy^T masked there once per item), and half A's MMAs
+run while half B's previous tile is stored and the other way round, so two accumulators
+suffice. Run 62: 357 TFLOP/s against 308 for the one-tile items at 30b gate_up with balanced
+routing (every x byte was read from L2 once per 128 dw columns; now once per 256).
+
 Work split: the items are (expert, n-tile) as in the resident kernel, round-robin over the
-programs of a persistent grid, except that the items of an expert past the resident chunks are
-also cut along K (about one piece per CHUNKS row chunks): with skewed routing a hot expert's
+programs of a persistent grid, except that an expert past the resident chunks has one-tile
+items, cut along K, after every resident expert's: with skewed routing a hot expert's
 (expert, n-tile) items were each several times the others and the programs that got them still
-got a full share of the rest (``share_of_items`` is the host twin). Masking as in the resident kernel: for an
-item the expert's dy^T columns n0..n0+BN are loaded ONCE (its own row chunks, at most CHUNKS,
-of R rows each, each a whole TMA box, the last shifted back to end at the expert's last row)
-into registers, masked there (rows already counted by an earlier chunk, rows before the
-expert), then every K tile of dw streams only x chunks (as many as the expert has: the walk is
-compiled once per chunk count) through a STAGES-deep ring and is stored by TMA from a
-double-buffered staging tile. No chunk reads past the expert's last row,
-so rows no expert covers never reach dw. Experts with more than CHUNKS chunks stream both
-operands chunk by chunk through the same ring: whole chunks feed the MMA from shared memory, the
-last (shifted, masked) one from registers, each MMA left running while the ring refills (the
-tile's store is not overlapped there: see the comment in the kernel); empty experts store zeros.
-STAGES <= CHUNKS (the streamed path keeps each slot's dy chunk in the resident buffers).
+got a full share of the rest; the pieces are sized to the round-robin's last round where they
+fit it (``_item_starts``; ``share_of_items`` is the host twin).
+
+Masking as in the resident kernel: for an item the expert's dy^T columns are loaded ONCE (its
+own row chunks, at most CHUNKS, of R rows each, each a whole TMA box, the last shifted back to
+end at the expert's last row) and masked (rows already counted by an earlier chunk, rows
+before the expert): in registers for one-tile items, in shared memory for paired ones. Then
+every K tile of dw streams only x chunks (as many as the expert has: the walk is compiled once
+per chunk count) through a STAGES-deep ring and is stored by TMA from a double-buffered staging
+tile. No chunk reads past the expert's last row, so rows no expert covers never reach dw.
+Experts with more than CHUNKS chunks stream both operands chunk by chunk through a ring that
+spans every chunk buffer (CHUNKS x min(HALVES, STAGES) slots, its own barriers): whole chunks
+feed the MMA from shared memory, the last (shifted, masked) one from registers, each MMA left
+running while the ring refills (the tile's store is not overlapped there: see the comment in
+``_streamed_item``); empty experts store zeros.
 
 Needs: a Hopper GPU (sm_90), bf16/fp16, Triton with Gluon (3.5+), N a multiple of the tile's
 BN (the dw store's 2-D view (E*N, K) must not cross experts); ``dw_overlap_plan`` returns None
@@ -64,13 +74,27 @@ __all__ = [
     "dw_overlap_plan",
     "dw_overlap_smem_bytes",
     "launch_dw_overlap",
+    "overlap_halves",
     "share_of_items",
 ]
 
 
+PAIRED_BLOCK_N = 256  # an -ovN config this wide takes items of two 128-wide tiles (``_paired_walk``)
+
+
+def overlap_halves(block_n: int) -> int:
+    """dw tiles per item of the overlapped kernel: 2 for a block_n of PAIRED_BLOCK_N (two tiles
+    of 128 columns of dw sharing each x load), else 1 (one tile block_n wide)."""
+    return 2 if block_n == PAIRED_BLOCK_N else 1
+
+
 def dw_overlap_smem_bytes(rows: int, bn: int, bk: int, chunks: int, stages: int, itemsize: int) -> int:
-    """Shared memory of one program: the resident dy chunks, the x ring, two staging tiles."""
-    return itemsize * (chunks * rows * bn + stages * chunks * rows * bk + 2 * bn * bk) + 8 * (stages + 1)
+    """Shared memory of one program: the resident dy chunks (the item's whole width bn), the x
+    ring, two staging tiles (one tile wide), the barriers (x ring, streamed ring, dy)."""
+    halves = overlap_halves(bn)
+    tile = bn // halves
+    barriers = stages + chunks * min(halves, stages) + 1
+    return itemsize * (chunks * rows * bn + stages * chunks * rows * bk + 2 * tile * bk) + 8 * barriers
 
 
 if HAVE_GLUON:
@@ -123,30 +147,31 @@ if HAVE_GLUON:
     def _issue_pair(dy_desc, x_desc, dy_bufs, x_bufs, bars, slot, first, rows, n0, k_lo, pair, chunks,
                     CHUNKS: gl.constexpr, R: gl.constexpr, BK: gl.constexpr):  # fmt: skip
         """Pair ``pair`` of the streamed sequence, (K tile - k_lo, chunk) = divmod(pair, chunks):
-        that chunk of dy (columns n0..) and of x (the K tile) into ring slot ``slot``."""
+        that chunk of dy (columns n0..) and of x (the K tile) into ring slot ``slot`` (the
+        slot-th buffer of each: the streamed ring spans every chunk buffer there is)."""
         t = k_lo + pair // chunks
         bar = bars.index(slot)
         r0 = first + _chunk_row(pair % chunks, rows, R)
         mbarrier.expect(bar, dy_desc.block_type.nbytes + x_desc.block_type.nbytes)
         _tma_load(dy_desc, [r0, n0], bar, dy_bufs.index(slot))
-        _tma_load(x_desc, [r0, t * BK], bar, x_bufs.index(slot * CHUNKS))
+        _tma_load(x_desc, [r0, t * BK], bar, x_bufs.index(slot))
 
     @gluon.jit
-    def _ready(bars, g, STAGES: gl.constexpr):
-        """Wait for the ring's g-th load (this program's count) and return its slot."""
-        slot = g % STAGES
-        mbarrier.wait(bars.index(slot), (g // STAGES) & 1)
+    def _ready(bars, g, DEPTH: gl.constexpr):
+        """Wait for the streamed ring's g-th load (this program's count) and return its slot."""
+        slot = g % DEPTH
+        mbarrier.wait(bars.index(slot), (g // DEPTH) & 1)
         return slot
 
     @gluon.jit
     def _refill(dy_desc, x_desc, dy_bufs, x_bufs, bars, loads, first, rows, n0, k_lo, done, total, chunks,
-                CHUNKS: gl.constexpr, STAGES: gl.constexpr, R: gl.constexpr, BK: gl.constexpr):  # fmt: skip
+                CHUNKS: gl.constexpr, DEPTH: gl.constexpr, R: gl.constexpr, BK: gl.constexpr):  # fmt: skip
         """Pair ``done``'s MMA has completed in every warpgroup's view once all warps pass the
-        barrier: its slot takes pair done + STAGES, if there is one."""
-        nxt = done + STAGES
+        barrier: its slot takes pair done + DEPTH, if there is one."""
+        nxt = done + DEPTH
         if nxt < total:
             _cta_barrier()
-            _issue_pair(dy_desc, x_desc, dy_bufs, x_bufs, bars, (loads + done) % STAGES, first, rows, n0, k_lo, nxt,
+            _issue_pair(dy_desc, x_desc, dy_bufs, x_bufs, bars, (loads + done) % DEPTH, first, rows, n0, k_lo, nxt,
                         chunks, CHUNKS, R, BK)  # fmt: skip
 
     @gluon.jit
@@ -183,32 +208,169 @@ if HAVE_GLUON:
         return _store_tile(prev, c_bufs, stores, dw_desc, out_row, (num_k - 1) * BK)
 
     @gluon.jit
+    def _zero_counted_rows(buf, rows, chunk, R: gl.constexpr, layout: gl.constexpr):
+        """Set to zero, in shared memory, the rows of dy chunk ``chunk`` (R, BN) that an earlier
+        chunk already counted or that lie before the expert (the shifted last chunk)."""
+        v = buf.load(layout)
+        own = _chunk_row(chunk, rows, R) + gl.arange(0, R, layout=gl.SliceLayout(1, layout))
+        buf.store(gl.where(gl.expand_dims(own >= chunk * R, 1), v, gl.zeros_like(v)))
+
+    @gluon.jit
+    def _half_mma(dy_bufs, x_bufs, slot, base, zero, NCH: gl.constexpr, CHUNKS: gl.constexpr):
+        """The MMAs of one half's dw tile, both operands from shared memory: the NCH dy^T
+        chunks from ``dy_bufs[base:]`` against the NCH x chunks of ring slot ``slot``."""
+        acc = warpgroup_mma(dy_bufs.index(base).permute((1, 0)), x_bufs.index(slot * CHUNKS), zero, use_acc=False,
+                            is_async=True)  # fmt: skip
+        for c in gl.static_range(1, NCH):
+            acc = warpgroup_mma(dy_bufs.index(base + c).permute((1, 0)), x_bufs.index(slot * CHUNKS + c), acc,
+                                is_async=True)  # fmt: skip
+        return acc
+
+    @gluon.jit
+    def _paired_tile(x_desc, x_bufs, bars, dy_bufs, c_bufs, dw_desc, loads, stores, first, rows, out_row, num_k, t,
+                     prev, zero, STORE_PREV: gl.constexpr, NCH: gl.constexpr, CHUNKS: gl.constexpr,
+                     STAGES: gl.constexpr, R: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr):  # fmt: skip
+        """K tile t of a paired item: half A's MMAs (while half B's tile t-1, ``prev``, is
+        stored if STORE_PREV), then half B's (while half A's tile t is stored); refills the
+        slot. Returns (stores, half B's tile t)."""
+        g = loads + t
+        slot = g % STAGES
+        mbarrier.wait(bars.index(slot), (g // STAGES) & 1)
+        acc = _half_mma(dy_bufs, x_bufs, slot, 0, zero, NCH, CHUNKS)
+        if STORE_PREV:
+            stores = _store_tile(prev, c_bufs, stores, dw_desc, out_row + BN, (t - 1) * BK)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc2 = _half_mma(dy_bufs, x_bufs, slot, CHUNKS, zero, NCH, CHUNKS)
+        stores = _store_tile(acc, c_bufs, stores, dw_desc, out_row, t * BK)
+        acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc2,))
+        nxt = t + STAGES
+        if nxt < num_k:
+            _cta_barrier()  # both warpgroups' MMAs are done with the slot
+            _issue_x(x_desc, x_bufs, bars, slot, first, rows, nxt * BK, NCH, CHUNKS, R)
+        return stores, acc2
+
+    @gluon.jit
+    def _paired_walk(x_desc, x_bufs, bars, dy_bufs, dy_bar, c_bufs, dw_desc, loads, stores, items, first, rows,
+                     out_row, num_k, zero, NCH: gl.constexpr, CHUNKS: gl.constexpr, STAGES: gl.constexpr,
+                     R: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, row_layout: gl.constexpr):  # fmt: skip
+        """``_resident_walk`` for an item two tiles wide (dy columns n0..n0+2*BN, chunks of the
+        first half in ``dy_bufs[:CHUNKS]``, of the second in ``dy_bufs[CHUNKS:]``): each x K tile
+        is loaded once for both halves' tiles, so the x traffic per dw byte halves. The MMAs
+        take dy^T from shared memory (no register operands) and alternate with the stores:
+        half A's MMAs of tile t run while half B's tile t-1 is stored, half B's while half
+        A's tile t is, so only two accumulators are ever live."""
+        for j in gl.static_range(STAGES):
+            if j < num_k:
+                _issue_x(x_desc, x_bufs, bars, (loads + j) % STAGES, first, rows, j * BK, NCH, CHUNKS, R)
+        mbarrier.wait(dy_bar, items & 1)
+        if rows < NCH * R:  # the last chunk is shifted back: mask it once, in shared memory
+            _zero_counted_rows(dy_bufs.index(NCH - 1), rows, NCH - 1, R, row_layout)
+            _zero_counted_rows(dy_bufs.index(CHUNKS + NCH - 1), rows, NCH - 1, R, row_layout)
+            fence_async_shared()  # the MMAs read it through the async proxy
+            _cta_barrier()
+        # tile 0 (no stored tile to overlap its first MMAs with), then the steady state: no
+        # store under a runtime condition while MMAs are in flight
+        stores, prev = _paired_tile(x_desc, x_bufs, bars, dy_bufs, c_bufs, dw_desc, loads, stores, first, rows, out_row,
+                                    num_k, 0, zero, zero, False, NCH, CHUNKS, STAGES, R, BN, BK)  # fmt: skip
+        for t in range(1, num_k):
+            stores, prev = _paired_tile(x_desc, x_bufs, bars, dy_bufs, c_bufs, dw_desc, loads, stores, first, rows,
+                                        out_row, num_k, t, prev, zero, True, NCH, CHUNKS, STAGES, R, BN, BK)  # fmt: skip
+        return _store_tile(prev, c_bufs, stores, dw_desc, out_row + BN, (num_k - 1) * BK)
+
+    @gluon.jit
+    def _streamed_item(dy_desc, x_desc, dy_bufs, x_bufs, bars, c_bufs, dw_desc, loads, stores, first, rows, n0,
+                       out_row, local, pieces, num_k, chunks, zero, CHUNKS: gl.constexpr, DEPTH: gl.constexpr,
+                       R: gl.constexpr, BK: gl.constexpr, a_layout: gl.constexpr):  # fmt: skip
+        """One (expert, n-tile, K piece) item of an expert past the resident chunks, dy columns
+        n0.. (one tile wide), through the streamed ring (``bars``: DEPTH barriers, ``loads``:
+        its own count): returns (loads, stores)."""
+        # more rows than resident chunks: the (K tile, chunk) pairs in one pipelined
+        # sequence, dy and x chunks both through a DEPTH-deep ring (slot s: dy_bufs[s] and
+        # x_bufs[s]: every chunk buffer the resident walks use). Whole chunks feed the MMA from shared memory (dy^T as a
+        # transposed view), the last, shifted one as a masked register operand. Each
+        # MMA is left running while the previous one's slot is refilled.
+        k_lo = (local % pieces) * num_k // pieces  # this item's K tiles
+        k_hi = (local % pieces + 1) * num_k // pieces
+        total = (k_hi - k_lo) * chunks
+        for j in gl.static_range(DEPTH):
+            if j < total:
+                _issue_pair(dy_desc, x_desc, dy_bufs, x_bufs, bars, (loads + j) % DEPTH, first, rows, n0,
+                            k_lo, j, chunks, CHUNKS, R, BK)  # fmt: skip
+        acc = zero
+        for t in range(k_lo, k_hi):
+            q = (t - k_lo) * chunks
+            slot = _ready(bars, loads + q, DEPTH)
+            acc = warpgroup_mma(dy_bufs.index(slot).permute((1, 0)), x_bufs.index(slot), acc,
+                                use_acc=False, is_async=True)  # fmt: skip
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            for c in range(1, chunks - 1):
+                slot = _ready(bars, loads + q + c, DEPTH)
+                acc = warpgroup_mma(dy_bufs.index(slot).permute((1, 0)), x_bufs.index(slot), acc,
+                                    is_async=True)  # fmt: skip
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                _refill(dy_desc, x_desc, dy_bufs, x_bufs, bars, loads, first, rows, n0, k_lo, q + c - 1, total, chunks,
+                        CHUNKS, DEPTH, R, BK)  # fmt: skip
+            q = q + chunks - 1
+            slot = _ready(bars, loads + q, DEPTH)
+            a_last = _masked_chunk(dy_bufs.index(slot), rows, chunks - 1, R, a_layout)
+            acc = warpgroup_mma(a_last, x_bufs.index(slot), acc, is_async=True)
+            # the tile's last MMAs are waited for (an accumulator still in flight cannot be
+            # carried into the next tile without ptxas serializing every wgmma), then its
+            # two slots refill and the tile is stored while those loads run
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            _refill(dy_desc, x_desc, dy_bufs, x_bufs, bars, loads, first, rows, n0, k_lo, q - 1, total, chunks,
+                    CHUNKS, DEPTH, R, BK)  # fmt: skip
+            _refill(dy_desc, x_desc, dy_bufs, x_bufs, bars, loads, first, rows, n0, k_lo, q, total, chunks,
+                    CHUNKS, DEPTH, R, BK)  # fmt: skip
+            stores = _store_tile(acc, c_bufs, stores, dw_desc, out_row, t * BK)
+        return loads + total, stores
+
+    @gluon.jit
     def _add(a, b):
         return a + b
 
     @gluon.jit
-    def _pieces(chunks, num_k, CHUNKS: gl.constexpr):
+    def _pieces(chunks, num_k, per, CHUNKS: gl.constexpr):
         """K pieces of an (expert, n-tile) item: 1 where the expert's dy stays resident, else
-        about one per CHUNKS row chunks (at most one per K tile)."""
-        return gl.where(chunks > CHUNKS, gl.minimum((chunks + CHUNKS - 1) // CHUNKS, num_k), 1)
+        about one per ``per`` row chunks (at most one per K tile)."""
+        return gl.where(chunks > CHUNKS, gl.minimum((chunks + per - 1) // per, num_k), 1)
 
     @gluon.jit
-    def _item_starts(bounds_ptr, E, n_tiles, num_k, e_idx, R: gl.constexpr, CHUNKS: gl.constexpr):
-        """(first item of each expert (int32; past the end for lanes >= E), number of items):
-        n_tiles items per expert, times its K pieces (``_pieces``)."""
+    def _item_starts(bounds_ptr, E, n_tiles, num_k, e_idx, programs, R: gl.constexpr, CHUNKS: gl.constexpr,
+                     HALVES: gl.constexpr):  # fmt: skip
+        """(first item of each expert (int32; past the end for lanes >= E), its item count, the
+        number of items, ``per`` for ``_pieces``). n_tiles items per expert (each HALVES tiles
+        wide); an expert past the resident chunks has one-tile items (HALVES per item), cut
+        along K. The resident experts' items come first, in expert order, then the others',
+        which so fill the round-robin's last round first. Their pieces: about one per HALVES x
+        CHUNKS row chunks (a piece then weighs about what a resident item does) where they all
+        fit the last round's programs that hold one item fewer, else about one per CHUNKS row
+        chunks (lighter pieces for the programs that get one more). ``share_of_items`` is the
+        host twin; run 63 measured what the last round costs."""
         live = e_idx < E
         lo = gl.load(bounds_ptr + e_idx, mask=live, other=0)
         hi = gl.load(bounds_ptr + e_idx + 1, mask=live, other=0)
         chunks = ((gl.maximum(hi - lo, 0) + R - 1) // R).to(gl.int32)
-        count = gl.where(live, n_tiles * _pieces(chunks, num_k, CHUNKS), 0)
-        starts = gl.associative_scan(count, 0, _add) - count
-        return gl.where(live, starts, 2**31 - 1), gl.sum(count, axis=0)
+        streamed = live & (chunks > CHUNKS)
+        tiles = gl.where(streamed, HALVES * n_tiles, n_tiles)
+        resident = gl.where(live & (chunks <= CHUNKS), n_tiles, 0)
+        resident_total = gl.sum(resident, axis=0)
+        short = (programs - resident_total % programs) % programs  # programs with one item fewer
+        coarse = gl.where(streamed, tiles * _pieces(chunks, num_k, HALVES * CHUNKS, CHUNKS), 0)
+        per = gl.where(gl.sum(coarse, axis=0) <= short, HALVES * CHUNKS, CHUNKS)
+        late = gl.where(streamed, tiles * _pieces(chunks, num_k, per, CHUNKS), 0)
+        starts = gl.where(
+            streamed,
+            gl.associative_scan(late, 0, _add) - late + resident_total,
+            gl.associative_scan(resident, 0, _add) - resident,
+        )
+        return gl.where(live, starts, 2**31 - 1), resident + late, resident_total + gl.sum(late, axis=0), per
 
     @gluon.jit
     def _grouped_gemm_dw_overlap_kernel(
-        dy_desc,  # (M, N) block (R, BN)
+        dy_desc,  # (M, N) block (R, BN): one tile's columns
         x_desc,  # (M, K) block (R, BK)
-        dw_desc,  # (E * N, K) block (BN, BK)
+        dw_desc,  # (E * N, K) block (BN, BK): one tile
         bounds_ptr,  # (E + 1,) int64 row offsets, clamped to [0, M] by the host
         M,
         N,
@@ -218,9 +380,12 @@ if HAVE_GLUON:
         CHUNKS: gl.constexpr,
         STAGES: gl.constexpr,
         E_POW2: gl.constexpr,
+        HALVES: gl.constexpr,
         num_warps: gl.constexpr,
     ):
-        gl.static_assert(STAGES <= CHUNKS, "the streamed path keeps slot s's dy chunk in dy_bufs[s]")
+        gl.static_assert(HALVES == 1 or HALVES == 2, "an item is one or two tiles wide")
+        # the streamed ring: slot s is dy_bufs[s] and x_bufs[s], as deep as both have buffers
+        DEPTH: gl.constexpr = CHUNKS * min(HALVES, STAGES)
         R: gl.constexpr = dy_desc.block_type.shape[0]
         BN: gl.constexpr = dy_desc.block_type.shape[1]
         BK: gl.constexpr = x_desc.block_type.shape[1]
@@ -230,19 +395,25 @@ if HAVE_GLUON:
         )
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
 
-        dy_bufs = gl.allocate_shared_memory(dtype, [CHUNKS, R, BN], dy_desc.layout)
+        row_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+
+        dy_bufs = gl.allocate_shared_memory(dtype, [HALVES * CHUNKS, R, BN], dy_desc.layout)
         x_bufs = gl.allocate_shared_memory(dtype, [STAGES * CHUNKS, R, BK], x_desc.layout)
         c_bufs = gl.allocate_shared_memory(dtype, [2, BN, BK], dw_desc.layout)
         bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        sbars = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], mbarrier.MBarrierLayout())
         dy_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(bars.index(i), count=1)
+        for i in gl.static_range(DEPTH):
+            mbarrier.init(sbars.index(i), count=1)
         mbarrier.init(dy_bar, count=1)
 
         zero = gl.zeros((BN, BK), dtype=gl.float32, layout=mma_layout)
-        n_tiles = N // BN
+        n_tiles = N // (HALVES * BN)  # items per expert (one or two tiles wide)
         num_k = gl.cdiv(K, BK)
         loads = 0  # x tiles loaded so far by this program: ring slot and barrier phase
+        sloads = 0  # the same for the streamed ring
         items = 0  # resident loads so far: dy_bar's phase
         stores = 0  # TMA stores so far: staging buffer
         # the items, round-robin over the programs as in the resident kernel (neighbouring
@@ -252,88 +423,64 @@ if HAVE_GLUON:
         # + n-tile, and no search
         e_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
         e_idx = gl.arange(0, E_POW2, layout=e_layout)
-        starts, total_items = _item_starts(bounds_ptr, E, n_tiles, num_k, e_idx, R, CHUNKS)
+        starts, counts, total_items, per = _item_starts(bounds_ptr, E, n_tiles, num_k, e_idx, NUM_PROGRAMS, R, CHUNKS,
+                                                        HALVES)  # fmt: skip
         uniform = total_items == E * n_tiles
         for g in range(gl.program_id(0), total_items, NUM_PROGRAMS):
             if uniform:
                 expert = g // n_tiles
                 local = g % n_tiles
             else:
-                expert = gl.sum(gl.where(starts <= g, 1, 0), axis=0) - 1
-                local = g - gl.sum(gl.where(e_idx == expert, starts, 0), axis=0)
+                mine = (starts <= g) & (g < starts + counts)  # exactly one expert's items hold g
+                expert = gl.sum(gl.where(mine, e_idx, 0), axis=0)
+                local = g - gl.sum(gl.where(mine, starts, 0), axis=0)
             row_start = gl.minimum(gl.maximum(gl.load(bounds_ptr + expert), 0), M)
             row_end = gl.minimum(gl.maximum(gl.load(bounds_ptr + expert + 1), row_start), M)
             rows = (row_end - row_start).to(gl.int32)
             first = row_start.to(gl.int32)
-            pieces = _pieces(gl.cdiv(rows, R), num_k, CHUNKS)
-            n0 = (local // pieces) * BN
+            chunks = gl.cdiv(rows, R)
+            pieces = _pieces(chunks, num_k, per, CHUNKS)
+            # an item is HALVES tiles wide, one tile past the resident chunks (``_item_starts``)
+            n0 = (local // pieces) * gl.where(chunks > CHUNKS, BN, HALVES * BN)
             # a TMA coordinate (int32 by definition); the host refuses E * N >= 2**31
             out_row = expert * N + n0  # qmoe-doctor: ignore[int32-offset]
-            chunks = gl.cdiv(rows, R)
             _cta_barrier()  # every warp's MMAs of the previous item are done with the buffers
             if chunks == 0:
                 for t in range(num_k):
-                    stores = _store_tile(zero, c_bufs, stores, dw_desc, out_row, t * BK)
+                    for h in gl.static_range(HALVES):
+                        stores = _store_tile(zero, c_bufs, stores, dw_desc, out_row + h * BN, t * BK)
             elif chunks <= CHUNKS:
                 # only the expert's own chunks are loaded and multiplied (run 53: +5-7% over
                 # always CHUNKS, the surplus ones repeating the last chunk masked to zero). The
                 # walk's chunk count is a constant, one copy per count: an MMA under a runtime
                 # condition makes ptxas wait for the MMAs before the overlapped epilogue (C7517).
-                _expect_chunks(dy_bar, chunks, dy_desc.block_type.nbytes, CHUNKS)
-                for c in gl.static_range(CHUNKS):
-                    if c < chunks:
-                        _tma_load(dy_desc, [first + _chunk_row(c, rows, R), n0], dy_bar, dy_bufs.index(c))
+                _expect_chunks(dy_bar, chunks, HALVES * dy_desc.block_type.nbytes, CHUNKS)
+                for h in gl.static_range(HALVES):
+                    for c in gl.static_range(CHUNKS):
+                        if c < chunks:
+                            _tma_load(dy_desc, [first + _chunk_row(c, rows, R), n0 + h * BN], dy_bar,
+                                      dy_bufs.index(h * CHUNKS + c))  # fmt: skip
                 for nch in gl.static_range(1, CHUNKS + 1):
                     if chunks == nch:
-                        stores = _resident_walk(x_desc, x_bufs, bars, dy_bufs, dy_bar, c_bufs, dw_desc, loads, stores,
-                                                items, first, rows, out_row, num_k, zero, nch, CHUNKS, STAGES, R,
-                                                BK, a_layout)  # fmt: skip
+                        if HALVES == 1:
+                            stores = _resident_walk(x_desc, x_bufs, bars, dy_bufs, dy_bar, c_bufs, dw_desc, loads,
+                                                    stores, items, first, rows, out_row, num_k, zero, nch, CHUNKS,
+                                                    STAGES, R, BK, a_layout)  # fmt: skip
+                        else:
+                            stores = _paired_walk(x_desc, x_bufs, bars, dy_bufs, dy_bar, c_bufs, dw_desc, loads,
+                                                  stores, items, first, rows, out_row, num_k, zero, nch, CHUNKS,
+                                                  STAGES, R, BN, BK, row_layout)  # fmt: skip
                 items += 1
                 loads += num_k
             else:
-                # more rows than resident chunks: the (K tile, chunk) pairs in one pipelined
-                # sequence, dy and x chunks both through the ring (slot s's dy in dy_bufs[s]:
-                # STAGES <= CHUNKS). Whole chunks feed the MMA from shared memory (dy^T as a
-                # transposed view), the last, shifted one as a masked register operand. Each
-                # MMA is left running while the previous one's slot is refilled.
-                k_lo = (local % pieces) * num_k // pieces  # this item's K tiles
-                k_hi = (local % pieces + 1) * num_k // pieces
-                total = (k_hi - k_lo) * chunks
-                for j in gl.static_range(STAGES):
-                    if j < total:
-                        _issue_pair(dy_desc, x_desc, dy_bufs, x_bufs, bars, (loads + j) % STAGES, first, rows, n0,
-                                    k_lo, j, chunks, CHUNKS, R, BK)  # fmt: skip
-                acc = zero
-                for t in range(k_lo, k_hi):
-                    q = (t - k_lo) * chunks
-                    slot = _ready(bars, loads + q, STAGES)
-                    acc = warpgroup_mma(dy_bufs.index(slot).permute((1, 0)), x_bufs.index(slot * CHUNKS), acc,
-                                        use_acc=False, is_async=True)  # fmt: skip
-                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                    for c in range(1, chunks - 1):
-                        slot = _ready(bars, loads + q + c, STAGES)
-                        acc = warpgroup_mma(dy_bufs.index(slot).permute((1, 0)), x_bufs.index(slot * CHUNKS), acc,
-                                            is_async=True)  # fmt: skip
-                        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                        _refill(dy_desc, x_desc, dy_bufs, x_bufs, bars, loads, first, rows, n0, k_lo, q + c - 1, total, chunks,
-                                CHUNKS, STAGES, R, BK)  # fmt: skip
-                    q = q + chunks - 1
-                    slot = _ready(bars, loads + q, STAGES)
-                    a_last = _masked_chunk(dy_bufs.index(slot), rows, chunks - 1, R, a_layout)
-                    acc = warpgroup_mma(a_last, x_bufs.index(slot * CHUNKS), acc, is_async=True)
-                    # the tile's last MMAs are waited for (an accumulator still in flight cannot be
-                    # carried into the next tile without ptxas serializing every wgmma), then its
-                    # two slots refill and the tile is stored while those loads run
-                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                    _refill(dy_desc, x_desc, dy_bufs, x_bufs, bars, loads, first, rows, n0, k_lo, q - 1, total, chunks,
-                            CHUNKS, STAGES, R, BK)  # fmt: skip
-                    _refill(dy_desc, x_desc, dy_bufs, x_bufs, bars, loads, first, rows, n0, k_lo, q, total, chunks,
-                            CHUNKS, STAGES, R, BK)  # fmt: skip
-                    stores = _store_tile(acc, c_bufs, stores, dw_desc, out_row, t * BK)
-                loads += total
+                sloads, stores = _streamed_item(dy_desc, x_desc, dy_bufs, x_bufs, sbars, c_bufs, dw_desc, sloads,
+                                                stores, first, rows, n0, out_row, local, pieces, num_k, chunks, zero,
+                                                CHUNKS, DEPTH, R, BK, a_layout)  # fmt: skip
         tma.store_wait(pendings=0)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(i))
+        for i in gl.static_range(DEPTH):
+            mbarrier.invalidate(sbars.index(i))
         mbarrier.invalidate(dy_bar)
 
 
@@ -351,20 +498,31 @@ def _smem_layout(shape: list[int], dtype: torch.dtype) -> Any:
 
 
 def share_of_items(
-    rows: list[int], n_tiles: int, num_k: int, programs: int, r: int, chunks: int
-) -> list[list[tuple[int, int, int]]]:
+    rows: list[int], n_tiles: int, num_k: int, programs: int, r: int, chunks: int, halves: int = 1
+) -> list[list[tuple[int, int, int, int]]]:
     """The overlapped kernel's items per program, computed on the host the way the kernel does
-    (``_pieces`` / ``_item_starts``): (expert, n-tile, K piece) in order, item g to program
-    g % programs. An expert whose rows fit ``chunks`` chunks of ``r`` rows has one item per
-    n-tile (all K tiles); a larger one is cut along K into about one piece per ``chunks`` row
-    chunks. For tests and tools."""
-    out: list[list[tuple[int, int, int]]] = [[] for _ in range(programs)]
+    (``_pieces`` / ``_item_starts``): (expert, first dw tile, tiles, K piece) in order, item g
+    to program g % programs; ``n_tiles`` counts dw tiles (N / 128 for paired items). An expert
+    whose rows fit ``chunks`` chunks of ``r`` rows has items of ``halves`` tiles (all K tiles);
+    a larger one has one-tile items cut along K, after every resident expert's: about one
+    piece per ``halves`` x ``chunks`` row chunks where they all fit the programs that hold one
+    resident item fewer, else one per ``chunks``. For tests and tools."""
+    out: list[list[tuple[int, int, int, int]]] = [[] for _ in range(programs)]
+    chunks_of = [-(-max(0, n) // r) for n in rows]
+    streamed = [e for e, c in enumerate(chunks_of) if c > chunks]
+    resident = [e for e, c in enumerate(chunks_of) if c <= chunks]
+
+    def pieces(c: int, per: int) -> int:
+        return min(-(-c // per), num_k)
+
+    short = (programs - len(resident) * (n_tiles // halves) % programs) % programs
+    coarse = sum(n_tiles * pieces(chunks_of[e], halves * chunks) for e in streamed)
+    per = halves * chunks if coarse <= short else chunks
     g = 0
-    for e, n in enumerate(rows):
-        c = -(-max(0, n) // r)
-        pieces = min(-(-c // chunks), num_k) if c > chunks else 1
-        for i in range(n_tiles * pieces):
-            out[g % programs].append((e, i // pieces, i % pieces))
+    for e in resident + streamed:
+        width, k_pieces = (1, pieces(chunks_of[e], per)) if e in streamed else (halves, 1)
+        for i in range(n_tiles // width * k_pieces):
+            out[g % programs].append((e, i // k_pieces * width, width, i % k_pieces))
             g += 1
     return out
 
@@ -386,7 +544,8 @@ def dw_overlap_ok(dy: torch.Tensor, x: torch.Tensor, cfg: Any) -> bool:
     index = dy.device.index if dy.device.index is not None else torch.cuda.current_device()
     if capability(index)[0] != 9:
         return False
-    if dy.shape[1] % cfg.block_n or cfg.block_n % (16 * cfg.num_warps) or cfg.num_stages > cfg.overlap:
+    tile = cfg.block_n // overlap_halves(cfg.block_n)
+    if dy.shape[1] % cfg.block_n or tile % (16 * cfg.num_warps) or cfg.num_stages > cfg.overlap:
         return False
     return all(
         t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and _tma_ready(t) for t in (dy, x)
@@ -411,7 +570,7 @@ def dw_overlap_plan(
 
     if not _tma_ready(dw):
         return None
-    r, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    r, bn, bk = cfg.block_m, cfg.block_n // overlap_halves(cfg.block_n), cfg.block_k
     dy_desc = GluonTensorDescriptor(dy, [m, n], [dy.stride(0), 1], [r, bn], _smem_layout([r, bn], dy.dtype))
     x_desc = GluonTensorDescriptor(x, [m, k], [x.stride(0), 1], [r, bk], _smem_layout([r, bk], dy.dtype))
     dw_desc = GluonTensorDescriptor(
@@ -439,6 +598,7 @@ def launch_dw_overlap(
         CHUNKS=cfg.overlap,
         STAGES=cfg.num_stages,
         E_POW2=_pow2(dw.shape[0]),
+        HALVES=overlap_halves(cfg.block_n),
         num_warps=cfg.num_warps,
     )
 
@@ -459,19 +619,20 @@ def compile_offline(cfg: Any, dtype: str = "bf16", capability: int = 90, experts
     def desc(shape: list[int]) -> str:
         return f"tensordesc<{dtype}{list(shape)},{gl.NVMMASharedLayout.get_default_for(shape, gdt)!r}>"
 
-    r, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    r, bn, bk = cfg.block_m, cfg.block_n // overlap_halves(cfg.block_n), cfg.block_k
     signature = {
         "dy_desc": desc([r, bn]),
         "x_desc": desc([r, bk]),
         "dw_desc": desc([bn, bk]),
         "bounds_ptr": "*i64",
         **{name: "i32" for name in ("M", "N", "K", "E", "NUM_PROGRAMS")},
-        **{name: "constexpr" for name in ("CHUNKS", "STAGES", "E_POW2", "num_warps")},
+        **{name: "constexpr" for name in ("CHUNKS", "STAGES", "E_POW2", "HALVES", "num_warps")},
     }
     constexprs = {
         "CHUNKS": cfg.overlap,
         "STAGES": cfg.num_stages,
         "E_POW2": experts_pow2,
+        "HALVES": overlap_halves(cfg.block_n),
         "num_warps": cfg.num_warps,
     }
     source = GluonASTSource(_grouped_gemm_dw_overlap_kernel, signature, constexprs=constexprs)

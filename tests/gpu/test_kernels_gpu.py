@@ -392,6 +392,7 @@ HOPPER_DW_CONFIGS = [
     "32x128x128-w8-s3-tma-ov5",
     "16x128x128-w8-s2-tma-ov2",
     "16x128x128-w8-s3-tma-ov10",  # 16-row chunks; at N=320 the fallback, -r6
+    "32x256x128-w8-s2-tma-ov5",  # paired items; N=384 and 320 are no multiple of 256: the fallback
 ]
 
 OVERLAP_CONFIGS = [
@@ -399,10 +400,21 @@ OVERLAP_CONFIGS = [
     "32x128x128-w8-s3-tma-ov5",
     "32x128x64-w8-s4-tma-ov5",
     "16x128x128-w8-s3-tma-ov10",
+    "32x256x128-w8-s2-tma-ov5",  # paired items: two 128-wide tiles per x load
+    "16x256x128-w8-s2-tma-ov8",
 ]
 
 
-@pytest.mark.parametrize("name", ["32x128x128-w8-s3-tma-ov5", "64x128x128-w8-s2-tma-ov3", "16x128x128-w8-s3-tma-ov10"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "32x128x128-w8-s3-tma-ov5",
+        "64x128x128-w8-s2-tma-ov3",
+        "16x128x128-w8-s3-tma-ov10",
+        "32x256x128-w8-s2-tma-ov5",
+        "16x256x128-w8-s2-tma-ov8",
+    ],
+)
 def test_overlap_dw_k_not_a_multiple_of_the_tile(name: str) -> None:
     """K = 520: the last K tile has 8 columns; the x loads read zeros past K and the TMA
     store clips the tile there (a store past K would land in the next row of dw). Every

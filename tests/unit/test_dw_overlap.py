@@ -28,7 +28,13 @@ from qmoe_doctor.kernels.backward import (
     moe_grouped_gemm_dw_torch,
     overlap_fallback,
 )
-from qmoe_doctor.kernels.dw_overlap import HAVE_GLUON, dw_overlap_ok, dw_overlap_plan, share_of_items
+from qmoe_doctor.kernels.dw_overlap import (
+    HAVE_GLUON,
+    dw_overlap_ok,
+    dw_overlap_plan,
+    overlap_halves,
+    share_of_items,
+)
 from qmoe_doctor.kernels.tuning import config_from_name
 
 H200_SMEM = 232448  # shared_memory_per_block_optin of an H200 / H100
@@ -48,12 +54,29 @@ def test_fallback_is_the_resident_kernel_of_the_same_tiles() -> None:
     assert fb.name == "64x128x64-w8-s3-tma-r3"
     # the Triton kernel holds at most 6 chunks: 16-row chunks past that fall back to 6
     assert overlap_fallback(config_from_name("16x128x128-w8-s3-tma-ov10")).name == "16x128x128-w8-s3-tma-r6"
+    # a paired item (two 128-wide tiles) falls back to the Triton kernel of one such tile
+    assert overlap_fallback(config_from_name("32x256x128-w8-s2-tma-ov5")).name == "32x128x128-w8-s2-tma-r5"
+
+
+def test_paired_items_smem_and_grid_arithmetic() -> None:
+    """block_n 256 with -ovN: items of two 128-wide dw tiles sharing each x load. The resident
+    dy chunks are the item's whole width, the staging tiles one tile wide; half as many items."""
+    assert (overlap_halves(256), overlap_halves(128), overlap_halves(64)) == (2, 1, 1)
+    cfg = config_from_name("32x256x128-w8-s2-tma-ov5")
+    # the streamed ring spans all 10 dy chunk buffers (and 10 of the x ring's): 10 barriers
+    want = 2 * (5 * 32 * 256 + 2 * 5 * 32 * 128 + 2 * 128 * 128) + 8 * (2 + 10 + 1)
+    assert _dw_smem_bytes(cfg, 2) == want <= H200_SMEM
+    single = config_from_name("32x128x128-w8-s2-tma-ov5")
+    # the second half's dy chunks, and 5 more streamed-ring barriers
+    assert _dw_smem_bytes(cfg, 2) - _dw_smem_bytes(single, 2) == 2 * 5 * 32 * 128 + 8 * 5
+    assert dw_grid_size(128, 1536, 2048, cfg, torch.device("cpu")) == 4
 
 
 def test_smem_and_grid_arithmetic() -> None:
     cfg = config_from_name("64x128x128-w8-s2-tma-ov3")
     # dy: 3 chunks of 64x128; x: 2 stages x 3 chunks of 64x128; two 128x128 staging tiles (bf16)
-    want = 2 * (3 * 64 * 128 + 2 * 3 * 64 * 128 + 2 * 128 * 128) + 8 * 3
+    # and 8-byte barriers: 2 for the x ring, 3 for the streamed ring (one per dy chunk), 1 for dy
+    want = 2 * (3 * 64 * 128 + 2 * 3 * 64 * 128 + 2 * 128 * 128) + 8 * (2 + 3 + 1)
     assert _dw_smem_bytes(cfg, 2) == want
     assert want <= H200_SMEM
     # work items are (expert, n-tile): 128 experts x 12 n-tiles; the interpreter takes a few
@@ -73,34 +96,60 @@ def test_smem_and_grid_arithmetic() -> None:
     ],
     ids=["uniform", "hot-first", "hot-last", "one-expert", "all-streamed", "tiny"],
 )
-def test_item_share_covers_every_item_once_and_balances_cost(rows: list[int]) -> None:
+@pytest.mark.parametrize("halves", [1, 2], ids=["one-tile", "paired"])
+def test_item_share_covers_every_item_once_and_balances_cost(rows: list[int], halves: int) -> None:
     """The overlapped kernel's items (host twin of ``_item_starts`` / ``_pieces``): every
-    (expert, n-tile, K tile) covered by exactly one item, and with a hot expert the most loaded
+    (expert, dw tile, K tile) covered by exactly one item, and with a hot expert the most loaded
     program well under what whole (expert, n-tile) items gave (run 40: 157 TFLOP/s against 270
-    uniform, with 5% of the rows on one expert)."""
+    uniform, with 5% of the rows on one expert). Paired items (two tiles) only where the expert
+    stays resident: past the resident chunks items are one tile wide (run 62: paired ones there
+    made random routing 260 TFLOP/s against 357 balanced)."""
     n_tiles, num_k, programs, r, chunks = 12, 16, 132, 32, 5
-    shares = share_of_items(rows, n_tiles, num_k, programs, r, chunks)
+    shares = share_of_items(rows, n_tiles, num_k, programs, r, chunks, halves)
     items = sorted(item for run in shares for item in run)
-    pieces_of = {e: 1 + max(p for ee, _, p in items if ee == e) for e in range(len(rows))}
-    covered = [
+    pieces_of = {e: 1 + max(p for ee, _, _, p in items if ee == e) for e in range(len(rows))}
+    covered = sorted(
         (e, t, k)
-        for e, t, piece in items
+        for e, first, width, piece in items
+        for t in range(first, first + width)
         for k in range(piece * num_k // pieces_of[e], (piece + 1) * num_k // pieces_of[e])
-    ]
+    )
     assert covered == [(e, t, k) for e in range(len(rows)) for t in range(n_tiles) for k in range(num_k)]
     assert all(pieces_of[e] == 1 for e, n in enumerate(rows) if n <= chunks * r)
+    for e, _, width, _ in items:
+        assert width == (halves if rows[e] <= chunks * r else 1)
 
-    def cost(e: int, piece: int, pieces: int) -> int:  # K tiles x (row chunks + the epilogue)
-        return ((piece + 1) * num_k // pieces - piece * num_k // pieces) * (math.ceil(rows[e] / r) + 1)
+    def cost(e: int, width: int, piece: int, pieces: int) -> int:
+        """K tiles x (row chunks + the epilogue) x tiles."""
+        k_tiles = (piece + 1) * num_k // pieces - piece * num_k // pieces
+        return k_tiles * (math.ceil(rows[e] / r) + 1) * width
 
-    loads = [sum(cost(e, piece, pieces_of[e]) for e, _, piece in run) for run in shares]
+    loads = [sum(cost(e, width, piece, pieces_of[e]) for e, _, width, piece in run) for run in shares]
     whole = [
-        sum(cost(i // n_tiles, 0, 1) for i in range(p, len(rows) * n_tiles, programs))
+        sum(cost(i // n_tiles, 1, 0, 1) for i in range(p, len(rows) * n_tiles, programs))
         for p in range(programs)
     ]
     assert sum(loads) == sum(whole)
     if max(rows) > 4 * sum(rows) / len(rows) and len(rows) > programs / n_tiles:
         assert max(loads) < 0.85 * max(whole), (max(loads), max(whole))
+
+
+def test_paired_items_leave_experts_past_the_chunks_no_seventh_item() -> None:
+    """Run 63's case: 2048 tokens of 30b gate_up (12 dw tiles of 128, 16 K tiles), paired items,
+    32-row chunks x 5, random routing with two experts past 160 rows. Their one-tile items are
+    cut into pieces about as heavy as a paired item (here: whole K) and come last, so no
+    program gets more items than the 756 resident ones alone give it (half-K pieces made 804
+    items: 12 programs with a seventh)."""
+    rows = [128] * 63 + [161] + [128] * 63 + [163]
+    shares = share_of_items(rows, 12, 16, 132, 32, 5, halves=2)
+    assert sum(len(run) for run in shares) == 126 * 6 + 2 * 12
+    assert max(len(run) for run in shares) == 6
+    streamed = [item for run in shares for item in run if item[0] in (63, 127)]
+    assert {(width, piece) for _, _, width, piece in streamed} == {(1, 0)}
+    # the round-robin order: every resident expert's items before the two experts' items
+    order = sorted((g * 132 + p, item[0]) for p, run in enumerate(shares) for g, item in enumerate(run))
+    experts = [e for _, e in order]
+    assert set(experts[-24:]) == {63, 127} and not {63, 127} & set(experts[:-24])
 
 
 def test_cpu_operands_never_take_the_gluon_kernel() -> None:
@@ -184,7 +233,13 @@ def test_gluon_kernel_compiles_for_sm90_and_fits(name: str) -> None:
 
 @needs_gluon
 @pytest.mark.parametrize(
-    "name", ["64x128x128-w8-s2-tma-ov3", "32x128x128-w8-s3-tma-ov5", "16x128x128-w8-s3-tma-ov10"]
+    "name",
+    [
+        "64x128x128-w8-s2-tma-ov3",
+        "32x128x128-w8-s3-tma-ov5",
+        "16x128x128-w8-s3-tma-ov10",
+        "32x256x128-w8-s2-tma-ov5",  # paired items: both operands from shared memory
+    ],
 )
 def test_ptxas_keeps_the_wgmma_pipeline(name: str) -> None:
     """ptxas (the one Triton uses for sm_90) must neither spill nor serialize the kernel's
@@ -204,12 +259,14 @@ def test_ptxas_keeps_the_wgmma_pipeline(name: str) -> None:
 
 
 @needs_gluon
-def test_gluon_kernel_stores_a_tile_while_the_next_tiles_mmas_run() -> None:
+@pytest.mark.parametrize("name", ["64x128x128-w8-s2-tma-ov3", "32x256x128-w8-s2-tma-ov4"])
+def test_gluon_kernel_stores_a_tile_while_the_next_tiles_mmas_run(name: str) -> None:
     """Between committing a tile's wgmma groups and waiting for them, the resident loop stages
     the previous tile (stmatrix) and issues its TMA store: the overlap this kernel exists for.
     A kernel that waits for its MMAs before every epilogue (the Triton one) has no TMA store in
-    that window."""
-    ops = _resident_loop(_compiled("64x128x128-w8-s2-tma-ov3")["ptx"])
+    that window. With paired items (the second config) only the paired walk can store there:
+    the streamed path waits for its MMAs before each store."""
+    ops = _resident_loop(_compiled(name)["ptx"])
     windows = []
     pending = False
     seen: list[str] = []
