@@ -520,7 +520,7 @@ def share_of_items(
     per = halves * chunks if coarse <= short else chunks
     g = 0
     for e in resident + streamed:
-        width, k_pieces = (1, pieces(chunks_of[e], per)) if e in streamed else (halves, 1)
+        width, k_pieces = (1, pieces(chunks_of[e], per)) if chunks_of[e] > chunks else (halves, 1)
         for i in range(n_tiles // width * k_pieces):
             out[g % programs].append((e, i // k_pieces * width, width, i % k_pieces))
             g += 1

@@ -6,12 +6,6 @@ say "date: $(date -u +%FT%TZ)  gpu: $(nvidia-smi --query-gpu=name,driver_version
 t pytest-bench 200 python3 -m pytest tests/gpu/test_bench_gpu.py -m gpu -q -p no:cacheprovider -rfE
 tail -3 "$R/pytest-bench.log" | tee -a "$S"
 t bench 240 qmoe-doctor bench --gpus 0 --tokens 128,512,2048,8192 --out "$R/bench"
-python3 - "$R/bench/bench.json" <<'PY' | tee -a "$S"
-import json, sys
-d = json.load(open(sys.argv[1]))
-for r in d["rows"]:
-    if r["op"].startswith("block") or r["impl"] in ("qmoe", "torch._grouped_mm"):
-        print(f"{r['op']:24} {r['impl']:44} {r['tokens']:>5} {r['ms'] or 0:8.4f} ms {r['tflops'] or 0:7.1f} {r.get('note') or ''}")
-PY
+bench_report "$R/bench/bench.json"
 pack
 echo "==== SUMMARY"; cat "$S"

@@ -6,8 +6,7 @@
 # preset points merged into a copy of the packaged table, and the benchmark with that table.
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_run_common.sh"
 BUDGET=580
-say "date: $(date -u +%FT%TZ)  gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
-say "versions: $(python3 -c 'import torch,triton,sys;print("torch",torch.__version__,"triton",triton.__version__,"cuda",torch.version.cuda,"python",sys.version.split()[0])')"
+header
 PAIRED=32x256x128-w8-s2-tma-ov5,32x256x128-w8-s3-tma-ov4,16x256x128-w8-s2-tma-ov8,16x256x128-w8-s2-tma-ov10,64x256x128-w8-s2-tma-ov2
 TABLE=32x128x128-w8-s3-tma-ov5,32x128x128-w8-s2-tma-ov2,16x128x128-w8-s3-tma-ov10,64x128x128-w8-s2-tma-ov3,32x128x128-w4-s5-p2-tma,16x128x128-w8-s2-tma-ov4,32x128x128-w8-s4-tma-ov4,32x128x128-w8-s2-tma-ov6
 t probe 150 python3 tools/routing_probe.py --no-ceilings --forward "" --dw "32x128x128-w8-s3-tma-ov5,$PAIRED"

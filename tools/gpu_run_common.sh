@@ -9,6 +9,10 @@
 #   dw_tests          the GPU dw tests (overlapped and Hopper paths)
 #   dw_check N C ARGS tools/dw_overlap_check.py with configs C, as $R/N.log and to the summary
 #   bench_table       the benchmark at 128-8192 tokens, its main rows to the summary
+#   header            the date, GPU and driver, and the torch / triton / CUDA / Python versions,
+#                     to the summary
+#   bench_report FILE the GEMM rows and the block rows of a `qmoe-doctor bench` report, to the
+#                     summary
 #   dw_round CFGS REGS  one H200: the dw sweep of CFGS at the 16 preset points merged into the
 #                     packaged table, registers of REGS, the benchmark and the GPU kernel tests
 #                     with the merged table (runs 32, 34)
@@ -69,6 +73,20 @@ keep = ("qmoe", "torch._grouped_mm", "qmoe MoEBlock", "MoEBlock + torch._grouped
 for r in d["rows"]:
     if r["impl"] in keep:
         print(f"{r['op']:24} {r['impl']:30} {r['tokens']:>5} {r['ms'] or 0:8.4f} ms {r['tflops'] or 0:7.1f} {r.get('config') or ''}")
+PY
+}
+header() {
+  say "date: $(date -u +%FT%TZ)  gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
+  say "versions: $(python3 -c 'import torch,triton,sys;print("torch",torch.__version__,"triton",triton.__version__,"cuda",torch.version.cuda,"python",sys.version.split()[0])')"
+}
+bench_report() {  # bench_report FILE: ours and torch's GEMM rows, and every block row
+  python3 - "$1" <<'PY' | tee -a "$S"
+import json, sys
+d = json.load(open(sys.argv[1]))
+for r in d["rows"]:
+    if r["op"].startswith("block") or r["impl"] in ("qmoe", "torch._grouped_mm"):
+        print(f"{r['op']:24} {r['impl']:44} {r['tokens']:>5} {r['ms'] or 0:8.4f} ms {r['tflops'] or 0:7.1f}"
+              f" {r.get('config') or r.get('note') or ''}")
 PY
 }
 dw_round() {
