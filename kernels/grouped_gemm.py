@@ -6,7 +6,7 @@
 * ``w``: (E, N, K), one (N, K) weight per expert (any strides: ``w.transpose(1, 2)`` gives dx)
 * ``m_sizes``: (E,) int32 or int64 row counts per expert
 
-What makes it right under every placement (each item is a cause in ``qmoe_doctor.causes``):
+What makes it right under every placement (each item is a cause in ``qmoe_doctor.core.causes``):
 
 * the launch happens inside ``torch.cuda.device(x.device)``, so Triton picks x's device and that
   device's current stream (``missing-device-guard``, ``wrong-device-stream``);

@@ -25,11 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qmoe_doctor.core.shapes import MoEShape, get_preset
 from qmoe_doctor.kernels.backward import GroupedGemm, moe_fused_linear
 from qmoe_doctor.kernels.combine import combine_rows, gather_rows
 from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm
 from qmoe_doctor.kernels.routing import sort_by_expert
-from qmoe_doctor.presets import MoEShape, get_preset
 
 __all__ = ["MoEBlock", "MoEBlockTorch", "resolve_shape"]
 

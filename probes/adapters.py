@@ -24,7 +24,7 @@ failing::
     )
 
     # mylib's pyproject.toml
-    [project.entry-points."qmoe_doctor.adapters"]
+    [project.entry-points."qmoe_doctor.core.kernel_ref"]
     mylib = "mylib.qmoe:ADAPTER"
 
 Then ``qmoe-doctor scan --kernel adapter:mylib`` (its default target) or
@@ -44,7 +44,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from qmoe_doctor.adapters import ENTRY_POINT_GROUP, NAMED_REFS, parse_adapter_ref
+from qmoe_doctor.core.kernel_ref import ENTRY_POINT_GROUP, NAMED_REFS, parse_adapter_ref
+from qmoe_doctor.core.records import Condition, ProbeSpec
 from qmoe_doctor.probes.loader import (
     KernelFn,
     KernelResolutionError,
@@ -52,7 +53,6 @@ from qmoe_doctor.probes.loader import (
     load_kernel,
     resolve_object,
 )
-from qmoe_doctor.records import Condition, ProbeSpec
 
 #: Offset-sweep variants whose operands are not contiguous (probes/conditions.OFFSET_VARIANTS).
 NON_CONTIGUOUS_VARIANTS = frozenset({"padded-rows", "transposed-w"})
@@ -167,7 +167,7 @@ def _as_adapter(obj: Any, name: str) -> Any:
 
 
 def find_adapter(name: str) -> Any:
-    """The adapter called ``name``: an entry point of the group ``qmoe_doctor.adapters``, else
+    """The adapter called ``name``: an entry point of the group ``qmoe_doctor.core.kernel_ref``, else
     the object a dotted ``module.attr`` path names. Raises KernelResolutionError."""
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         if ep.name != name:

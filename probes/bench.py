@@ -1,6 +1,6 @@
 """The benchmark child: ``python -m qmoe_doctor.probes.bench REQUEST_JSON`` (child side; torch).
 
-Started by ``qmoe_doctor.bench.run_bench`` in a fresh interpreter pinned to the chosen GPUs; it
+Started by ``qmoe_doctor.workflows.bench.run_bench`` in a fresh interpreter pinned to the chosen GPUs; it
 reads one ``BenchRequest`` (JSON, the first argument), measures, writes one ``BenchReport``
 (JSON) to ``request.result_path`` and exits 0. Progress goes to stderr, one line per row.
 ``script_main`` is the flag interface of ``benchmarks/bench_kernels.py`` (one process, no child).
@@ -15,7 +15,7 @@ expert for the GEMM rows):
   with ``torch._grouped_mm`` as its forward kernel, the per-expert-loop twin (all three share one
   set of parameters), and a dense GEMM of the same FLOPs; on a GPU also the first two's forward
   replayed from a CUDA graph (no host launch path: what the GPU alone takes);
-* with ``placement`` (2 GPUs): see ``qmoe_doctor.bench``.
+* with ``placement`` (2 GPUs): see ``qmoe_doctor.workflows.bench``.
 
 Every row also gets its relative error against a float32 reference (float64 on the CPU). Under
 ``tiny`` (CPU, TRITON_INTERPRET=1) each row runs once and is compared; nothing is timed.
@@ -38,8 +38,8 @@ from typing import Any
 
 import torch  # does not import triton: TRITON_INTERPRET can still be set after this
 
-from qmoe_doctor import bench as B
-from qmoe_doctor.records import from_json
+from qmoe_doctor.core.records import from_json
+from qmoe_doctor.workflows import bench as B
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 #: Back-to-back calls per placement sample aim at this much wall time (ms), within CALLS_MAX.
@@ -512,7 +512,7 @@ def run(request: B.BenchRequest, *, log: Log = _log, command: str = "") -> B.Ben
     """Measure ``request`` in this process. TRITON_INTERPRET must already be set for tiny."""
     import triton
 
-    from qmoe_doctor.presets import MoEShape, get_preset
+    from qmoe_doctor.core.shapes import MoEShape, get_preset
 
     t_start = time.monotonic()
     preset = get_preset("tiny" if request.tiny else request.preset)
@@ -637,7 +637,7 @@ def parse_script_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Side-by-side throughput of our MoE kernels and the alternatives, in one run "
         "(the same measurement as `qmoe-doctor bench`, in this process).",
     )
-    p.add_argument("--preset", default="qwen3-30b-a3b", help="MoE shape preset (qmoe_doctor.presets)")
+    p.add_argument("--preset", default="qwen3-30b-a3b", help="MoE shape preset (qmoe_doctor.core.shapes)")
     p.add_argument("--m", type=int, default=None, help="rows M = tokens * top_k (default 16384); one shape")
     p.add_argument("--tokens", default=None, help="token counts, comma-separated (instead of --m)")
     p.add_argument("--e", type=int, default=None, help="experts E (default: the preset's)")
@@ -657,8 +657,8 @@ def parse_script_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def script_main(argv: list[str] | None = None) -> int:
-    from qmoe_doctor.output import stderr_console, stdout_console
-    from qmoe_doctor.presets import get_preset
+    from qmoe_doctor.cli.output import stderr_console, stdout_console
+    from qmoe_doctor.core.shapes import get_preset
 
     args = parse_script_args(argv)
     if args.tiny:
@@ -693,7 +693,7 @@ def script_main(argv: list[str] | None = None) -> int:
         _write(report, args.json_out)
         err.print(f"wrote {args.json_out}")
     if args.plot:
-        from qmoe_doctor.bench_plot import MISSING_MATPLOTLIB, plot_available, write_plot
+        from qmoe_doctor.reports.plot import MISSING_MATPLOTLIB, plot_available, write_plot
 
         if not report.timed:
             err.print("no plot: a --tiny run times nothing", style="yellow")

@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
+from qmoe_doctor.core.records import Condition, Phase, ProbeSpec, Status
+from qmoe_doctor.core.tolerances import tolerance
 from qmoe_doctor.probes.adapters import not_applicable
 from qmoe_doctor.probes.loader import load_kernel
-from qmoe_doctor.records import Condition, Phase, ProbeSpec, Status
-from qmoe_doctor.tolerances import tolerance
 
 # Peer access torch has enabled in this process, as (accessor, owner) ordinal pairs. Peer
 # access is enabled per direction by the first copy and never disabled, so it is tracked.

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from qmoe_doctor.records import Phase, ProbeSpec, TensorInfo
+from qmoe_doctor.core.records import Phase, ProbeSpec, TensorInfo
 
 #: Writes one protocol message (a JSON-able dict) to the parent, flushed. Set by the worker.
 Emit = Callable[[dict[str, Any]], None]

@@ -56,7 +56,7 @@ def load_kernel(ref: str) -> KernelFn:
         return load_adapted(ref)
     where, name = split_ref(ref)
     if where == "specimen":
-        from qmoe_doctor.specimens import get_specimen, kernel_ref
+        from qmoe_doctor.core.specimens import get_specimen, kernel_ref
 
         try:
             get_specimen(name)

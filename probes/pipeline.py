@@ -45,11 +45,11 @@ from typing import Any
 
 import torch
 
+from qmoe_doctor.core.records import Phase, ProbeSpec, Status
+from qmoe_doctor.core.shapes import PRESETS, MoEShape, get_preset
+from qmoe_doctor.core.tolerances import tolerance
 from qmoe_doctor.kernels.moe_block import MoEBlock, MoEBlockTorch
-from qmoe_doctor.presets import PRESETS, MoEShape, get_preset
 from qmoe_doctor.probes.loader import load_kernel
-from qmoe_doctor.records import Phase, ProbeSpec, Status
-from qmoe_doctor.tolerances import tolerance
 
 #: A block chains two grouped GEMMs, an activation and a weighted sum: its error is about twice
 #: one GEMM's (the block tolerance of tests/unit/test_kernels_forward.py is 2x the GEMM one).

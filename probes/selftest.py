@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Any, NoReturn
 
-from qmoe_doctor.records import Condition, Phase, Status
+from qmoe_doctor.core.records import Condition, Phase, Status
 
 from .context import ProbeContext
 

@@ -3,7 +3,7 @@
 ``AllocatorRecorder`` turns on ``torch.cuda.memory._record_memory_history`` before the probe and
 takes ``torch.cuda.memory._snapshot()`` after it (also when the probe raised: the worker's
 ``execute`` returns an outcome either way); ``reduce_snapshot`` boils the snapshot down to the
-records of ``qmoe_doctor.sanitizer`` (``AllocatorSnapshot``: segments and blocks per device with
+records of ``qmoe_doctor.diagnose.sanitizer_log`` (``AllocatorSnapshot``: segments and blocks per device with
 address, size, state, stream and the allocating stack's innermost user-code frame, and the
 recorded allocations), which ``probes/run_one.py`` stores as the outcome fact
 ``allocator_snapshot``. The parent reads it back with ``sanitizer.read_allocator_snapshot``.
@@ -40,8 +40,8 @@ import sysconfig
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from qmoe_doctor.records import Condition, ProbeSpec
-from qmoe_doctor.sanitizer import (
+from qmoe_doctor.core.records import Condition, ProbeSpec
+from qmoe_doctor.diagnose.sanitizer_log import (
     AllocatorSnapshot,
     AllocBlock,
     AllocFrame,

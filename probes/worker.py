@@ -1,4 +1,4 @@
-"""The probe child: ``python -m qmoe_doctor.probes.worker``, started by ``qmoe_doctor.isolate``.
+"""The probe child: ``python -m qmoe_doctor.probes.worker``, started by ``qmoe_doctor.isolate.worker_pool``.
 
 Protocol. The parent writes one ProbeSpec JSON line (``records.to_json``) at a time on stdin and
 closes stdin to end the worker. The worker answers on a dedicated pipe whose fd the parent names
@@ -30,8 +30,9 @@ import traceback
 from collections.abc import Iterable
 from typing import Any
 
-from qmoe_doctor import __version__, errors, knobs
-from qmoe_doctor.records import (
+from qmoe_doctor import __version__
+from qmoe_doctor.core import error_kind, knobs
+from qmoe_doctor.core.records import (
     POISONING_KINDS,
     Condition,
     ErrorKind,
@@ -176,7 +177,7 @@ def execute(spec: ProbeSpec, emit: Emit | None = None) -> tuple[Outcome, bool]:
 def classify(exc: BaseException, error_type: str, message: str) -> ErrorKind:
     if isinstance(exc, (SystemExit, KeyboardInterrupt)):
         return ErrorKind.OTHER  # the interpreter was asked to stop: do not reuse it
-    return errors.classify_error(error_type, message)
+    return error_kind.classify_error(error_type, message)
 
 
 def serve(spec_lines: Iterable[str], emit: Emit) -> None:

@@ -14,8 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from qmoe_doctor.bench import BenchReport, load_report
-from qmoe_doctor.bench_plot import MISSING_MATPLOTLIB, plot_available, write_plot
+from qmoe_doctor.reports.plot import MISSING_MATPLOTLIB, plot_available, write_plot
+from qmoe_doctor.workflows.bench import BenchReport, load_report
 
 REPO = Path(__file__).resolve().parents[1]
 RUN3 = REPO / "tests" / "fixtures" / "recorded" / "h200x2-run3" / "bench.json"

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import sys
 
+from qmoe_doctor.core.records import ProbeSpec, from_json, to_json
 from qmoe_doctor.probes.context import ProbeContext
 from qmoe_doctor.probes.worker import execute
-from qmoe_doctor.records import ProbeSpec, from_json, to_json
 
 
 def main(argv: list[str]) -> int:

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from qmoe_doctor.records import Condition, ProbeSpec, Shape, to_json
+from qmoe_doctor.core.records import Condition, ProbeSpec, Shape, to_json
 
 SMALL = Shape(m=256, e=8, n=256, k=256, dtype="bfloat16", routing="uniform")
 SPEC = "qmoe_doctor.kernels.specimens.{}:moe_grouped_gemm"

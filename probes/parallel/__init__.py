@@ -3,7 +3,7 @@ parallelism, each rank checked against a single-device run of the same weights a
 
 ``python -m qmoe_doctor.probes.parallel.rank --spec SPEC.json --out DIR`` is one rank, started by
 ``torch.distributed.run`` for dp, tp and ep, or alone for pp and the one-device baseline. The
-parent (``qmoe_doctor.parallel``) plans, launches, collects and classifies; docs/parallel.md
+parent (``qmoe_doctor.workflows.parallel``) plans, launches, collects and classifies; docs/parallel.md
 describes the modes, the files a run writes and the multi-node command.
 
 * ``hooks``: the rank-level seams a kernel module may override (set-device, expert id remap);

@@ -52,6 +52,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from qmoe_doctor.core.records import Condition, Phase, ProbeSpec, Status
+from qmoe_doctor.core.shapes import PRESETS, MoEShape, get_preset
 from qmoe_doctor.kernels.backward import moe_fused_linear
 from qmoe_doctor.kernels.combine import (
     combine_rows,
@@ -64,13 +66,11 @@ from qmoe_doctor.kernels.combine import (
 from qmoe_doctor.kernels.grouped_gemm import reserved_sms
 from qmoe_doctor.kernels.moe_block import MoEBlock, MoEBlockTorch, resolve_shape
 from qmoe_doctor.kernels.routing import sort_by_expert
-from qmoe_doctor.presets import PRESETS, MoEShape, get_preset
 from qmoe_doctor.probes.parallel import ep as ep_ops
 from qmoe_doctor.probes.parallel import ep_gather
 from qmoe_doctor.probes.parallel import tp as tp_ops
 from qmoe_doctor.probes.parallel.hooks import LOCAL_IDS_HOOK, RankHooks
 from qmoe_doctor.probes.pipeline import block_tolerance, layer_placement, make_block, rel_error
-from qmoe_doctor.records import Condition, Phase, ProbeSpec, Status
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 #: Salt of the input generator, so inputs and weights never share a seed.

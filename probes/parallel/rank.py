@@ -38,10 +38,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from qmoe_doctor import errors, knobs
-from qmoe_doctor.probes.context import ProbeContext
-from qmoe_doctor.probes.worker import exception_message, exception_type_name
-from qmoe_doctor.records import (
+from qmoe_doctor.core import error_kind, knobs
+from qmoe_doctor.core.records import (
     ErrorKind,
     Outcome,
     Phase,
@@ -52,6 +50,8 @@ from qmoe_doctor.records import (
     to_json,
     to_jsonable,
 )
+from qmoe_doctor.probes.context import ProbeContext
+from qmoe_doctor.probes.worker import exception_message, exception_type_name
 
 #: Outcome fields a runner may return (the rest the rank fills itself).
 _RUNNER_FIELDS = frozenset({"status", "rel_error", "tolerance", "out_device", "kernel_ms"})
@@ -260,7 +260,7 @@ def execute(ctx: RankContext) -> Outcome:
         kind = (
             ErrorKind.OTHER
             if isinstance(exc, (SystemExit, KeyboardInterrupt))
-            else errors.classify_error(error_type, message)
+            else error_kind.classify_error(error_type, message)
         )
         return Outcome(
             probe_id=ctx.spec.probe_id,

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from qmoe_doctor import knobs
-from qmoe_doctor.specimens import kernel_ref
-from qmoe_doctor.tolerances import tolerance
+from qmoe_doctor.core import knobs
+from qmoe_doctor.core.specimens import kernel_ref
+from qmoe_doctor.core.tolerances import tolerance
 
 CORRECT = "qmoe_doctor.kernels.grouped_gemm:moe_grouped_gemm"
 TOL_BF16 = tolerance("bfloat16")  # ||out - ref|| / ||ref|| vs the float32 twin; 1.7e-3 on H200

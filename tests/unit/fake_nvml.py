@@ -6,7 +6,7 @@ Function names, argument order, return shapes and error codes follow nvidia-ml-p
 remapped rows, objects with ``busId`` / ``total`` / ``free`` attributes, ``NVMLError(code)``
 with ``.value``.
 
-Events (``qmoe_doctor.xid``): ``nvmlEventSetCreate``, ``nvmlDeviceGetSupportedEventTypes``,
+Events (``qmoe_doctor.machine.xid``): ``nvmlEventSetCreate``, ``nvmlDeviceGetSupportedEventTypes``,
 ``nvmlDeviceRegisterEvents``, ``nvmlEventSetWait_v2`` (NVML_ERROR_TIMEOUT when nothing is due)
 and ``nvmlEventSetFree``, as nvidia-ml-py 13.x spells them; the waited-for record has the
 fields of ``c_nvmlEventData_t`` (``device``, ``eventType``, ``eventData`` = the Xid number,

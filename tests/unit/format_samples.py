@@ -2,7 +2,7 @@
 
 Written by us from the shape of each record kind (a header line with one space after the nine
 '=', continuation lines indented further; the wording of each header as the parser's patterns in
-qmoe_doctor/sanitizer.py describe it). Kernel names, files, addresses and counts are made up.
+qmoe_doctor/diagnose/sanitizer_log.py describe it). Kernel names, files, addresses and counts are made up.
 They exercise the parser's branches; they are not recordings and say nothing about what the
 tool really prints. Replace each with a recording under tests/fixtures/recorded/<run>/sanitizer/
 once one exists (racecheck with hazards, initcheck, synccheck, an API error, --xml --save).

@@ -14,17 +14,17 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from qmoe_doctor.adapters import (
+from qmoe_doctor.cli.app import app
+from qmoe_doctor.core.kernel_ref import (
     ENTRY_POINT_GROUP,
     AdapterRef,
     installed_adapters,
     parse_adapter_ref,
     validate_adapter_ref,
 )
-from qmoe_doctor.cli import app
+from qmoe_doctor.core.records import Condition, ProbeSpec, Shape
 from qmoe_doctor.probes import adapters as child
 from qmoe_doctor.probes.loader import KernelResolutionError
-from qmoe_doctor.records import Condition, ProbeSpec, Shape
 
 runner = CliRunner()
 
@@ -186,8 +186,8 @@ def test_adapter_module_that_fails_to_import(tmp_path: Path, monkeypatch: pytest
 
 
 def test_resolution_errors_are_classified_as_kernel_import() -> None:
-    from qmoe_doctor.errors import classify_error
-    from qmoe_doctor.records import ErrorKind
+    from qmoe_doctor.core.error_kind import classify_error
+    from qmoe_doctor.core.records import ErrorKind
 
     assert classify_error("qmoe_doctor.probes.loader.KernelResolutionError", "no adapter") is ErrorKind.KERNEL_IMPORT
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from qmoe_doctor.audit import (
+from qmoe_doctor.cli.app import app
+from qmoe_doctor.core.audit import (
     DOCS_PAGE,
     INT32_MAX,
     AuditReport,
@@ -21,10 +22,9 @@ from qmoe_doctor.audit import (
     load_hf_config,
     min_wrap_tokens,
 )
-from qmoe_doctor.cli import app
-from qmoe_doctor.exitcodes import ExitCode
-from qmoe_doctor.presets import PRESETS, MoEShape
-from qmoe_doctor.records import from_jsonable, to_jsonable
+from qmoe_doctor.core.exitcodes import ExitCode
+from qmoe_doctor.core.records import from_jsonable, to_jsonable
+from qmoe_doctor.core.shapes import PRESETS, MoEShape
 
 CONFIGS = Path(__file__).resolve().parent.parent / "fixtures" / "configs"
 OPERANDS = ("gate_up.x", "gate_up.w", "gate_up.dw", "gate_up.y", "down.x", "down.w", "down.dw", "down.y")
@@ -218,7 +218,7 @@ def test_report_round_trips_through_json() -> None:
 
 
 def test_audit_library_does_not_import_torch() -> None:
-    code = "import sys, qmoe_doctor.audit, qmoe_doctor.commands.audit; assert 'torch' not in sys.modules"
+    code = "import sys, qmoe_doctor.core.audit, qmoe_doctor.cli.commands.audit; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

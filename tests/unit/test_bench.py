@@ -21,8 +21,12 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from qmoe_doctor import knobs
-from qmoe_doctor.bench import (
+from qmoe_doctor.cli.app import app
+from qmoe_doctor.core import knobs
+from qmoe_doctor.core.exitcodes import ExitCode
+from qmoe_doctor.core.tolerances import tolerance
+from qmoe_doctor.machine.inventory import GpuInfo, Inventory
+from qmoe_doctor.workflows.bench import (
     BLOCK_IMPLS,
     BLOCK_OPS,
     BLOCK_QMOE_GRAPH,
@@ -44,10 +48,6 @@ from qmoe_doctor.bench import (
     with_fractions,
     with_slowdowns,
 )
-from qmoe_doctor.cli import app
-from qmoe_doctor.exitcodes import ExitCode
-from qmoe_doctor.inventory import GpuInfo, Inventory
-from qmoe_doctor.tolerances import tolerance
 
 runner = CliRunner()
 RUN3 = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "h200x2-run3" / "bench.json"
@@ -70,7 +70,7 @@ def _inventory(monkeypatch: pytest.MonkeyPatch, gpus: int) -> None:
         ),
         nvml_error=None if gpus else "NVML Shared Library Not Found",
     )
-    monkeypatch.setattr("qmoe_doctor.commands.bench.collect_inventory", lambda: inv)
+    monkeypatch.setattr("qmoe_doctor.cli.commands.bench.collect_inventory", lambda: inv)
 
 
 # --------------------------------------------------------------------------------------------
@@ -294,7 +294,7 @@ def test_bench_without_matplotlib_says_so_and_still_writes_json(
 ) -> None:
     _inventory(monkeypatch, gpus=1)
     monkeypatch.setenv(knobs.QMOE_CHILD_PYTHON, _recorded_child(tmp_path))
-    monkeypatch.setattr("qmoe_doctor.bench_plot.plot_available", lambda: False)
+    monkeypatch.setattr("qmoe_doctor.reports.plot.plot_available", lambda: False)
     out = tmp_path / "out"
     result = runner.invoke(app, ["bench", "--json", "--out", str(out)])
     assert result.exit_code == 0, result.output
@@ -306,7 +306,7 @@ def test_bench_without_matplotlib_says_so_and_still_writes_json(
 
 def test_bench_modules_never_import_torch_or_matplotlib() -> None:
     code = (
-        "import sys, qmoe_doctor.cli, qmoe_doctor.bench, qmoe_doctor.bench_plot, qmoe_doctor.commands.bench\n"
+        "import sys, qmoe_doctor.cli.app, qmoe_doctor.workflows.bench, qmoe_doctor.reports.plot, qmoe_doctor.cli.commands.bench\n"
         "bad = [m for m in ('torch', 'triton', 'matplotlib') if m in sys.modules]\n"
         "sys.exit(f'imported {bad}' if bad else 0)\n"
     )
@@ -343,7 +343,7 @@ def test_parse_tokens_refuses(text: str) -> None:
 
 
 def test_default_tokens_cover_issue_8s_shape_and_every_preset() -> None:
-    from qmoe_doctor.presets import PRESETS
+    from qmoe_doctor.core.shapes import PRESETS
 
     assert 2048 * PRESETS["qwen3-30b-a3b"].top_k == 16384
     assert 2048 in default_tokens("qwen3-30b-a3b")
@@ -467,7 +467,7 @@ def test_recorded_graph_rows_and_routing_render() -> None:
 
 def test_plot_of_run3_is_a_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="the 'plot' extra (matplotlib) is not installed")
-    from qmoe_doctor.bench_plot import write_plot
+    from qmoe_doctor.reports.plot import write_plot
 
     out = write_plot(load_report(RUN3), tmp_path / "sub" / "run3.png", targets={"forward": 450.0})
     data = out.read_bytes()
@@ -476,7 +476,7 @@ def test_plot_of_run3_is_a_png(tmp_path: Path) -> None:
 
 def test_plot_of_token_counts_and_placement_is_a_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="the 'plot' extra (matplotlib) is not installed")
-    from qmoe_doctor.bench_plot import write_plot
+    from qmoe_doctor.reports.plot import write_plot
 
     out = write_plot(_multi_token_report(), tmp_path / "multi.png")
     assert out.read_bytes().startswith(PNG_MAGIC)
@@ -484,7 +484,7 @@ def test_plot_of_token_counts_and_placement_is_a_png(tmp_path: Path) -> None:
 
 def test_plot_refuses_an_untimed_report(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="the 'plot' extra (matplotlib) is not installed")
-    from qmoe_doctor.bench_plot import write_plot
+    from qmoe_doctor.reports.plot import write_plot
 
     untimed = dataclasses.replace(load_report(RUN3), timed=False)
     with pytest.raises(RuntimeError, match="nothing to plot"):

@@ -14,8 +14,14 @@ import pytest
 from test_junit import assert_junit_shape
 from typer.testing import CliRunner
 
-from qmoe_doctor import check as check_mod
-from qmoe_doctor.check import (
+from qmoe_doctor.cli.app import app
+from qmoe_doctor.cli.commands import check as check_cmd
+from qmoe_doctor.core.exitcodes import ExitCode
+from qmoe_doctor.core.records import Condition, ErrorKind, Outcome, Phase, ProbeSpec, Shape, Status
+from qmoe_doctor.machine.inventory import GpuInfo, Inventory
+from qmoe_doctor.plan.scan import ScanPlan
+from qmoe_doctor.workflows import check as check_mod
+from qmoe_doctor.workflows.check import (
     GPU_FAST_CONDITIONS,
     CheckOptions,
     cell_results,
@@ -23,13 +29,7 @@ from qmoe_doctor.check import (
     plan_check,
     worst,
 )
-from qmoe_doctor.cli import app
-from qmoe_doctor.commands import check as check_cmd
-from qmoe_doctor.exitcodes import ExitCode
-from qmoe_doctor.inventory import GpuInfo, Inventory
-from qmoe_doctor.plan import ScanPlan
-from qmoe_doctor.records import Condition, ErrorKind, Outcome, Phase, ProbeSpec, Shape, Status
-from qmoe_doctor.scan import ScanReport
+from qmoe_doctor.workflows.scan import ScanReport
 
 runner = CliRunner()
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -293,7 +293,7 @@ def test_worst_exit_code_precedence() -> None:
 
 
 def test_slow_cells_fail_only_when_a_diagnosis_cites_them() -> None:
-    from qmoe_doctor.records import Confidence, Diagnosis, Evidence
+    from qmoe_doctor.core.records import Confidence, Diagnosis, Evidence
 
     def outcome(cond: Condition, ms: float) -> Outcome:
         spec = ProbeSpec(probe_id=f"0->1/{cond}", kernel="k", condition=cond, device=1, current=0,
@@ -334,8 +334,8 @@ def test_parent_never_imports_torch_for_check() -> None:
 
     code = (
         "import sys\n"
-        "import qmoe_doctor.cli, qmoe_doctor.check, qmoe_doctor.junit, qmoe_doctor.adapters\n"
-        "import qmoe_doctor.commands.check\n"
+        "import qmoe_doctor.cli.app, qmoe_doctor.workflows.check, qmoe_doctor.reports.junit, qmoe_doctor.core.kernel_ref\n"
+        "import qmoe_doctor.cli.commands.check\n"
         "bad = [m for m in ('torch', 'triton') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )

@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from qmoe_doctor.classify import build_matrix, cell_label, classify
-from qmoe_doctor.records import (
+from qmoe_doctor.core.records import (
     Condition,
     ErrorKind,
     Outcome,
@@ -20,6 +19,7 @@ from qmoe_doctor.records import (
     Status,
     from_jsonable,
 )
+from qmoe_doctor.diagnose.scan_rules import build_matrix, cell_label, classify
 
 RECORDED = Path(__file__).parent.parent / "fixtures" / "recorded"
 SHAPE = Shape(m=64, e=4, n=32, k=32, dtype="bfloat16")
@@ -403,7 +403,7 @@ def test_recorded_run3(name: str, expected: set[str]) -> None:
 def test_describe_a_wrong_cell_without_a_tolerance() -> None:
     """A WRONG outcome recorded without a tolerance (a kernel that returned the wrong shape or
     device) is described, not a TypeError."""
-    from qmoe_doctor.classify import Cell, describe
+    from qmoe_doctor.diagnose.scan_rules import Cell, describe
 
     o = mk("GPU 1/single", Condition.SINGLE, Status.WRONG, rel=0.5)
     o = Outcome(**{**{f: getattr(o, f) for f in o.__dataclass_fields__}, "tolerance": None})

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from qmoe_doctor.core.records import Condition, ProbeSpec, Shape, Status
 from qmoe_doctor.probes import conditions
 from qmoe_doctor.probes.context import ProbeContext
-from qmoe_doctor.records import Condition, ProbeSpec, Shape, Status
 
 SHAPE = Shape(m=40, e=4, n=24, k=32, dtype="float32", routing="random")
 

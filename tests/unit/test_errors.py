@@ -6,14 +6,14 @@ import signal
 
 import pytest
 
-from qmoe_doctor.errors import (
+from qmoe_doctor.core.error_kind import (
     classify_error,
     classify_exit,
     describe_exit,
     exception_type_in,
     pointer_arg_index,
 )
-from qmoe_doctor.records import ErrorKind
+from qmoe_doctor.core.records import ErrorKind
 
 # (exception type as the worker records it, message, expected kind, what the row covers)
 CASES = [

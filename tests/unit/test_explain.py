@@ -43,11 +43,18 @@ from recorded_logs import (
 )
 from typer.testing import CliRunner
 
-from qmoe_doctor.cli import app
-from qmoe_doctor.commands.scan import scan_command
-from qmoe_doctor.explain import Explanation, NothingToExplain, _repro, _scan, explain_text, parse_traceback
-from qmoe_doctor.plan import DEFAULT_CONDITIONS
-from qmoe_doctor.records import ErrorKind, Outcome, from_json
+from qmoe_doctor.cli.app import app
+from qmoe_doctor.cli.commands.scan import scan_command
+from qmoe_doctor.core.records import ErrorKind, Outcome, from_json
+from qmoe_doctor.diagnose.explain import (
+    Explanation,
+    NothingToExplain,
+    _repro,
+    _scan,
+    explain_text,
+    parse_traceback,
+)
+from qmoe_doctor.plan.scan import DEFAULT_CONDITIONS
 
 runner = CliRunner()
 
@@ -83,11 +90,11 @@ SCAN_OPTIONS = _declared_options(scan_command)
 def _repro_options() -> set[str]:
     """The repro command's declared options once it exists; until then the flags agreed for it."""
     try:
-        mod = importlib.import_module("qmoe_doctor.commands.repro")
+        mod = importlib.import_module("qmoe_doctor.cli.commands.repro")
     except ImportError:
         return {"--gpus", "--kernel", "--preset"}
     fns = [f for name, f in vars(mod).items() if name.endswith("_command") and callable(f)]
-    assert fns, "qmoe_doctor.commands.repro has no *_command function"
+    assert fns, "qmoe_doctor.cli.commands.repro has no *_command function"
     return _declared_options(fns[0])
 
 
@@ -628,7 +635,7 @@ def test_cli_help_documents_exit_status() -> None:
 
 def test_explain_does_not_import_torch() -> None:
     code = (
-        "import sys, qmoe_doctor.explain, qmoe_doctor.sanitizer, qmoe_doctor.commands.explain; "
+        "import sys, qmoe_doctor.diagnose.explain, qmoe_doctor.diagnose.sanitizer_log, qmoe_doctor.cli.commands.explain; "
         "print('torch' in sys.modules or 'triton' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -26,9 +26,11 @@ from fake_nvml import (
 )
 from typer.testing import CliRunner
 
-from qmoe_doctor.cli import app
-from qmoe_doctor.exitcodes import ExitCode
-from qmoe_doctor.inventory import (
+from qmoe_doctor.cli.app import app
+from qmoe_doctor.cli.output import json_document
+from qmoe_doctor.core.exitcodes import ExitCode
+from qmoe_doctor.core.records import from_jsonable, to_json
+from qmoe_doctor.machine.inventory import (
     DeviceOrder,
     GpuSelectionError,
     Inventory,
@@ -43,8 +45,6 @@ from qmoe_doctor.inventory import (
     select_gpus,
     subset_inventory,
 )
-from qmoe_doctor.output import json_document
-from qmoe_doctor.records import from_jsonable, to_json
 
 NO_ENV: dict[str, str] = {}
 PCI_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
@@ -498,8 +498,8 @@ def test_env_command_with_real_pynvml() -> None:
 
 def test_importing_cli_and_inventory_leaves_torch_out() -> None:
     code = (
-        "import sys, qmoe_doctor.cli, qmoe_doctor.inventory, qmoe_doctor.commands.env\n"
-        "from qmoe_doctor.inventory import collect_inventory\n"
+        "import sys, qmoe_doctor.cli.app, qmoe_doctor.machine.inventory, qmoe_doctor.cli.commands.env\n"
+        "from qmoe_doctor.machine.inventory import collect_inventory\n"
         "collect_inventory()\n"
         "bad = [m for m in ('torch', 'triton') if m in sys.modules]\n"
         "assert not bad, bad\n"

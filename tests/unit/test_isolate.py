@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 import qmoe_doctor.probes
-from qmoe_doctor import knobs
-from qmoe_doctor.isolate import Event, EventKind, child_env, child_python, run_one, run_session
+from qmoe_doctor.core import knobs
+from qmoe_doctor.core.records import Condition, ErrorKind, Outcome, Phase, ProbeSpec, Shape, Status
+from qmoe_doctor.isolate.worker_pool import Event, EventKind, child_env, child_python, run_one, run_session
 from qmoe_doctor.probes.context import ProbeContext
 from qmoe_doctor.probes.worker import execute
-from qmoe_doctor.records import Condition, ErrorKind, Outcome, Phase, ProbeSpec, Shape, Status
 
 SHAPE = Shape(m=8, e=2, n=4, k=4, dtype="float32")
 ILLEGAL = "CUDA error: an illegal memory access was encountered"
@@ -258,7 +258,7 @@ def test_sessions_sharing_a_log_dir_do_not_overwrite_logs(tmp_path: Path) -> Non
 
 
 def test_unreadable_spec_is_a_protocol_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import qmoe_doctor.isolate as isolate
+    import qmoe_doctor.isolate.worker_pool as isolate
 
     monkeypatch.setattr(isolate, "to_json", lambda _spec: '{"probe_id": "a", "condition": "no-such"}')
     (outcome,) = session([ok("a")], tmp_path)
@@ -349,7 +349,7 @@ def test_child_env_forces_nvls_off(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_parent_never_imports_torch() -> None:
-    code = "import sys, qmoe_doctor.isolate, qmoe_doctor.errors; sys.exit('torch' in sys.modules)"
+    code = "import sys, qmoe_doctor.isolate.worker_pool, qmoe_doctor.core.error_kind; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

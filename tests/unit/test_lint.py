@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from qmoe_doctor.causes import CAUSES
-from qmoe_doctor.cli import app
-from qmoe_doctor.exitcodes import ExitCode
-from qmoe_doctor.lint import (
+from qmoe_doctor.cli.app import app
+from qmoe_doctor.cli.output import json_document
+from qmoe_doctor.core.causes import CAUSES
+from qmoe_doctor.core.exitcodes import ExitCode
+from qmoe_doctor.lint.rules import (
     RULES,
     LintFinding,
     LintReport,
@@ -31,7 +32,6 @@ from qmoe_doctor.lint import (
     lint_source,
     parse_rules,
 )
-from qmoe_doctor.output import json_document
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "lint"
@@ -932,8 +932,8 @@ def test_sources_are_never_executed(tmp_path: Path) -> None:
 def test_linting_never_imports_torch_or_triton() -> None:
     code = (
         "import sys\n"
-        "import qmoe_doctor.cli\n"
-        "from qmoe_doctor.lint import lint_paths\n"
+        "import qmoe_doctor.cli.app\n"
+        "from qmoe_doctor.lint.rules import lint_paths\n"
         "assert lint_paths(['kernels']).findings\n"
         "assert 'torch' not in sys.modules and 'triton' not in sys.modules, 'imported'\n"
     )

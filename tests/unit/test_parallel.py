@@ -23,10 +23,23 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from qmoe_doctor import knobs
-from qmoe_doctor.cli import app
-from qmoe_doctor.isolate import child_env
-from qmoe_doctor.parallel import (
+from qmoe_doctor.cli.app import app
+from qmoe_doctor.core import knobs
+from qmoe_doctor.core.records import (
+    Condition,
+    Confidence,
+    ErrorKind,
+    Outcome,
+    Phase,
+    ProbeSpec,
+    Shape,
+    Status,
+    to_json,
+)
+from qmoe_doctor.isolate.worker_pool import child_env
+from qmoe_doctor.probes.parallel import ep, tp
+from qmoe_doctor.probes.parallel.hooks import hooks_for
+from qmoe_doctor.workflows.parallel import (
     LaunchRecord,
     Mode,
     ModeResult,
@@ -42,19 +55,6 @@ from qmoe_doctor.parallel import (
     run_parallel,
     summarize,
     with_scaling,
-)
-from qmoe_doctor.probes.parallel import ep, tp
-from qmoe_doctor.probes.parallel.hooks import hooks_for
-from qmoe_doctor.records import (
-    Condition,
-    Confidence,
-    ErrorKind,
-    Outcome,
-    Phase,
-    ProbeSpec,
-    Shape,
-    Status,
-    to_json,
 )
 
 runner = CliRunner()
@@ -877,8 +877,8 @@ def test_usage_errors(args: list[str], needle: str) -> None:
 def test_parent_never_imports_torch() -> None:
     code = (
         "import sys\n"
-        "import qmoe_doctor.parallel, qmoe_doctor.commands.parallel, qmoe_doctor.cli\n"
-        "from qmoe_doctor.parallel import plan_parallel, ParallelOptions\n"
+        "import qmoe_doctor.workflows.parallel, qmoe_doctor.cli.commands.parallel, qmoe_doctor.cli.app\n"
+        "from qmoe_doctor.workflows.parallel import plan_parallel, ParallelOptions\n"
         "plan_parallel('builtin', [], ParallelOptions(), cpu=True)\n"
         "print('torch' in sys.modules, 'triton' in sys.modules)\n"
     )
@@ -902,7 +902,7 @@ def test_rel_error_of_nothing_is_infinite() -> None:
 _INTERRUPTED_PARENT = """
 import sys
 from pathlib import Path
-from qmoe_doctor.parallel import Mode, ParallelOptions, plan_parallel, run_parallel
+from qmoe_doctor.workflows.parallel import Mode, ParallelOptions, plan_parallel, run_parallel
 inject = {"rank": 1, "stage": "start", "action": "hang"}
 plan = plan_parallel("builtin", [], ParallelOptions(modes=(Mode.DP,), inject=inject, timeout_s=120), cpu=True)
 run_parallel(plan, log_dir=Path(sys.argv[1]))
@@ -961,7 +961,7 @@ def test_recorded_gpu_outcomes_classify_to_the_recorded_verdict(name: str, cause
     kernel (dp, pp, tp, ep all passing), else the specimen's cause on every rank but 0 and never
     on rank 0 (rank 0 sets cuda:0 / owns experts starting at 0: the planted fault cannot show
     there)."""
-    from qmoe_doctor.records import from_jsonable
+    from qmoe_doctor.core.records import from_jsonable
 
     report = json.loads((RECORDED / name).read_text())
     world = len(report["gpus"]) if report.get("gpus") else 4
@@ -990,7 +990,7 @@ def test_a_rank_that_waited_for_diagnosed_ranks_is_explained_not_unexplained(nam
     reported rank 0 as unexplained (the 2-rank runs never hit this: torchrun stopped rank 0
     first). Re-classified, rank 0 is explained by the diagnosed ranks; without them (rank 0's
     outcome alone) its timeout stays unexplained: a hang of its own is never hidden."""
-    from qmoe_doctor.records import from_jsonable
+    from qmoe_doctor.core.records import from_jsonable
 
     report = json.loads((RECORDED / "h200x8-runs50-52" / name).read_text())
     assert [u["probe_id"] for u in report["unexplained"]] == [f"rank 0/{report['outcomes'][0]['spec']['condition']}"]

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from qmoe_doctor.plan import PAIR_ORDER, ScanOptions, boundary_shape, debug_rerun, plan_scan
-from qmoe_doctor.records import Condition
+from qmoe_doctor.core.records import Condition
+from qmoe_doctor.plan.scan import PAIR_ORDER, ScanOptions, boundary_shape, debug_rerun, plan_scan
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def test_sweeps_run_on_the_first_gpu_only_with_unique_variants() -> None:
 
 
 def test_explicit_launch_configs_replace_the_table() -> None:
-    from qmoe_doctor.configs import parse_config
+    from qmoe_doctor.core.launch_configs import parse_config
 
     cfg = parse_config("128x256x64-w8-s3")
     plan = plan_scan("builtin", GPUS[:1], ScanOptions(launch_configs=(cfg,)))
@@ -132,7 +132,7 @@ def test_explicit_launch_configs_replace_the_table() -> None:
 
 @pytest.mark.parametrize("bad", ["128x256-w8-s3", "axbxc-w1-s1", "128x256x64-8-3", "0x1x1-w1-s1"])
 def test_parse_config_rejects_malformed(bad: str) -> None:
-    from qmoe_doctor.configs import parse_config
+    from qmoe_doctor.core.launch_configs import parse_config
 
     with pytest.raises(ValueError, match="launch config"):
         parse_config(bad)

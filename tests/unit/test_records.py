@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from qmoe_doctor.causes import CAUSES, get_cause
-from qmoe_doctor.records import (
+from qmoe_doctor.core.causes import CAUSES, get_cause
+from qmoe_doctor.core.records import (
     SCHEMA_VERSION,
     Condition,
     Confidence,
@@ -87,8 +87,8 @@ def test_saved_scan_report_reads_back() -> None:
     """A --save'd report (real, run 2) reads back into a ScanReport: int dict keys included."""
     from pathlib import Path
 
-    from qmoe_doctor.records import from_jsonable
-    from qmoe_doctor.scan import ScanReport
+    from qmoe_doctor.core.records import from_jsonable
+    from qmoe_doctor.workflows.scan import ScanReport
 
     path = Path(__file__).parent.parent / "fixtures/recorded/h200x2-run2/scans/scan-unguarded.json"
     report = from_jsonable(ScanReport, json.loads(path.read_text()))
@@ -105,9 +105,9 @@ def test_eight_gpu_scans_cover_every_ordered_pair_and_reclassify_healthy() -> No
     import re
     from pathlib import Path
 
-    from qmoe_doctor.classify import classify
-    from qmoe_doctor.records import Outcome, Status, from_jsonable
-    from qmoe_doctor.scan import ScanReport
+    from qmoe_doctor.core.records import Outcome, Status, from_jsonable
+    from qmoe_doctor.diagnose.scan_rules import classify
+    from qmoe_doctor.workflows.scan import ScanReport
 
     runs = Path(__file__).parent.parent / "fixtures/recorded/h200x8-runs50-52"
     lines = (runs / "scan-run50-partial.log").read_text().splitlines()

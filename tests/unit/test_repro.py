@@ -18,12 +18,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from qmoe_doctor import knobs
-from qmoe_doctor.cli import app
-from qmoe_doctor.commands import repro as repro_cmd
-from qmoe_doctor.inventory import GpuInfo, Inventory
-from qmoe_doctor.isolate import Event, EventKind, OnEvent, run_session
-from qmoe_doctor.records import (
+from qmoe_doctor.cli.app import app
+from qmoe_doctor.cli.commands import repro as repro_cmd
+from qmoe_doctor.core import knobs
+from qmoe_doctor.core.records import (
     Condition,
     ErrorKind,
     Outcome,
@@ -35,7 +33,17 @@ from qmoe_doctor.records import (
     from_json,
     to_json,
 )
-from qmoe_doctor.repro import (
+from qmoe_doctor.diagnose.sanitizer_log import SanitizerInfo
+from qmoe_doctor.isolate.worker_pool import Event, EventKind, OnEvent, run_session
+from qmoe_doctor.machine.inventory import GpuInfo, Inventory
+from qmoe_doctor.reports.repro_script import (
+    SCRIPT_CONDITIONS,
+    UnsupportedCondition,
+    render_script,
+    script_kernel_ref,
+    script_name,
+)
+from qmoe_doctor.workflows.repro import (
     CommandResult,
     ReproOptions,
     ReproPlan,
@@ -51,14 +59,6 @@ from qmoe_doctor.repro import (
     stop_reason,
     summarize_pipeline,
 )
-from qmoe_doctor.reproscript import (
-    SCRIPT_CONDITIONS,
-    UnsupportedCondition,
-    render_script,
-    script_kernel_ref,
-    script_name,
-)
-from qmoe_doctor.sanitizer import SanitizerInfo
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "h200x2-run1" / "sanitizer"
 runner = CliRunner()
@@ -324,7 +324,7 @@ def test_pipeline_failure_on_a_third_gpu_gets_that_pair_its_own_ladder(tmp_path:
 
 
 def test_kernel_that_does_not_import_is_a_kernel_ref_error(tmp_path: Path) -> None:
-    from qmoe_doctor.scan import KernelRefError
+    from qmoe_doctor.workflows.scan import KernelRefError
 
     with pytest.raises(KernelRefError, match="no module"):
         repro({Condition.GUARDED: error(ErrorKind.KERNEL_IMPORT, "no module named 'mykern'")}, tmp_path)
@@ -354,7 +354,7 @@ def test_stop_rule_waits_for_the_pipeline() -> None:
 
 
 def test_pick_verdict_prefers_confidence_then_the_earliest_evidence() -> None:
-    from qmoe_doctor.records import Confidence, Diagnosis, Evidence
+    from qmoe_doctor.core.records import Confidence, Diagnosis, Evidence
 
     def diag(cause: str, conf: Confidence, pid: str) -> Diagnosis:
         ev = Evidence(probe_id=pid, condition=Condition.PEER, label="wrong", detail="")

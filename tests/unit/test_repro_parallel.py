@@ -21,13 +21,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from qmoe_doctor.cli import app
-from qmoe_doctor.commands import parallel as parallel_cmd
-from qmoe_doctor.commands import repro as repro_cmd
-from qmoe_doctor.inventory import GpuInfo, Inventory
-from qmoe_doctor.parallel import ParallelPlan, ParallelReport
-from qmoe_doctor.records import Confidence, Diagnosis, ErrorKind, Evidence, Outcome, Phase, Shape, Status
-from qmoe_doctor.reproscript_parallel import (
+from qmoe_doctor.cli.app import app
+from qmoe_doctor.cli.commands import parallel as parallel_cmd
+from qmoe_doctor.cli.commands import repro as repro_cmd
+from qmoe_doctor.core.records import Confidence, Diagnosis, ErrorKind, Evidence, Outcome, Phase, Shape, Status
+from qmoe_doctor.machine.inventory import GpuInfo, Inventory
+from qmoe_doctor.reports.parallel_script import (
     PARALLEL_SCRIPT_CAUSES,
     ParallelScriptSpec,
     UnsupportedCause,
@@ -36,6 +35,7 @@ from qmoe_doctor.reproscript_parallel import (
     script_specs,
     torchrun_command,
 )
+from qmoe_doctor.workflows.parallel import ParallelPlan, ParallelReport
 
 runner = CliRunner()
 TINY = Shape(m=32, e=8, n=64, k=64, dtype="float32", routing="random")  # the CPU tier's ep launch
@@ -337,7 +337,7 @@ def test_torchrun_command() -> None:
 
 
 def test_script_specs_take_the_launch_that_showed_the_cause() -> None:
-    from qmoe_doctor.parallel import Mode, ParallelOptions, plan_parallel
+    from qmoe_doctor.workflows.parallel import Mode, ParallelOptions, plan_parallel
 
     plan = plan_parallel(
         "specimen:rank_no_set_device", [], ParallelOptions(modes=(Mode.PP, Mode.EP)), cpu=True

@@ -13,10 +13,10 @@ import pytest
 import torch
 from test_kernels_forward import assert_close
 
+from qmoe_doctor.core.shapes import PRESETS, MoEShape
 from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm_torch
 from qmoe_doctor.kernels.moe_block import MoEBlock, MoEBlockTorch, resolve_shape
 from qmoe_doctor.kernels.routing import Routing, sort_by_expert, sort_by_expert_torch
-from qmoe_doctor.presets import PRESETS, MoEShape
 
 # --------------------------------------------------------------------------------------------
 # Routing.

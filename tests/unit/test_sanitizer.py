@@ -44,9 +44,9 @@ from recorded_logs import (
     run1,
 )
 
-from qmoe_doctor import knobs
-from qmoe_doctor.records import Outcome, TensorInfo, from_json, from_jsonable
-from qmoe_doctor.sanitizer import (
+from qmoe_doctor.core import knobs
+from qmoe_doctor.core.records import Outcome, TensorInfo, from_json, from_jsonable
+from qmoe_doctor.diagnose.sanitizer_log import (
     NearestAllocation,
     SanitizerInfo,
     SanitizerReport,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from qmoe_doctor.cli import app
+from qmoe_doctor.cli.app import app
 
 runner = CliRunner()
 
@@ -113,7 +113,7 @@ def test_parent_never_imports_torch() -> None:
         "import qmoe_doctor\n"
         "names = [m.name for m in pkgutil.walk_packages(qmoe_doctor.__path__, 'qmoe_doctor.')\n"
         "         if not m.name.startswith(('qmoe_doctor.kernels', 'qmoe_doctor.probes'))]\n"
-        "assert 'qmoe_doctor.cli' in names and len(names) > 20, names\n"
+        "assert 'qmoe_doctor.cli.app' in names and len(names) > 20, names\n"
         "for name in names:\n"
         "    importlib.import_module(name)\n"
         "bad = [m for m in ('torch', 'triton') if m in sys.modules]\n"
@@ -158,7 +158,7 @@ def _two_session_plan():
     """The CPU tier's plan with its session split in two (as a GPU plan has one per GPU / pair)."""
     import dataclasses
 
-    from qmoe_doctor.plan import ScanOptions, plan_scan
+    from qmoe_doctor.plan.scan import ScanOptions, plan_scan
 
     plan = plan_scan("builtin", [], ScanOptions(conditions=("single", "repeat-call")))
     (only,) = plan.sessions
@@ -169,7 +169,7 @@ def _two_session_plan():
 
 
 def _passing(specs, **_):
-    from qmoe_doctor.records import Outcome, Phase, Status
+    from qmoe_doctor.core.records import Outcome, Phase, Status
 
     return [Outcome(probe_id=s.probe_id, spec=s, status=Status.PASS, phase=Phase.DONE) for s in specs]
 
@@ -178,7 +178,7 @@ def test_run_scan_reports_progress_after_every_session_but_the_last(monkeypatch:
     """A report of everything so far after each session (complete: false, the sessions not run
     listed, never healthy), so that a scan stopped half-way leaves its finished sessions behind
     (run 50: an eight-GPU scan stopped after 48 of 56 pairs left nothing)."""
-    from qmoe_doctor import scan
+    from qmoe_doctor.workflows import scan
 
     monkeypatch.setattr(scan, "run_session", _passing)
     plan = _two_session_plan()
@@ -195,8 +195,8 @@ def test_run_scan_reports_progress_after_every_session_but_the_last(monkeypatch:
 def test_interrupted_scan_keeps_the_report_so_far(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C (or a job's time limit raising it) after the first session: exit 4, and --save
     holds the first session's report, marked incomplete, written whole."""
-    from qmoe_doctor import scan
-    from qmoe_doctor.commands import scan as scan_cmd
+    from qmoe_doctor.cli.commands import scan as scan_cmd
+    from qmoe_doctor.workflows import scan
 
     monkeypatch.setattr(scan, "run_session", _passing)
     plan = _two_session_plan()

@@ -1,6 +1,6 @@
 """The allocator snapshot on a CPU: the reduction of ``torch.cuda.memory._snapshot()``'s dict
 (``probes/snapshot.py``), its JSON round trip, attribution of an address to a segment, block and
-allocating line (``qmoe_doctor.sanitizer``), the recorder's guards, and run_one's fact.
+allocating line (``qmoe_doctor.diagnose.sanitizer_log``), the recorder's guards, and run_one's fact.
 
 No CUDA here, so every snapshot below is HAND-MADE: written for this test in the shape torch 2.x
 returns (the keys ``probes/snapshot.py`` documents), not recorded from a GPU run. Addresses are
@@ -17,9 +17,7 @@ from typing import Any
 
 import pytest
 
-from qmoe_doctor.probes import run_one
-from qmoe_doctor.probes.snapshot import LIBRARY_PARTS, AllocatorRecorder, reduce_snapshot, user_frame
-from qmoe_doctor.records import (
+from qmoe_doctor.core.records import (
     Condition,
     ErrorKind,
     Outcome,
@@ -32,8 +30,7 @@ from qmoe_doctor.records import (
     to_json,
     to_jsonable,
 )
-from qmoe_doctor.repro import CommandResult, confirm_with_sanitizer
-from qmoe_doctor.sanitizer import (
+from qmoe_doctor.diagnose.sanitizer_log import (
     AllocatorSnapshot,
     SanitizerInfo,
     attribute_address,
@@ -41,6 +38,9 @@ from qmoe_doctor.sanitizer import (
     read_allocator_snapshot,
     snapshot_sentence,
 )
+from qmoe_doctor.probes import run_one
+from qmoe_doctor.probes.snapshot import LIBRARY_PARTS, AllocatorRecorder, reduce_snapshot, user_frame
+from qmoe_doctor.workflows.repro import CommandResult, confirm_with_sanitizer
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "h200x2-run1" / "sanitizer"
 

@@ -28,13 +28,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from qmoe_doctor.causes import CAUSES
-from qmoe_doctor.cli import app
+from qmoe_doctor.cli.app import app
+from qmoe_doctor.core.causes import CAUSES
+from qmoe_doctor.core.records import Condition
+from qmoe_doctor.core.specimens import SPECIMEN_PACKAGE, SPECIMENS, get_specimen, kernel_ref
+from qmoe_doctor.core.tolerances import tolerance
 from qmoe_doctor.kernels import grouped_gemm
 from qmoe_doctor.kernels.grouped_gemm import interpreting, moe_grouped_gemm_torch
-from qmoe_doctor.records import Condition
-from qmoe_doctor.specimens import SPECIMEN_PACKAGE, SPECIMENS, get_specimen, kernel_ref
-from qmoe_doctor.tolerances import tolerance
 
 NAMES = [s.name for s in SPECIMENS]
 
@@ -433,9 +433,9 @@ def test_specimens_command_json() -> None:
 def test_registry_and_command_do_not_import_torch() -> None:
     code = (
         "import sys\n"
-        "import qmoe_doctor.specimens, qmoe_doctor.commands.specimens\n"
+        "import qmoe_doctor.core.specimens, qmoe_doctor.cli.commands.specimens\n"
         "from typer.testing import CliRunner\n"
-        "from qmoe_doctor.cli import app\n"
+        "from qmoe_doctor.cli.app import app\n"
         "assert CliRunner().invoke(app, ['specimens', '--json']).exit_code == 0\n"
         "print('torch' in sys.modules, 'triton' in sys.modules)\n"
     )

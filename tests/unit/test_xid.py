@@ -28,7 +28,7 @@ from fake_nvml import (
     two_h200_nvswitch,
 )
 
-from qmoe_doctor.records import (
+from qmoe_doctor.core.records import (
     ErrorKind,
     Outcome,
     Phase,
@@ -39,9 +39,14 @@ from qmoe_doctor.records import (
     to_json,
     to_jsonable,
 )
-from qmoe_doctor.repro import CommandResult, SanitizerConfirmation, confirm_with_sanitizer
-from qmoe_doctor.sanitizer import AllocatorSnapshot, AllocBlock, AllocHistory, AllocSegment, SanitizerInfo
-from qmoe_doctor.xid import (
+from qmoe_doctor.diagnose.sanitizer_log import (
+    AllocatorSnapshot,
+    AllocBlock,
+    AllocHistory,
+    AllocSegment,
+    SanitizerInfo,
+)
+from qmoe_doctor.machine.xid import (
     KernelXid,
     XidEvent,
     XidReport,
@@ -52,6 +57,7 @@ from qmoe_doctor.xid import (
     place_fault_address,
     xid_evidence,
 )
+from qmoe_doctor.workflows.repro import CommandResult, SanitizerConfirmation, confirm_with_sanitizer
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "h200x2-run1" / "sanitizer"
 X_ADDR = 0x7F7CC4800200  # x of the recorded over-routed run, on cuda:0 (GPU 0)

@@ -1,0 +1,179 @@
+"""Rendering of scan reports for the terminal (rich). Data lives in the records; this draws."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group, RenderableType
+from rich.panel import Panel
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from qmoe_doctor.core.causes import get_cause
+from qmoe_doctor.core.records import Condition, Diagnosis
+from qmoe_doctor.diagnose.scan_rules import Cell, build_matrix
+from qmoe_doctor.plan.scan import PAIR_ORDER, SINGLE_ORDER, SWEEP_CONDITIONS
+from qmoe_doctor.workflows.scan import ScanReport
+
+#: Colour of a cell label; error kinds not listed are red.
+STYLE = {"pass": "green", "rejected": "green", "slow": "yellow", "wrong": "bold red", "skipped": "dim"}
+
+CONDITION_TEXT = {
+    Condition.REPEAT_CALL: "first vs second call",
+    Condition.SINGLE: "single device",
+    Condition.SIDE_STREAM: "producer on a side stream",
+    Condition.OVER_ROUTED: "m_sizes sums past M",
+    Condition.NEGATIVE_SIZES: "-1 sentinel in m_sizes",
+    Condition.INT32_BOUNDARY: "expert offset past 2**31",
+    Condition.OFFSETS: "offsets",
+    Condition.LAUNCH_CONFIG: "launch config",
+    Condition.GUARDED: "guarded (b current)",
+    Condition.UNTOUCHED: "a current, a untouched",
+    Condition.NO_PEER: "a current, no peer a->b",
+    Condition.PEER: "a current, peer a->b on",
+    Condition.PRODUCER_RACE: "+ x producer pending on b",
+    Condition.SIZES_RACE: "+ m_sizes pending on b",
+}
+
+
+def _cell_text(cell: Cell | None) -> Text:
+    if cell is None:
+        return Text("-", style="dim")
+    label = cell.label
+    text = Text(label, style=STYLE.get(label, "bold red"))
+    o = cell.outcome
+    if label == "slow" and cell.slowdown:
+        text.append(f" {cell.slowdown:.1f}x", style="yellow")
+    elif label == "wrong" and o.rel_error is not None and o.rel_error == o.rel_error:
+        text.append(f" {o.rel_error:.2g}", style="red")
+    elif label == "pass" and o.kernel_ms:
+        text.append(f" {o.kernel_ms:.2f}ms", style="dim")
+    return text
+
+
+def matrix_tables(report: ScanReport) -> list[Table]:
+    matrix = build_matrix(report.outcomes)
+    groups = matrix.groups()
+    single_groups = [g for g in groups if "->" not in g]
+    pair_groups = [g for g in groups if "->" in g]
+    tables = []
+    if single_groups:
+        t = Table(title="Single-device cells", title_justify="left", show_lines=False)
+        t.add_column("condition")
+        for g in single_groups:
+            t.add_column(g)
+        for cond in SINGLE_ORDER:
+            if any(matrix.get(g, cond) for g in single_groups):
+                t.add_row(CONDITION_TEXT[cond], *[_cell_text(matrix.get(g, cond)) for g in single_groups])
+        for cond in SWEEP_CONDITIONS:
+            names = list(
+                dict.fromkeys(
+                    v
+                    for g in single_groups
+                    for v in (c.outcome.spec.params.get("variant", "") for c in matrix.variants(g, cond))
+                )
+            )
+            for name in names:
+                t.add_row(
+                    f"{CONDITION_TEXT[cond]}: {name}",
+                    *[_cell_text(matrix.get(g, cond, str(name))) for g in single_groups],
+                )
+        tables.append(t)
+    if pair_groups:
+        t = Table(title="Placement cells: operands on b, a current (a -> b)", title_justify="left")
+        t.add_column("condition")
+        for g in pair_groups:
+            a, b = g.split("->")
+            t.add_column(f"GPU {a} -> GPU {b}")
+        for cond in PAIR_ORDER:
+            if any(matrix.get(g, cond) for g in pair_groups):
+                t.add_row(CONDITION_TEXT[cond], *[_cell_text(matrix.get(g, cond)) for g in pair_groups])
+        tables.append(t)
+    return tables
+
+
+def diagnosis_panel(d: Diagnosis) -> Panel:
+    cause = get_cause(d.cause)
+    body: list[RenderableType] = [
+        Text.assemble((d.summary, "bold"), "\n"),
+        Text.assemble(
+            ("where: ", "dim"), ", ".join(d.where) or "-", ("   confidence: ", "dim"), str(d.confidence)
+        ),
+        Text("evidence:", style="dim"),
+    ]
+    for e in d.evidence:
+        body.append(
+            Text.assemble(
+                "  ", (e.probe_id, "cyan"), " ", (e.label, STYLE.get(e.label, "red")), ": ", e.detail
+            )
+        )
+    body += [
+        Text.assemble(("mechanism: ", "dim"), cause.mechanism),
+        Text("fix:", style="dim"),
+        Syntax(cause.fix, "python", theme="ansi_dark", background_color="default"),
+        Text.assemble(("docs: ", "dim"), cause.docs),
+    ]
+    if d.repro:
+        body.append(Text.assemble(("repro: ", "dim"), (d.repro, "bold")))
+    return Panel(Group(*body), title=f"[bold red]{d.cause}[/] - {cause.title}", title_align="left")
+
+
+def render_report(console: Console, report: ScanReport) -> None:
+    head = Text.assemble(
+        ("kernel ", "dim"),
+        (report.kernel, "bold"),
+        ("   tier ", "dim"),
+        report.tier,
+        ("   probes ", "dim"),
+        str(len(report.outcomes)),
+        ("   wall ", "dim"),
+        f"{report.wall_s:.1f} s",
+    )
+    console.print(head)
+    for s in report.sessions:
+        if s.gpu_of_ordinal:
+            mapping = ", ".join(f"GPU {g} -> cuda:{o}" for o, g in sorted(s.gpu_of_ordinal.items()))
+            console.print(Text(f"  {s.label}: probes saw {mapping}", style="dim"))
+    for table in matrix_tables(report):
+        console.print(table)
+    for audit in report.audit:
+        wraps = [r for r in audit.rows if r.wraps]
+        if wraps:
+            parts = ", ".join(f"{r.operand} ({r.first_wrap})" for r in wraps)
+            console.print(
+                Text.assemble(
+                    ("int32 audit: ", "yellow"),
+                    f"{audit.shape_name} at {audit.tokens} tokens: offsets pass 2**31 in {parts}; "
+                    "the kernel must form those products in int64 (qmoe-doctor audit)",
+                )
+            )
+        else:
+            console.print(
+                Text(
+                    f"int32 audit: {audit.shape_name} at {audit.tokens} tokens: every offset fits",
+                    style="dim",
+                )
+            )
+    for d in report.diagnoses:
+        console.print(diagnosis_panel(d))
+    for note in report.explanations:
+        console.print(Text.assemble(("note: ", "yellow"), note))
+    if report.unexplained:
+        console.print(
+            Text("Failing cells no rule accounts for (a fault, cause not named):", style="bold red")
+        )
+        for e in report.unexplained:
+            console.print(Text.assemble("  ", (e.probe_id, "cyan"), " ", (e.label, "red"), ": ", e.detail))
+    for note in report.skipped:
+        console.print(Text.assemble(("skipped: ", "dim"), note))
+    if report.healthy:
+        console.print(Text("healthy: every cell passed; no cause diagnosed", style="bold green"))
+    else:
+        n = len(report.diagnoses)
+        console.print(
+            Text(
+                f"{n} cause{'s' if n != 1 else ''} diagnosed"
+                + (f", {len(report.unexplained)} unexplained failing cell(s)" if report.unexplained else ""),
+                style="bold red",
+            )
+        )
+    console.print(Text(f"logs: {report.log_dir}", style="dim"))

@@ -1,0 +1,137 @@
+"""The specimens: deliberately faulty grouped GEMMs, one per cause, that calibrate the doctor.
+
+Pure data (no torch): the kernels themselves live in ``kernels/specimens/<module>.py``
+(installed as ``qmoe_doctor.kernels.specimens``), each a small diff from the correct
+``grouped_gemm.moe_grouped_gemm`` with the changed line marked ``# PLANTED:``. A scan of a
+specimen (``--kernel specimen:NAME``) must name its cause and no other; each one is right in
+the benign condition and wrong only under the conditions listed in ``misbehaves_under``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qmoe_doctor.core.records import Condition
+
+#: Where the specimen modules live once installed (kernels/specimens/ in the repository).
+SPECIMEN_PACKAGE = "qmoe_doctor.kernels.specimens"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpecimenInfo:
+    name: str  # what --kernel specimen:NAME takes
+    cause: str  # the cause id it plants, a key of qmoe_doctor.core.causes.CAUSES
+    module: str  # module name inside SPECIMEN_PACKAGE
+    function: str  # same signature as grouped_gemm.moe_grouped_gemm (x, w, m_sizes, *, out_dtype)
+    summary: str  # one line: what it does wrong
+    trigger: str  # one line: the condition under which it misbehaves
+    # probe conditions under which the doctor must see it fail (error, wrong or slow); under
+    # every other condition it must pass like the correct kernel
+    misbehaves_under: tuple[Condition, ...]
+
+    @property
+    def kernel_option(self) -> str:
+        """The value of ``--kernel`` that selects it."""
+        return f"specimen:{self.name}"
+
+    @property
+    def ref(self) -> str:
+        """``module:function`` import reference of the specimen's entry point."""
+        return f"{SPECIMEN_PACKAGE}.{self.module}:{self.function}"
+
+
+# A launch from another current device fails or crosses GPUs: every pair condition except the
+# guarded baseline and, for an unguarded launch, the "untouched" accident (no context on a).
+_CROSS_DEVICE = (Condition.NO_PEER, Condition.PEER, Condition.PRODUCER_RACE, Condition.SIZES_RACE)
+
+SPECIMENS: tuple[SpecimenInfo, ...] = (
+    SpecimenInfo(
+        name="unguarded",
+        cause="missing-device-guard",
+        module="unguarded",
+        function="moe_grouped_gemm",
+        summary="no device guard around the launch; grid sized from the current device",
+        trigger="current device != x.device (and its context exists)",
+        misbehaves_under=_CROSS_DEVICE,
+    ),
+    SpecimenInfo(
+        name="int32_offsets",
+        cause="int32-offset-overflow",
+        module="int32_offsets",
+        function="moe_grouped_gemm",
+        summary="expert * stride_we formed in int32 (no int64 cast on the expert index)",
+        trigger="expert * N * K > 2**31 - 1 (160 experts of 5120x6144: expert 69 on)",
+        misbehaves_under=(Condition.INT32_BOUNDARY,),
+    ),
+    SpecimenInfo(
+        name="default_buffer",
+        cause="default-device-buffer",
+        module="default_buffer",
+        function="moe_grouped_gemm",
+        summary='output allocated with device="cuda" before the guard: lands on the current device',
+        trigger="current device != x.device",
+        misbehaves_under=(Condition.UNTOUCHED, *_CROSS_DEVICE),
+    ),
+    SpecimenInfo(
+        name="wrong_stream",
+        cause="wrong-device-stream",
+        module="wrong_stream",
+        function="moe_grouped_gemm",
+        summary="guarded, but launched on the default stream instead of the caller's stream",
+        trigger="caller's current stream is a side stream with x's producer still queued",
+        misbehaves_under=(Condition.SIDE_STREAM,),
+    ),
+    SpecimenInfo(
+        name="unmasked_rows",
+        cause="invalid-routing",
+        module="unmasked_rows",
+        function="moe_grouped_gemm",
+        summary="trusts m_sizes: no clamp of the row counts to [0, M - row_start]",
+        trigger="sum(m_sizes) > M (reads past x, writes past y) or a -1 sentinel (rows shift)",
+        misbehaves_under=(Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES),
+    ),
+    SpecimenInfo(
+        name="autotune_inplace",
+        cause="autotune-inplace-rerun",
+        module="autotune_inplace",
+        function="moe_grouped_gemm",
+        summary="accumulating kernel autotuned without restore_value / reset_to_zero",
+        trigger="first call per process for a shape: benchmark runs add into y",
+        misbehaves_under=(Condition.REPEAT_CALL,),
+    ),
+    # Rank-level specimens (qmoe-doctor scan --parallel): the fault is in what a framework does
+    # around the kernel in each rank, planted through a rank hook (probes/parallel/hooks.py).
+    SpecimenInfo(
+        name="rank_no_set_device",
+        cause="device-never-set",
+        module="rank_no_set_device",
+        function="moe_grouped_gemm",
+        summary="ranks never call torch.cuda.set_device; the wrapper allocates its output on the current device",
+        trigger="any rank whose local rank is not 0: its current device stays cuda:0",
+        misbehaves_under=(Condition.PARALLEL_DP, Condition.PARALLEL_TP, Condition.PARALLEL_EP),
+    ),
+    SpecimenInfo(
+        name="global_expert_ids",
+        cause="invalid-routing",
+        module="global_expert_ids",
+        function="moe_grouped_gemm",
+        summary="expert parallelism without the global -> local expert id remap",
+        trigger="expert parallelism: every rank but the first gets ids past its local weight stack",
+        misbehaves_under=(Condition.PARALLEL_EP,),
+    ),
+)
+
+_BY_NAME = {s.name: s for s in SPECIMENS}
+
+
+def get_specimen(name: str) -> SpecimenInfo:
+    """The specimen called ``name``; a KeyError that lists the known names otherwise."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"unknown specimen {name!r}; known specimens: {', '.join(_BY_NAME)}") from None
+
+
+def kernel_ref(name: str) -> str:
+    """``qmoe_doctor.kernels.specimens.<module>:moe_grouped_gemm`` for specimen ``name``."""
+    return get_specimen(name).ref

@@ -1,0 +1,937 @@
+"""Explain a saved compute-sanitizer log or Python traceback from a user's run.
+
+A log alone rarely proves a cause: this module says what the text shows (kernel, access,
+nearest allocation, user frames, the CUDA error) and which causes of the catalogue *fit* it and
+why, then names the ``qmoe-doctor`` command whose differential evidence would settle it.
+
+Error kinds come from ``qmoe_doctor.core.error_kind.classify_error`` (the same classifier probe outcomes
+use); reading the traceback around them (rank prefixes, log timestamps, cut pastes, device-side
+assertion lines) is done here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from qmoe_doctor.core.causes import CAUSES
+from qmoe_doctor.core.error_kind import classify_error, pointer_arg_index
+from qmoe_doctor.core.records import SCHEMA_VERSION, Condition, ErrorKind
+from qmoe_doctor.diagnose.sanitizer_log import (
+    CodeLocation,
+    ErrorGroup,
+    HostFrame,
+    SanitizerError,
+    SanitizerReport,
+    looks_like_sanitizer_log,
+    parse_sanitizer_log,
+    short_function_name,
+)
+from qmoe_doctor.plan.scan import DEFAULT_CONDITIONS
+
+# ---------------------------------------------------------------------------------------------
+# Tracebacks
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PyFrame:
+    file: str
+    line: int
+    function: str
+    code: str | None = None  # the source line Python printed under the frame
+    user: bool = False  # not in site-packages / torch / triton / generated code
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceAssert:
+    message: str  # "int32 overflow detected for operation mul"
+    file: str | None = None
+    line: int | None = None
+    function: str | None = None
+    block: str | None = None
+    thread: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PyException:
+    type: str  # "ValueError", "triton.runtime.errors.OutOfResources", "c10::Error"
+    message: str
+    stream: str = ""  # "[rank3]" when the line carried a rank prefix
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TracebackReport:
+    schema_version: int = SCHEMA_VERSION
+    frames: tuple[PyFrame, ...] = ()  # of the traceback that ends in ``exception``
+    exception: PyException | None = None  # the first exception line found
+    exceptions: tuple[PyException, ...] = ()  # every exception line (several ranks, chained)
+    asserts: tuple[DeviceAssert, ...] = ()  # device-side assertion lines
+    streams: tuple[str, ...] = ()  # rank / worker prefixes seen
+    other_user_frames: tuple[PyFrame, ...] = ()  # user frames of the other tracebacks in the text
+    truncated: bool = False  # frames but no exception line: the paste was cut
+
+
+# Prefixes that tools put in front of every line of a child's output.
+_PREFIXES = (
+    re.compile(r"^\s*\[(?P<tag>rank\d+)\]:\s?"),  # torchrun
+    re.compile(r"^\s*\((?P<tag>[^()]*pid=\d+)\)\s?"),  # ray / vLLM workers
+    re.compile(r"^(?:ERROR|WARNING|INFO|DEBUG) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? [\w.]+:\d+\]\s?"),  # vLLM
+    re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)? (?:stdout|stderr) [FP] "),  # container logs
+    re.compile(r"^E {3}"),  # pytest's failure lines
+)
+_TB_START = re.compile(r"^\s*Traceback \(most recent call last\):")
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+?)\s*$')
+_FRAME_IPY = re.compile(r"^\s*File (?P<file>\S+?):(?P<line>\d+), in (?P<func>.+?)\s*$")
+_EXC = re.compile(
+    r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Resources|Exit|Interrupt|Failure))"
+    r"(?::\s?(?P<msg>.*))?\s*$"
+)
+_CXX_WHAT = re.compile(r"^\s*what\(\):\s+(?P<msg>.+)$")
+_CXX_THROW = re.compile(r"terminate called after throwing an instance of '(?P<type>[^']+)'")
+_ASSERT = re.compile(
+    r"^(?:(?P<file>(?:[A-Za-z]:)?[^\s:]+):(?P<line>\d+):\s*)?(?:(?P<func>[^:\[\]`]+?):\s*)?"
+    r"(?:(?:block|global id): \[(?P<block>[^\]]*)\],\s*(?:thread|local id): \[(?P<thread>[^\]]*)\]\s*)?"
+    r"Assertion [`'](?P<msg>.*?)[`'] failed"
+)
+# the end of an assertion line whose front was cut off (no anchor: anything may precede it)
+_ASSERT_TAIL = re.compile(
+    r"(?:(?:block|global id): \[(?P<block>[^\]]*)\],\s*(?:thread|local id): \[(?P<thread>[^\]]*)\]\s*)?"
+    r"Assertion [`'](?P<msg>.*?)[`'] failed"
+)
+_LIBRARY_PATH = re.compile(
+    r"(site-packages|dist-packages|/lib/python\d|/torch/|/triton/|torchinductor_|/\.triton/|"
+    r"^<|/usr/lib/|/usr/local/lib/|sysdeps/|csu/|importlib)"
+)
+
+
+def _strip_prefix(line: str) -> tuple[str, str]:
+    """(stream tag, line without the tool's prefix)."""
+    tag = ""
+    changed = True
+    while changed:
+        changed = False
+        for rx in _PREFIXES:
+            m = rx.match(line)
+            if m:
+                if "tag" in rx.groupindex and m.group("tag"):
+                    tag = m.group("tag")
+                line = line[m.end() :]
+                changed = True
+    return tag, line
+
+
+def is_user_path(path: str) -> bool:
+    return not _LIBRARY_PATH.search(path)
+
+
+def looks_like_traceback(text: str) -> bool:
+    for raw in text.splitlines():
+        _, line = _strip_prefix(raw)
+        if _TB_START.match(line) or _FRAME.match(line) or _ASSERT.search(line) or _CXX_THROW.search(line):
+            return True
+        m = _EXC.match(line.strip())
+        if m and classify_error(m.group("type"), m.group("msg") or "") is not ErrorKind.OTHER:
+            return True
+    return False
+
+
+def parse_traceback(text: str) -> TracebackReport:
+    """Read Python tracebacks (with rank / worker prefixes), exception lines and device-side
+    assertion lines. The frames kept are those of the first traceback that ends in an exception,
+    read per stream, so interleaved ranks do not mix their frames."""
+    frames_by_stream: dict[str, list[PyFrame]] = {}
+    expect_code: set[str] = set()  # streams whose last line was a frame header
+    chosen: tuple[PyFrame, ...] | None = None
+    exceptions: list[PyException] = []
+    asserts: list[DeviceAssert] = []
+    streams: list[str] = []
+    pending_cxx: str | None = None
+    all_frames: list[PyFrame] = []
+    for raw in text.splitlines():
+        tag, line = _strip_prefix(raw)
+        if tag and tag not in streams:
+            streams.append(tag)
+        frames = frames_by_stream.setdefault(tag, [])
+        stripped = line.strip()
+        if tag in expect_code:
+            expect_code.discard(tag)
+            if frames and line[:1] in (" ", "\t") and stripped and not set(stripped) <= {"^", "~", " "}:
+                if not (_FRAME.match(line) or _FRAME_IPY.match(line)):
+                    last = frames[-1]
+                    frames[-1] = PyFrame(
+                        file=last.file, line=last.line, function=last.function, code=stripped, user=last.user
+                    )
+                    continue
+        if _TB_START.match(line):
+            frames.clear()
+            continue
+        fm = _FRAME.match(line) or _FRAME_IPY.match(line)
+        if fm:
+            file = fm.group("file")
+            frame = PyFrame(
+                file=file, line=int(fm.group("line")), function=fm.group("func"), user=is_user_path(file)
+            )
+            frames.append(frame)
+            all_frames.append(frame)
+            expect_code.add(tag)
+            continue
+        am = _ASSERT.search(line)
+        if am:
+            func = (am.group("func") or "").strip() or None
+            asserts.append(
+                DeviceAssert(
+                    message=am.group("msg"),
+                    file=am.group("file"),
+                    line=int(am.group("line")) if am.group("line") else None,
+                    function=None if func == "unknown" else func,
+                    block=am.group("block"),
+                    thread=am.group("thread"),
+                )
+            )
+            continue
+        am = _ASSERT_TAIL.search(line)
+        if am:
+            # the front of the line was split off by another thread's or the traceback's write
+            # (measured: TRITON_DEBUG asserts on 2x H200): keep what the tail says, no file:line
+            asserts.append(
+                DeviceAssert(message=am.group("msg"), block=am.group("block"), thread=am.group("thread"))
+            )
+            continue
+        tm = _CXX_THROW.search(line)
+        if tm:
+            pending_cxx = tm.group("type")
+            continue
+        wm = _CXX_WHAT.match(line)
+        if wm and pending_cxx:
+            exceptions.append(PyException(type=pending_cxx, message=wm.group("msg").strip(), stream=tag))
+            pending_cxx = None
+            continue
+        em = _EXC.match(line) if line[:1] not in (" ", "\t") else None
+        if em:
+            exceptions.append(
+                PyException(type=em.group("type"), message=(em.group("msg") or "").strip(), stream=tag)
+            )
+            if chosen is None and frames:
+                chosen = tuple(frames)
+    if chosen is None:
+        # frames but no exception after them: keep the longest partial traceback
+        candidates = [tuple(f) for f in frames_by_stream.values() if f]
+        chosen = max(candidates, key=len) if candidates else ()
+    kept = {(f.file, f.line, f.function) for f in chosen}
+    others: list[PyFrame] = []
+    for f in all_frames:
+        key = (f.file, f.line, f.function)
+        if f.user and key not in kept:
+            kept.add(key)
+            others.append(f)
+    return TracebackReport(
+        frames=chosen,
+        exception=exceptions[0] if exceptions else None,
+        exceptions=tuple(exceptions),
+        asserts=tuple(asserts),
+        streams=tuple(streams),
+        other_user_frames=tuple(others),
+        truncated=bool(all_frames) and not exceptions,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The explanation
+# ---------------------------------------------------------------------------------------------
+
+InputKind = Literal["sanitizer-log", "traceback", "both"]
+_INT32_ASSERT = re.compile(r"int32 overflow detected for operation (?P<op>\w+)")
+_DEVICES = re.compile(r"\bcuda:(\d+)")
+_RESOURCES = re.compile(
+    r"out of resource: (?P<what>[\w ]+?), Required: (?P<req>\d+), Hardware limit: (?P<lim>\d+)"
+)
+# the source line of a launch: `kernel[grid](...)`, or Inductor's `triton_poi_..._0.run(...)`
+_LAUNCH_CODE = re.compile(r"(?P<jit>\w+)\[[^\]]*\]\(|\b(?P<inductor>triton_\w+)\.run\(")
+_TRITON_LAUNCH = re.compile(r"/triton/(runtime|backends|compiler)/")
+_FAR = 64 * 2**20  # an access this far from any allocation is not an off-by-a-few row
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CauseFit:
+    cause: str  # id from qmoe_doctor.core.causes
+    title: str
+    why: str  # what in this text fits the cause
+    settle: str  # the qmoe-doctor command whose differential evidence would prove or clear it
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Explanation:
+    schema_version: int = SCHEMA_VERSION
+    source: str
+    input_kind: InputKind
+    findings: bool  # the text shows an error, fault or hazard (exit 1); False for a clean run
+    headline: str
+    error_kind: ErrorKind | None = None
+    kernel: str | None = None
+    facts: tuple[str, ...] = ()
+    user_frames: tuple[str, ...] = ()  # "file:line in function", outermost first
+    assert_site: str | None = None  # "file.py:123" of a device-side assertion
+    pointer_argument: int | None = None  # index from Triton's pointer check
+    resources: tuple[int, int] | None = None  # (required, limit) bytes of an OutOfResources
+    fits: tuple[CauseFit, ...] = ()
+    next_steps: tuple[str, ...] = ()
+    caveats: tuple[str, ...] = ()
+    sanitizer: SanitizerReport | None = None
+    traceback: TracebackReport | None = None
+
+
+class NothingToExplain(ValueError):
+    """The text is neither a compute-sanitizer log nor a Python traceback."""
+
+
+def _fit(cause: str, why: str, settle: str) -> CauseFit:
+    return CauseFit(cause=cause, title=CAUSES[cause].title, why=why, settle=settle)
+
+
+def _kernel_spec(frames: Sequence[PyFrame]) -> str:
+    """``path.py:function`` of the wrapper that launched the Triton kernel, when the traceback
+    shows it (the last frame before Triton's own); else a placeholder."""
+    for i, f in enumerate(frames):
+        if _TRITON_LAUNCH.search(f.file) and i > 0:
+            caller = frames[i - 1]
+            if not _TRITON_LAUNCH.search(caller.file) and caller.file.endswith(".py"):
+                return f"{caller.file}:{caller.function}"
+    return "path.py:fn"  # the launch is not in the traceback (an asynchronous error surfaced later)
+
+
+def _gpus(text: str) -> str:
+    found = sorted({int(d) for d in _DEVICES.findall(text)})
+    if len(found) >= 2:
+        return ",".join(str(d) for d in found)
+    return "0,1"
+
+
+def _repro(gpus: str, kernel: str) -> str:
+    """``qmoe-doctor repro --gpus A,B --kernel REF``: run the user's kernel the way it failed."""
+    return f"qmoe-doctor repro --gpus {gpus} --kernel {kernel}"
+
+
+def _scan(gpus: str, kernel: str, only: Sequence[str] = ()) -> str:
+    """``qmoe-doctor scan --gpus A,B --kernel REF [--only C1,C2]``: the cells whose differential
+    evidence settles a cause. Every condition must be one that scan plans (a typo here would hand
+    the user a command that runs nothing), so a wrong one fails loudly in the tests."""
+    cmd = f"qmoe-doctor scan --gpus {gpus} --kernel {kernel}"
+    if only:
+        for name in only:
+            if Condition(name) not in DEFAULT_CONDITIONS:
+                raise ValueError(f"scan does not plan condition {name!r}")
+        cmd += " --only " + ",".join(only)
+    return cmd
+
+
+def _first_gpu(gpus: str) -> str:
+    """The int32-boundary cell needs one GPU only: the first of the pair."""
+    return gpus.split(",")[0]
+
+
+# the scan cells that tell each cause apart from the others (the same sets classify.py cites)
+_ROUTING = ("over-routed", "negative-sizes")
+_RACE = ("peer", "producer-race", "sizes-race")
+_GUARD = ("no-peer", "peer", "producer-race")
+_BUFFER = ("no-peer", "peer")
+_INT32 = ("int32-boundary",)
+
+
+def _bytes(n: int) -> str:
+    return f"{n:,} byte" + ("" if n == 1 else "s")
+
+
+def _group_fact(g: ErrorGroup) -> str:
+    e = g.first
+    kernel = short_function_name(g.kernel) if g.kernel else "an unnamed kernel"
+    where = ""
+    if e.location is not None:
+        loc: CodeLocation = e.location
+        if loc.file and loc.line is not None:
+            where = f" at {loc.file}:{loc.line}"
+        if loc.pc is not None:
+            where += f" (pc 0x{loc.pc:x})"
+    times = f"{g.count} time{'s' if g.count != 1 else ''}"
+    if e.category in ("invalid-access", "uninitialized"):
+        what = "uninitialized " if e.category == "uninitialized" else "invalid "
+        size = f" of {_bytes(e.size)}" if e.size is not None else ""
+        text = f"{what}__{e.space}__ {e.access}{size} in {kernel}{where}: {times}"
+        if g.distinct_addresses:
+            text += f", {g.distinct_addresses} distinct address{'es' if g.distinct_addresses != 1 else ''}"
+        if e.thread is not None and e.block is not None:
+            text += f"; first by thread {e.thread} in block {e.block}"
+    elif e.category == "race":
+        parts = [
+            f"{a.access} at {a.location.render()}" + (f" [{a.hazards} hazards]" if a.hazards else "")
+            for a in e.race_accesses
+        ]
+        text = f"{e.severity or 'race'}: shared-memory race between " + " and ".join(parts)
+    elif e.category == "api-error":
+        code = f" (error {e.cuda_error_code})" if e.cuda_error_code is not None else ""
+        text = (
+            f'{e.cuda_error}{code} "{e.cuda_error_text or ""}" returned by {e.api_call or "a CUDA API call"}'
+        )
+    else:
+        text = f"{e.message}: {times}"
+    if not g.complete:
+        text += " (record cut off in the log)"
+    return text
+
+
+def _address_fact(e: SanitizerError) -> str | None:
+    if e.address is None:
+        return None
+    text = f"address 0x{e.address:x}"
+    if e.misaligned:
+        return text + " is misaligned"
+    n = e.nearest
+    if n is None:
+        return text + (" is out of bounds (no nearest allocation printed)" if e.out_of_bounds else "")
+    if n.relation == "inside":
+        return text + f" is inside the nearest allocation (0x{n.base:x}, {_bytes(n.size)}) yet reported"
+    return (
+        text
+        + f" is {_bytes(n.distance)} {n.relation} the nearest allocation (0x{n.base:x}, {_bytes(n.size)})"
+    )
+
+
+# Python files of Triton's and torch's launch path. compute-sanitizer 2025.x prints Python host
+# frames innermost first with a bare file name ("__call__ in driver.py:713", "run in jit.py:744"),
+# so user code is told apart by position: the frames outside the last of these.
+_LAUNCH_PATH_FILES = frozenset(
+    {"driver.py", "jit.py", "autotuner.py", "compiler.py", "_contextlib.py", "module.py", "function.py"}
+)
+
+
+def _user_host_frames(errors: Sequence[SanitizerError]) -> list[str]:
+    out: list[str] = []
+    for e in errors:
+        frames = [h for h in e.host_frames if h.file]
+        last_lib = max(
+            (i for i, h in enumerate(frames) if (h.file or "").rsplit("/", 1)[-1] in _LAUNCH_PATH_FILES),
+            default=-1,
+        )
+        for i, h in enumerate(frames):
+            file = h.file or ""
+            if i <= last_lib or not is_user_path(file):
+                continue
+            s = f"{file}:{h.line}" + (f" in {h.function}" if h.function else "")
+            if s not in out:
+                out.append(s)
+    return out
+
+
+def _python_in_backtrace(frames: Sequence[HostFrame]) -> bool:
+    return any(
+        (h.module or "").rsplit("/", 1)[-1].startswith(("python", "libpython")) or h.is_python_source
+        for h in frames
+    )
+
+
+def _sanitizer_fits(report: SanitizerReport, kernel: str, gpus: str) -> tuple[list[CauseFit], list[str]]:
+    fits: list[CauseFit] = []
+    caveats: list[str] = []
+    seen: set[str] = set()
+
+    def add(cause: str, why: str, settle: str) -> None:
+        if cause not in seen:
+            seen.add(cause)
+            fits.append(_fit(cause, why, settle))
+
+    for e in report.errors:
+        if e.category == "invalid-access" and e.space == "shared":
+            caveats.append(
+                "An invalid __shared__ access stays inside one block's tiles: no cross-GPU cause fits it. "
+                "compute-sanitizer has also misreported shared accesses of Hopper WGMMA instructions "
+                "(NVIDIA/compute-sanitizer-samples #19)."
+            )
+            continue
+        if e.category == "invalid-access" and e.misaligned:
+            caveats.append(
+                "A misaligned access is a pointer-arithmetic or dtype mistake, not a placement one."
+            )
+            continue
+        if e.category == "invalid-access":
+            n = e.nearest
+            if n is not None and n.relation == "after" and n.distance < _FAR:
+                add(
+                    "invalid-routing",
+                    f"the access lands {_bytes(n.distance)} past the end of a {n.size:,}-byte allocation: a "
+                    "row or expert just past a tensor, what m_sizes summing past M or an expert id >= E give",
+                    _scan(gpus, kernel, _ROUTING),
+                )
+                add(
+                    "cross-device-stream-race",
+                    "the same shape appears when m_sizes is read before its producer (on another GPU's "
+                    "stream) finished writing it: stale sizes walk past the rows",
+                    _scan(gpus, kernel, ("peer", "sizes-race")),
+                )
+            if n is not None and n.relation == "before" and n.size >= 2**31:
+                add(
+                    "int32-offset-overflow",
+                    f"the address is {_bytes(n.distance)} before an allocation of {_bytes(n.size)} (more than "
+                    "2**31 bytes): an int32 index x stride product that wrapped negative lands before the base",
+                    _scan(_first_gpu(gpus), kernel, _INT32),
+                )
+            if n is not None and n.relation != "inside" and n.distance >= _FAR:
+                add(
+                    "missing-device-guard",
+                    f"the address is {_bytes(n.distance)} from the nearest allocation of the device that ran "
+                    "the kernel: compute-sanitizer reports a dereference of another GPU's memory this way",
+                    _scan(gpus, kernel, _GUARD),
+                )
+                add(
+                    "default-device-buffer",
+                    "a helper or output buffer allocated on the current device instead of the input's gives "
+                    "the same far-away pointer",
+                    _scan(gpus, kernel, _BUFFER),
+                )
+            if n is not None and n.relation == "inside":
+                add(
+                    "expandable-segments-unmap",
+                    "the address is inside the nearest allocation yet reported: memory mapped as one range but "
+                    "partly unmapped (expandable segments, pytorch #196209) fits",
+                    _repro(gpus, kernel),
+                )
+            if n is None and e.out_of_bounds:
+                for cause in ("invalid-routing", "int32-offset-overflow", "missing-device-guard"):
+                    add(
+                        cause,
+                        "an out-of-bounds global access without a nearest allocation (older compute-sanitizer "
+                        "output) fits any index or placement fault; the log cannot tell them apart",
+                        _scan(gpus, kernel),
+                    )
+        elif e.category == "api-error":
+            err = (e.cuda_error or "").lower()
+            if "illegaladdress" in err:
+                add("invalid-routing", "an illegal address surfaced at a CUDA API call", _scan(gpus, kernel))
+                add(
+                    "cross-device-stream-race",
+                    "an illegal address surfaced at a CUDA API call",
+                    _scan(gpus, kernel),
+                )
+            elif "launchfailure" in err:
+                add(
+                    "invalid-routing",
+                    "under memcheck an out-of-bounds access aborts the kernel, and the next CUDA call reports "
+                    "an unspecified launch failure (measured: our over-routed cell on 2x H200)",
+                    _scan(gpus, kernel, _ROUTING),
+                )
+                add(
+                    "int32-offset-overflow",
+                    "an unspecified launch failure is also how some drivers surface Triton's int32 overflow "
+                    "assertion (triton #11349)",
+                    _scan(_first_gpu(gpus), kernel, _INT32),
+                )
+            elif "assert" in err:
+                add(
+                    "int32-offset-overflow",
+                    "a device-side assert at a CUDA API call",
+                    _scan(_first_gpu(gpus), kernel, _INT32),
+                )
+        elif e.category == "uninitialized":
+            add(
+                "cross-device-stream-race",
+                "the kernel read global memory nothing had written yet: a kernel that runs before its producer "
+                "(another stream or GPU) fits",
+                _scan(gpus, kernel, ("peer", "producer-race")),
+            )
+            add(
+                "wrong-device-stream",
+                "a launch on a stream that does not wait for the producer reads unwritten memory the same way",
+                _scan(gpus, kernel, ("side-stream",)),
+            )
+    if any(e.category == "race" for e in report.errors) or report.racecheck_summary is not None:
+        caveats.append(
+            "racecheck sees shared-memory hazards only: a race on global memory across streams or GPUs "
+            "(cross-device-stream-race) is invisible to it."
+        )
+    return fits, caveats
+
+
+def _traceback_fits(tb: TracebackReport, kind: ErrorKind | None, kernel: str, gpus: str) -> list[CauseFit]:
+    fits: list[CauseFit] = []
+    msg = tb.exception.message if tb.exception else ""
+    if kind is ErrorKind.POINTER_INACCESSIBLE:
+        arg = pointer_arg_index(msg)
+        which = f"argument {arg}" if arg is not None else "a pointer argument"
+        fits.append(
+            _fit(
+                "missing-device-guard",
+                f"Triton's launch check found {which} not accessible from the current device: the tensors "
+                "live on another GPU than the current one and peer access is off (or it is a CPU tensor)",
+                _scan(gpus, kernel, _GUARD),
+            )
+        )
+        fits.append(
+            _fit(
+                "default-device-buffer",
+                f"{which} may be a buffer made with device='cuda' on the current device while the inputs "
+                "live elsewhere (or the reverse)",
+                _scan(gpus, kernel, _BUFFER),
+            )
+        )
+        if tb.streams:
+            fits.append(
+                _fit(
+                    "device-never-set",
+                    f"several ranks ({', '.join(tb.streams)}) hit it: ranks that never call set_device all "
+                    "launch on GPU 0",
+                    _scan(gpus, kernel, ("untouched", "no-peer")),
+                )
+            )
+    elif kind is ErrorKind.DEVICE_MISMATCH:
+        fits.append(
+            _fit(
+                "default-device-buffer",
+                "an aten op saw tensors on two devices: a buffer allocated on the current device instead of "
+                "the input's fits",
+                _scan(gpus, kernel, ("untouched", "no-peer", "peer")),
+            )
+        )
+        fits.append(
+            _fit(
+                "missing-device-guard",
+                "a wrapper that allocates or launches on the current device, not the tensors', mixes devices",
+                _scan(gpus, kernel, ("untouched", "no-peer", "peer")),
+            )
+        )
+    elif kind is ErrorKind.DEVICE_ASSERT:
+        if any(_INT32_ASSERT.search(a.message) for a in tb.asserts) or _INT32_ASSERT.search(msg):
+            fits.append(
+                _fit(
+                    "int32-offset-overflow",
+                    "Triton's debug-mode overflow check fired: an int32 index x stride product passed 2**31",
+                    _scan(_first_gpu(gpus), kernel, _INT32),
+                )
+            )
+        else:
+            fits.append(
+                _fit(
+                    "invalid-routing",
+                    "a device-side assert in a kernel that checks its indices fits routing that does not "
+                    "describe the rows (ids out of range, sizes past M)",
+                    _scan(gpus, kernel, _ROUTING),
+                )
+            )
+    elif kind is ErrorKind.ILLEGAL_ADDRESS:
+        fits.append(
+            _fit(
+                "invalid-routing",
+                "an illegal address in a grouped kernel most often comes from m_sizes or expert ids that do "
+                "not describe the rows",
+                _scan(gpus, kernel),
+            )
+        )
+        fits.append(
+            _fit(
+                "cross-device-stream-race",
+                "sizes or pointers read before their producer on another stream finished give the same fault",
+                _scan(gpus, kernel),
+            )
+        )
+        fits.append(
+            _fit(
+                "int32-offset-overflow",
+                "a wrapped int32 offset can leave the allocation (it usually stays inside, silently wrong)",
+                _scan(gpus, kernel),
+            )
+        )
+        fits.append(
+            _fit(
+                "missing-device-guard",
+                "pointers loaded from memory (expert tables, m_sizes on another GPU) skip Triton's launch-time "
+                "pointer check and fault here instead",
+                _scan(gpus, kernel),
+            )
+        )
+    elif kind is ErrorKind.OUT_OF_RESOURCES:
+        fits.append(
+            _fit(
+                "launch-config-fault",
+                "Triton refused the launch: the config needs more shared memory than a block may have here",
+                _repro(_first_gpu(gpus), kernel),
+            )
+        )
+        fits.append(
+            _fit(
+                "per-device-state-cached",
+                "a config or limit tuned on one GPU model and reused on another gives the same refusal",
+                _repro(gpus, kernel),
+            )
+        )
+    elif kind is ErrorKind.INVALID_HANDLE:
+        fits.append(
+            _fit(
+                "thread-without-context",
+                "a handle from another device's context, or a thread with no current context",
+                _repro(gpus, kernel),
+            )
+        )
+        fits.append(
+            _fit(
+                "per-device-state-cached",
+                "a module or stream cached from the first device and used on another",
+                _repro(gpus, kernel),
+            )
+        )
+    elif kind is ErrorKind.OOM:
+        fits.append(
+            _fit(
+                "device-never-set",
+                "every rank allocating on GPU 0 runs it out of memory first",
+                _repro(gpus, kernel),
+            )
+        )
+        fits.append(
+            _fit(
+                "default-device-buffer",
+                "buffers made with device='cuda' pile up on the current device",
+                _repro(gpus, kernel),
+            )
+        )
+    return fits
+
+
+def _frame_str(f: PyFrame) -> str:
+    return f"{f.file}:{f.line} in {f.function}"
+
+
+def explain_text(text: str, *, source: str = "<text>") -> Explanation:
+    """Explain a compute-sanitizer log, a Python traceback, or a file with both.
+
+    Raises NothingToExplain when the text is neither.
+    """
+    if not text.strip():
+        raise NothingToExplain("the file is empty")
+    is_log = looks_like_sanitizer_log(text)
+    report = parse_sanitizer_log(text) if is_log else None
+    is_tb = looks_like_traceback(text)
+    tb = parse_traceback(text) if is_tb else None
+    if report is None and tb is None:
+        raise NothingToExplain(
+            "found neither a compute-sanitizer log (lines starting with '=========') nor a Python traceback"
+        )
+    input_kind: InputKind = "both" if report and tb else ("sanitizer-log" if report else "traceback")
+
+    facts: list[str] = []
+    caveats: list[str] = []
+    user_frames: list[str] = []
+    fits: list[CauseFit] = []
+    kernel_name: str | None = None
+    error_kind: ErrorKind | None = None
+    gpus = _gpus(text)
+    frames = tb.frames if tb else ()
+    kernel_spec = _kernel_spec(frames)
+
+    # --- the traceback side ---
+    assert_site: str | None = None
+    pointer_arg: int | None = None
+    resources: tuple[int, int] | None = None
+    if tb is not None:
+        if tb.exception is not None:
+            error_kind = classify_error(tb.exception.type, tb.exception.message)
+            facts.append(f"{tb.exception.type}: {tb.exception.message}")
+            pointer_arg = pointer_arg_index(tb.exception.message)
+            if pointer_arg is not None:
+                facts.append(
+                    f"Triton's launch check refused pointer argument {pointer_arg} (0 = the kernel's first "
+                    "pointer parameter): it is not accessible from the device that was current at the launch"
+                )
+            rm = _RESOURCES.search(tb.exception.message)
+            if rm:
+                resources = (int(rm.group("req")), int(rm.group("lim")))
+                facts.append(
+                    f"the launch needs {_bytes(resources[0])} of {rm.group('what')}, the device allows "
+                    f"{_bytes(resources[1])} ({resources[0] - resources[1]:,} over)"
+                )
+            if len({(x.type, x.message) for x in tb.exceptions}) > 1:
+                others = [f"{x.stream + ': ' if x.stream else ''}{x.type}" for x in tb.exceptions[1:4]]
+                facts.append("further exceptions in the text: " + ", ".join(others))
+        if tb.asserts:
+            a = tb.asserts[0]
+            if error_kind is None or error_kind is ErrorKind.OTHER:
+                error_kind = ErrorKind.DEVICE_ASSERT
+            if a.file and a.line is not None:
+                assert_site = f"{a.file}:{a.line}"
+            where = f" at {assert_site}" if assert_site else " (the kernel's file:line was not printed)"
+            facts.append(
+                f"device-side assertion '{a.message}'{where}"
+                + (f", block [{a.block}] thread [{a.thread}]" if a.block else "")
+            )
+            if len(tb.asserts) > 1:
+                facts.append(f"{len(tb.asserts)} assertion lines in all")
+        user_frames = [_frame_str(f) for f in frames if f.user] or [
+            _frame_str(f) for f in tb.other_user_frames
+        ]
+        for f in reversed(frames):
+            m = _LAUNCH_CODE.search(f.code or "")
+            if m:
+                kernel_name = m.group("jit") or m.group("inductor")
+                facts.append(f"Triton kernel launched: {kernel_name} (from {_frame_str(f)})")
+                break
+        launched_here = any(_TRITON_LAUNCH.search(f.file) for f in frames)
+        if (
+            error_kind in (ErrorKind.ILLEGAL_ADDRESS, ErrorKind.DEVICE_ASSERT)
+            and frames
+            and not launched_here
+        ):
+            caveats.append(
+                "the error surfaced at a later CUDA call (kernel errors are asynchronous): these frames show "
+                "where it was noticed, not the launch; CUDA_LAUNCH_BLOCKING=1 makes it surface at the launch"
+            )
+        if assert_site is not None and kernel_spec == "path.py:fn" and tb.asserts[0].file:
+            kernel_spec = f"{tb.asserts[0].file}:fn"
+            caveats.append(
+                "in the commands, replace fn with the Python function that launches the asserting kernel"
+            )
+        if tb.truncated:
+            caveats.append(
+                "the traceback is cut before its exception line: the error itself is not in the text"
+            )
+        if tb.streams:
+            facts.append(f"lines from {len(tb.streams)} ranks/workers: {', '.join(tb.streams)}")
+
+    # --- the sanitizer side ---
+    if report is not None:
+        tool = report.tool or "compute-sanitizer"
+        if report.error_summary is not None:
+            facts.append(
+                f"{tool}: ERROR SUMMARY {report.error_summary:,} error{'s' if report.error_summary != 1 else ''}"
+            )
+        if report.racecheck_summary is not None:
+            rs = report.racecheck_summary
+            facts.append(
+                f"racecheck: {rs.displayed} hazard(s) displayed ({rs.errors} errors, {rs.warnings} warnings)"
+            )
+        for g in report.groups[:6]:
+            facts.append(_group_fact(g))
+            addr = _address_fact(g.first)
+            if addr:
+                facts.append(addr)
+        if len(report.groups) > 6:
+            facts.append(f"... and {len(report.groups) - 6} more distinct error kinds")
+        kernels = [g.kernel for g in report.groups if g.kernel and g.category != "api-error"]
+        if kernels and kernel_name is None:
+            kernel_name = short_function_name(kernels[0])
+        user_frames += [s for s in _user_host_frames(report.errors) if s not in user_frames]
+        if any(_python_in_backtrace(e.host_frames) for e in report.errors) and not _user_host_frames(
+            report.errors
+        ):
+            caveats.append("the host backtrace shows the Python interpreter but no Python source frames")
+        if report.errors and error_kind in (None, ErrorKind.OTHER):
+            cats = {e.category for e in report.errors}
+            if "invalid-access" in cats or any(
+                "illegaladdress" in (e.cuda_error or "").lower() for e in report.errors
+            ):
+                error_kind = ErrorKind.ILLEGAL_ADDRESS
+            elif any("assert" in (e.cuda_error or "").lower() for e in report.errors):
+                error_kind = ErrorKind.DEVICE_ASSERT
+        if report.truncated:
+            caveats.append(
+                "the log has no ERROR SUMMARY line: the run was cut, killed, or the paste is incomplete"
+            )
+        if report.starts_mid_record:
+            caveats.append("the log starts in the middle of a record: earlier errors are missing")
+        if report.program_lines:
+            facts.append(f"{report.program_lines} lines of program output mixed in (ignored)")
+        if len(report.streams) > 1:
+            facts.append(
+                f"lines from {len(report.streams)} processes: {', '.join(s or '(no prefix)' for s in report.streams)}"
+            )
+        for note in report.notes:
+            caveats.append(f"compute-sanitizer: {note}")
+        located = next((g for g in report.groups if g.location and g.location.file), None)
+        if located is not None and located.location is not None and kernel_spec == "path.py:fn":
+            launched = short_function_name(located.kernel or "?")
+            kernel_spec = f"{located.location.file}:fn"
+            caveats.append(f"in the commands, replace fn with the Python function that launches {launched}")
+        s_fits, s_caveats = _sanitizer_fits(report, kernel_spec, gpus)
+        fits += s_fits
+        caveats += s_caveats
+
+    if tb is not None:
+        for fit in _traceback_fits(tb, error_kind, kernel_spec, gpus):
+            if fit.cause not in {x.cause for x in fits}:
+                fits.append(fit)
+
+    findings = bool(tb and (tb.exception or tb.asserts)) or bool(report and report.has_findings)
+    clean = bool(report and report.clean) and not (tb and (tb.exception or tb.asserts))
+    if clean:
+        caveats.append(
+            "0 errors does not clear the kernel: compute-sanitizer cannot see races across streams or GPUs, "
+            "and the caching allocator hides out-of-bounds accesses that stay inside a pooled segment"
+        )
+    next_steps: list[str] = []
+    for fit in fits:
+        if fit.settle not in next_steps:
+            next_steps.append(fit.settle)
+    if not next_steps:
+        next_steps.append(_scan(gpus, kernel_spec))
+    if fits:
+        caveats.append("a log alone rarely proves a cause: these fit the text; the commands above settle it")
+
+    headline = _headline(error_kind, report, tb, kernel_name, clean)
+    return Explanation(
+        source=source,
+        input_kind=input_kind,
+        findings=findings and not clean,
+        headline=headline,
+        error_kind=error_kind,
+        kernel=kernel_name,
+        facts=tuple(facts),
+        user_frames=tuple(user_frames),
+        assert_site=assert_site,
+        pointer_argument=pointer_arg,
+        resources=resources,
+        fits=tuple(fits),
+        next_steps=tuple(next_steps),
+        caveats=tuple(dict.fromkeys(caveats)),
+        sanitizer=report,
+        traceback=tb,
+    )
+
+
+def _headline(
+    kind: ErrorKind | None,
+    report: SanitizerReport | None,
+    tb: TracebackReport | None,
+    kernel: str | None,
+    clean: bool,
+) -> str:
+    in_kernel = f" in {kernel}" if kernel else ""
+    if clean and report is not None and report.error_summary is None:
+        return "compute-sanitizer reported no hazards (RACECHECK SUMMARY: 0 hazards displayed)"
+    if clean:
+        return "compute-sanitizer reported no errors (ERROR SUMMARY: 0 errors)"
+    names = {
+        ErrorKind.POINTER_INACCESSIBLE: "Triton refused a pointer argument at launch",
+        ErrorKind.ILLEGAL_ADDRESS: f"an illegal / out-of-bounds memory access{in_kernel}",
+        ErrorKind.DEVICE_ASSERT: f"a device-side assertion{in_kernel}",
+        ErrorKind.DEVICE_MISMATCH: "tensors on two different devices met in one op",
+        ErrorKind.INVALID_HANDLE: "a CUDA handle from another context",
+        ErrorKind.OUT_OF_RESOURCES: f"a launch config the device cannot run{in_kernel}",
+        ErrorKind.OOM: "device memory ran out",
+        ErrorKind.BAD_INPUT: "the code rejected its arguments",
+        ErrorKind.KERNEL_IMPORT: "the kernel could not be imported",
+    }
+    if kind in names:
+        return names[kind]
+    if report is not None and report.errors:
+        cats = {e.category for e in report.errors}
+        api = next((e for e in report.errors if e.category == "api-error"), None)
+        if api is not None and cats == {"api-error"}:
+            return f"{api.cuda_error} returned by {api.api_call or 'a CUDA API call'}"
+        if "race" in cats:
+            return f"shared-memory race hazards{in_kernel}"
+        if "uninitialized" in cats:
+            return f"reads of uninitialized global memory{in_kernel}"
+        return f"compute-sanitizer reported {len(report.errors)} record(s){in_kernel}"
+    if tb is not None and tb.exception is not None:
+        return f"{tb.exception.type}{in_kernel}"
+    if report is not None:
+        return "a compute-sanitizer log with no error records in the part present"
+    return "a traceback without an exception line"

@@ -1,0 +1,321 @@
+"""Planning: which probes a scan runs, grouped into sessions (one warm child each).
+
+A session is an ordered list of probes run back to back in one child process. Order matters
+because some states cannot be undone in a live process: a CUDA context, once created on a
+device, stays; peer access, once enabled in a direction, stays. So each ordered pair (a, b)
+gets its own session whose child sees exactly ``CUDA_VISIBLE_DEVICES=<uuid a>,<uuid b>``:
+inside it a is ordinal 0 (the process's default current device, never touched until the
+untouched-context cell has run) and b is ordinal 1. The probes then go from least to most
+state: first call of the process, single-device cells on b, the guarded baseline, the
+untouched-context cell, no peer access, peer access a->b, and the two races.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from qmoe_doctor.core import knobs
+from qmoe_doctor.core.audit import first_wrapping_expert
+from qmoe_doctor.core.launch_configs import GEMM_CONFIGS, TileConfig
+from qmoe_doctor.core.records import Condition, ProbeSpec, Shape
+from qmoe_doctor.core.shapes import MoEShape, get_preset
+
+
+class PlannedGpu(Protocol):
+    """What the planner needs to know of a GPU (inventory.GpuInfo satisfies it)."""
+
+    @property
+    def index(self) -> int: ...  # NVML / nvidia-smi index
+
+    @property
+    def uuid(self) -> str: ...
+
+
+#: Conditions of a pair session, in the order they run (least state first).
+PAIR_ORDER = (
+    Condition.GUARDED,
+    Condition.UNTOUCHED,
+    Condition.NO_PEER,
+    Condition.PEER,
+    Condition.PRODUCER_RACE,
+    Condition.SIZES_RACE,
+)
+#: Single-device conditions, in order (REPEAT_CALL must be the process's first kernel call).
+SINGLE_ORDER = (
+    Condition.REPEAT_CALL,
+    Condition.SINGLE,
+    Condition.SIDE_STREAM,
+    Condition.OVER_ROUTED,
+    Condition.NEGATIVE_SIZES,
+    Condition.INT32_BOUNDARY,
+)
+#: What the CPU tier (no GPU, TRITON_INTERPRET=1) can run.
+CPU_CONDITIONS = (Condition.REPEAT_CALL, Condition.SINGLE, Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES)
+SWEEP_CONDITIONS = (Condition.OFFSETS, Condition.LAUNCH_CONFIG)
+DEFAULT_CONDITIONS = frozenset(SINGLE_ORDER + PAIR_ORDER + SWEEP_CONDITIONS)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Session:
+    label: str  # "GPU 0 -> GPU 1", "GPU 0" or "CPU"
+    env: dict[str, str]  # environment of the child (CUDA_VISIBLE_DEVICES, TRITON_INTERPRET, ...)
+    specs: tuple[ProbeSpec, ...]
+    gpu_of_ordinal: dict[int, int] = field(default_factory=dict)  # child ordinal -> NVML index
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScanPlan:
+    kernel: str
+    sessions: tuple[Session, ...]
+    skipped: tuple[str, ...] = ()  # what was not planned, and why
+
+    @property
+    def specs(self) -> tuple[ProbeSpec, ...]:
+        return tuple(s for session in self.sessions for s in session.specs)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScanOptions:
+    preset: str = "qwen3-30b-a3b"
+    rows: int = 4096  # M of the main cells
+    dtype: str = "bfloat16"
+    seed: int = 0
+    conditions: frozenset[Condition] = DEFAULT_CONDITIONS
+    boundary_preset: str = "qwen3-coder-480b-a35b"  # the int32 boundary probe's expert stack
+    timeout_s: float = knobs.DEFAULT_PROBE_TIMEOUT_S
+    # offset / stride / routing-edge sweep and the launch-config sweep, on the first GPU only
+    sweeps: bool = True
+    launch_configs: tuple[TileConfig, ...] = ()  # () = the built-in kernel's own config table
+    max_pairs: int | None = None  # ordered pairs to scan, first in --gpus order (None: all)
+
+
+def main_shape(opts: ScanOptions) -> Shape:
+    """The gate_up grouped GEMM of the preset: N = 2 * intermediate, K = hidden."""
+    p = get_preset(opts.preset)
+    n, k = p.gate_up_nk
+    return Shape(m=opts.rows, e=p.num_experts, n=n, k=k, dtype=opts.dtype, routing="random")  # type: ignore[arg-type]
+
+
+def over_routed_shape(opts: ScanOptions) -> Shape:
+    # y stays under 1 MiB so the caching allocator can put a canary right after it
+    return Shape(m=256, e=8, n=256, k=256, dtype=opts.dtype, routing="uniform")  # type: ignore[arg-type]
+
+
+def boundary_shape(opts: ScanOptions) -> Shape | None:
+    """E is one past the first expert whose base offset e * N * K passes 2**31 - 1."""
+    p: MoEShape = get_preset(opts.boundary_preset)
+    n, k = p.gate_up_nk
+    first = first_wrapping_expert(n, k)
+    if first is None or first >= p.num_experts:
+        return None
+    return Shape(m=256, e=first + 1, n=n, k=k, dtype=opts.dtype, routing=f"expert:{first}")  # type: ignore[arg-type]
+
+
+CPU_SHAPE = Shape(m=64, e=4, n=32, k=32, dtype="float32", routing="random")
+
+#: Offset-sweep variants (probes/conditions.OFFSET_VARIANTS documents each) and how the shape
+#: changes for the routing edges. Names are the probe-id suffixes.
+OFFSET_SWEEP = (
+    "storage-offset-1",
+    "storage-offset-8",
+    "padded-rows",
+    "transposed-w",
+    "empty-experts",
+    "hot-expert",
+    "last-expert",
+    "m-not-multiple",
+)
+
+
+def _sweep_specs(kernel: str, label: str, ordinal: int | None, opts: ScanOptions) -> list[ProbeSpec]:
+    cpu = ordinal is None
+    base = CPU_SHAPE if cpu else main_shape(opts)
+    specs: list[ProbeSpec] = []
+    if Condition.OFFSETS in opts.conditions:
+        for variant in OFFSET_SWEEP:
+            shape = base
+            if variant in ("empty-experts", "hot-expert", "last-expert"):
+                shape = replace(base, routing=variant)
+            elif variant == "m-not-multiple":
+                shape = replace(base, m=61 if cpu else 4093)
+            specs.append(
+                ProbeSpec(
+                    probe_id=f"{label}/offsets:{variant}",
+                    kernel=kernel,
+                    condition=Condition.OFFSETS,
+                    device=ordinal,
+                    current=ordinal,
+                    shape=shape,
+                    seed=opts.seed,
+                    params={"variant": variant},
+                    timeout_s=opts.timeout_s,
+                )
+            )
+    if Condition.LAUNCH_CONFIG in opts.conditions:
+        configs = opts.launch_configs or tuple(
+            c for name, c in GEMM_CONFIGS.items() if (name == "interpreter") == cpu
+        )
+        for cfg in configs:
+            specs.append(
+                ProbeSpec(
+                    probe_id=f"{label}/launch-config:{cfg.name}",
+                    kernel=kernel,
+                    condition=Condition.LAUNCH_CONFIG,
+                    device=ordinal,
+                    current=ordinal,
+                    shape=base,
+                    seed=opts.seed,
+                    params={"variant": cfg.name, **cfg._asdict()},
+                    timeout_s=opts.timeout_s,
+                )
+            )
+    return specs
+
+
+def _single_specs(
+    kernel: str, label: str, ordinal: int | None, opts: ScanOptions, *, with_boundary: bool
+) -> list[ProbeSpec]:
+    cpu = ordinal is None
+    specs = []
+    order = CPU_CONDITIONS if cpu else SINGLE_ORDER
+    for cond in order:
+        if cond not in opts.conditions:
+            continue
+        if cond in (Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES):
+            shape = CPU_SHAPE if cpu else over_routed_shape(opts)
+            shape = replace(shape, routing="uniform")
+        elif cond is Condition.INT32_BOUNDARY:
+            if not with_boundary:
+                continue
+            maybe = boundary_shape(opts)
+            if maybe is None:
+                continue
+            shape = maybe
+        else:
+            shape = CPU_SHAPE if cpu else main_shape(opts)
+        specs.append(
+            ProbeSpec(
+                probe_id=f"{label}/{cond.value}",
+                kernel=kernel,
+                condition=cond,
+                device=ordinal,
+                current=ordinal,
+                shape=shape,
+                seed=opts.seed,
+                timeout_s=opts.timeout_s,
+            )
+        )
+    return specs
+
+
+def plan_scan(kernel: str, gpus: Sequence[PlannedGpu], opts: ScanOptions | None = None) -> ScanPlan:
+    """Plan a scan of ``kernel`` over the selected GPUs (in --gpus order)."""
+    opts = opts or ScanOptions()
+    if not gpus:
+        check = ProbeSpec(
+            probe_id="CPU/interpreter-check",
+            kernel=kernel,
+            condition=Condition.INTERPRETER_CHECK,
+            shape=CPU_SHAPE,
+            timeout_s=opts.timeout_s,
+        )
+        specs = [check] + _single_specs(kernel, "CPU", None, opts, with_boundary=False)
+        if opts.sweeps:
+            specs += _sweep_specs(kernel, "CPU", None, opts)
+        env = {knobs.TRITON_INTERPRET: "1", knobs.CUDA_VISIBLE_DEVICES: ""}
+        return ScanPlan(
+            kernel=kernel,
+            sessions=(Session(label="CPU", env=env, specs=tuple(specs)),),
+            skipped=(
+                "no GPU: ran the CPU tier (Triton interpreter, float32); placement, peer-access "
+                "and stream conditions need CUDA GPUs",
+            ),
+        )
+    sessions: list[Session] = []
+    skipped: list[str] = []
+    singles_done: set[int] = set()
+    boundary_done = False
+    if len(gpus) == 1:
+        g = gpus[0]
+        label = f"GPU {g.index}"
+        specs = _single_specs(kernel, label, 0, opts, with_boundary=True)
+        if opts.sweeps:
+            specs += _sweep_specs(kernel, label, 0, opts)
+        sessions.append(Session(label=label, env=_cvd(g), specs=tuple(specs), gpu_of_ordinal={0: g.index}))
+        skipped.append(
+            "one GPU selected: ran the single-GPU cells; placement, peer-access and cross-device "
+            "stream conditions need two GPUs (--gpus 0,1)"
+        )
+        return ScanPlan(kernel=kernel, sessions=tuple(sessions), skipped=tuple(skipped))
+    for a in gpus:
+        for b in gpus:
+            if a.index == b.index:
+                continue
+            if opts.max_pairs is not None and len(sessions) >= opts.max_pairs:
+                break  # one session per pair so far
+            label = f"GPU {a.index} -> GPU {b.index}"
+            specs = []
+            if b.index not in singles_done:
+                specs += _single_specs(kernel, f"GPU {b.index}", 1, opts, with_boundary=not boundary_done)
+                if opts.sweeps and not boundary_done:  # sweeps on the first GPU only
+                    specs += _sweep_specs(kernel, f"GPU {b.index}", 1, opts)
+                boundary_done = True
+                singles_done.add(b.index)
+            pair_id = f"{a.index}->{b.index}"
+            for cond in PAIR_ORDER:
+                if cond not in opts.conditions:
+                    continue
+                specs.append(
+                    ProbeSpec(
+                        probe_id=f"{pair_id}/{cond.value}",
+                        kernel=kernel,
+                        condition=cond,
+                        device=1,
+                        current=0,
+                        shape=main_shape(opts),
+                        seed=opts.seed,
+                        timeout_s=opts.timeout_s,
+                        # A launch from an untouched device loads the kernel in the operand
+                        # device's context and Triton caches that handle under the untouched
+                        # device: every later launch from that device, once touched, fails with
+                        # "invalid resource handle" (measured on 2x H200, run 1). So this cell
+                        # gets a child of its own.
+                        fresh_process=cond is Condition.UNTOUCHED,
+                    )
+                )
+            sessions.append(
+                Session(
+                    label=label,
+                    env=_cvd(a, b),
+                    specs=tuple(specs),
+                    gpu_of_ordinal={0: a.index, 1: b.index},
+                )
+            )
+    n_pairs = len(gpus) * (len(gpus) - 1)
+    if len(sessions) < n_pairs:
+        skipped.append(
+            f"{len(sessions)} of {n_pairs} ordered GPU pairs scanned (max_pairs={opts.max_pairs}); "
+            "`qmoe-doctor scan` runs them all"
+        )
+    return ScanPlan(kernel=kernel, sessions=tuple(sessions), skipped=tuple(skipped))
+
+
+def _cvd(*gpus: PlannedGpu) -> dict[str, str]:
+    """The child sees exactly these GPUs, in this order, as ordinals 0, 1, ..."""
+    return {
+        knobs.CUDA_VISIBLE_DEVICES: ",".join(g.uuid for g in gpus),
+        knobs.CUDA_DEVICE_ORDER: "PCI_BUS_ID",
+    }
+
+
+def debug_rerun(spec: ProbeSpec) -> ProbeSpec:
+    """The same probe in a fresh process with TRITON_DEBUG=1: Triton's int32 overflow check
+    and device asserts name the overflowing source line."""
+    return replace(
+        spec,
+        probe_id=f"{spec.probe_id}+debug",
+        env={**spec.env, knobs.TRITON_DEBUG: "1"},
+        fresh_process=True,
+    )

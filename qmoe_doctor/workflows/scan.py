@@ -1,0 +1,215 @@
+"""The scan engine: plan -> isolated sessions -> follow-ups -> classification -> report.
+
+No rendering here (``render.py`` draws the report) and no torch (probes run in children).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qmoe_doctor import __version__
+from qmoe_doctor.core.audit import DEFAULT_TOKENS, AuditReport, audit_shape
+from qmoe_doctor.core.records import (
+    SCHEMA_VERSION,
+    Condition,
+    Diagnosis,
+    ErrorKind,
+    Evidence,
+    Outcome,
+    Phase,
+    ProbeSpec,
+    Status,
+    to_jsonable,
+)
+from qmoe_doctor.core.shapes import get_preset
+from qmoe_doctor.diagnose.scan_rules import classify
+from qmoe_doctor.isolate.worker_pool import Event, EventKind, run_session
+from qmoe_doctor.plan.scan import ScanOptions, ScanPlan, debug_rerun, plan_scan
+
+
+class KernelRefError(Exception):
+    """The kernel under test could not be resolved in the probe child (import, signature)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionInfo:
+    label: str
+    gpu_of_ordinal: dict[int, int]  # child ordinal -> NVML index
+    cuda_visible_devices: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScanReport:
+    schema_version: int = SCHEMA_VERSION
+    tool_version: str = __version__
+    kernel: str
+    tier: str  # "gpu" or "cpu"
+    started: str  # ISO 8601, UTC
+    wall_s: float
+    gpus: tuple[int, ...]  # NVML indices scanned, in --gpus order
+    sessions: tuple[SessionInfo, ...]
+    outcomes: tuple[Outcome, ...]
+    diagnoses: tuple[Diagnosis, ...]
+    explanations: tuple[str, ...] = ()
+    unexplained: tuple[Evidence, ...] = ()
+    skipped: tuple[str, ...] = ()
+    log_dir: str = ""
+    inventory: dict[str, Any] = field(default_factory=dict)
+    audit: tuple[AuditReport, ...] = ()  # int32 offset audit of the scanned presets
+    # False in the reports written while the scan runs (``on_progress``): what ran so far, and the
+    # sessions still to run. A scan that is killed leaves the last of them behind.
+    complete: bool = True
+    not_run: tuple[str, ...] = ()
+
+    @property
+    def healthy(self) -> bool:
+        return self.complete and not self.diagnoses and not self.unexplained
+
+
+def group_names(plan: ScanPlan) -> dict[str, str]:
+    """Probe-id groups ("0->1") to report names ("GPU 0 -> GPU 1")."""
+    names: dict[str, str] = {}
+    for session in plan.sessions:
+        for spec in session.specs:
+            group = spec.probe_id.split("/", 1)[0]
+            if "->" in group:
+                a, b = group.split("->")
+                names[group] = f"GPU {a} -> GPU {b}"
+            else:
+                names[group] = group
+    return names
+
+
+def run_scan(
+    plan: ScanPlan,
+    *,
+    gpus: Sequence[int] = (),
+    log_dir: Path | None = None,
+    on_event: Callable[[Event], None] | None = None,
+    inventory: dict[str, Any] | None = None,
+    audit_presets: Sequence[str] = (),
+    on_progress: Callable[[ScanReport], None] | None = None,
+) -> ScanReport:
+    """Run every session of the plan, then the follow-ups the results call for.
+
+    ``on_progress`` gets a report of everything so far (``complete=False``, the sessions not
+    run yet in ``not_run``) after each session: ``scan --save`` writes it, so that a scan that is
+    stopped (a CI job's time limit, a device call's) leaves its finished pairs behind (run 50: the
+    eight-GPU scan was stopped after 48 of 56 pairs and left nothing)."""
+    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    t0 = time.perf_counter()
+    log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="qmoe-doctor-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+
+    def watch(event: Event) -> None:
+        if on_event is not None:
+            on_event(event)
+        out = event.outcome
+        if event.kind is EventKind.OUTCOME and out is not None and out.error_kind is ErrorKind.KERNEL_IMPORT:
+            raise KernelRefError(out.error_message or "the kernel could not be resolved")
+
+    outcomes: list[Outcome] = []
+
+    def report(complete: bool, not_run: tuple[str, ...] = ()) -> ScanReport:
+        result = classify(outcomes, kernel=plan.kernel, gpu_names=group_names(plan))
+        return ScanReport(
+            kernel=plan.kernel,
+            tier="gpu" if gpus else "cpu",
+            started=started,
+            wall_s=time.perf_counter() - t0,
+            gpus=tuple(gpus),
+            sessions=tuple(
+                SessionInfo(
+                    label=s.label,
+                    gpu_of_ordinal=dict(s.gpu_of_ordinal),
+                    cuda_visible_devices=s.env.get("CUDA_VISIBLE_DEVICES"),
+                )
+                for s in plan.sessions
+            ),
+            outcomes=tuple(outcomes),
+            diagnoses=result.diagnoses,
+            explanations=result.explanations,
+            unexplained=result.unexplained,
+            skipped=plan.skipped,
+            log_dir=str(log_dir),
+            inventory=inventory or {},
+            audit=tuple(
+                audit_shape(get_preset(name), DEFAULT_TOKENS) for name in dict.fromkeys(audit_presets)
+            ),
+            complete=complete,
+            not_run=not_run,
+        )
+
+    for done, session in enumerate(plan.sessions, start=1):
+        specs = list(session.specs)
+        if specs and specs[0].condition is Condition.INTERPRETER_CHECK:
+            # The environment first: if our own trivial kernel cannot run on this interpreter,
+            # the rest of the tier is skipped rather than blamed on the kernel under test.
+            (env_check,) = run_session(specs[:1], base_env=session.env, log_dir=log_dir, on_event=watch)
+            outcomes.append(env_check)
+            specs = specs[1:]
+            if env_check.status is not Status.PASS:
+                reason = _first_line_of(env_check.error_message) or str(env_check.status)
+                outcomes += [_skipped(s, f"the Triton interpreter cannot run here: {reason}") for s in specs]
+                continue
+        outcomes += run_session(specs, base_env=session.env, log_dir=log_dir, on_event=watch)
+        # follow-up: a failing int32 boundary cell is re-run with TRITON_DEBUG=1 so the report
+        # can name the overflowing source line
+        followups = [
+            debug_rerun(o.spec)
+            for o in outcomes[-len(session.specs) :]
+            if o.spec.condition is Condition.INT32_BOUNDARY and o.status in (Status.WRONG, Status.ERROR)
+        ]
+        if followups:
+            outcomes += run_session(followups, base_env=session.env, log_dir=log_dir, on_event=watch)
+        if on_progress is not None and done < len(plan.sessions):
+            on_progress(report(False, tuple(s.label for s in plan.sessions[done:])))
+    return report(True)
+
+
+def _first_line_of(text: str | None) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    return lines[0][:200] if lines else ""
+
+
+def _skipped(spec: ProbeSpec, reason: str) -> Outcome:
+    return Outcome(
+        probe_id=spec.probe_id, spec=spec, status=Status.SKIPPED, phase=Phase.SPAWN, notes=(reason,)
+    )
+
+
+def nothing_ran(report: ScanReport) -> bool:
+    """No probe of the kernel under test ran (all skipped, or only the environment check)."""
+    return bool(report.outcomes) and all(
+        o.status is Status.SKIPPED or o.spec.condition is Condition.INTERPRETER_CHECK for o in report.outcomes
+    )
+
+
+def all_spawn_failures(report: ScanReport) -> bool:
+    """Every probe died before its child was ready: the check itself could not run."""
+    return bool(report.outcomes) and all(
+        o.status is Status.ERROR and o.phase is Phase.SPAWN for o in report.outcomes
+    )
+
+
+def report_json(report: ScanReport) -> dict[str, Any]:
+    body = to_jsonable(report)
+    body["healthy"] = report.healthy
+    return body  # type: ignore[no-any-return]
+
+
+__all__ = [
+    "KernelRefError",
+    "ScanOptions",
+    "ScanReport",
+    "all_spawn_failures",
+    "plan_scan",
+    "report_json",
+    "run_scan",
+]
