@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
-from qmoe_doctor.core.records import SCHEMA_VERSION, to_jsonable
+from qmoe_doctor.reports.json import json_document
 
 
 def stdout_console() -> Console:
@@ -23,16 +23,6 @@ def stdout_console() -> Console:
 def stderr_console() -> Console:
     """Progress, warnings and logs."""
     return Console(file=sys.stderr, highlight=False)
-
-
-def json_document(kind: str, payload: Any) -> dict[str, Any]:
-    body = to_jsonable(payload)
-    doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "kind": kind}
-    if isinstance(body, dict):
-        doc.update(body)
-    else:
-        doc["items"] = body
-    return doc
 
 
 def emit_json(kind: str, payload: Any) -> None:

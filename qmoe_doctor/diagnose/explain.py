@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from qmoe_doctor.core.causes import CAUSES
+from qmoe_doctor.core.conditions import DEFAULT_CONDITIONS
 from qmoe_doctor.core.error_kind import classify_error, pointer_arg_index
 from qmoe_doctor.core.records import SCHEMA_VERSION, Condition, ErrorKind
 from qmoe_doctor.diagnose.sanitizer_log import (
@@ -29,7 +30,6 @@ from qmoe_doctor.diagnose.sanitizer_log import (
     parse_sanitizer_log,
     short_function_name,
 )
-from qmoe_doctor.plan.scan import DEFAULT_CONDITIONS
 
 # ---------------------------------------------------------------------------------------------
 # Tracebacks

@@ -18,7 +18,9 @@ from typing import Protocol
 
 from qmoe_doctor.core import knobs
 from qmoe_doctor.core.audit import first_wrapping_expert
-from qmoe_doctor.core.launch_configs import GEMM_CONFIGS, TileConfig
+from qmoe_doctor.core.conditions import CPU_CONDITIONS, PAIR_ORDER, SINGLE_ORDER
+from qmoe_doctor.core.launch_configs import GEMM_CONFIGS
+from qmoe_doctor.core.options import ScanOptions
 from qmoe_doctor.core.records import Condition, ProbeSpec, Shape
 from qmoe_doctor.core.shapes import MoEShape, get_preset
 
@@ -33,28 +35,6 @@ class PlannedGpu(Protocol):
     def uuid(self) -> str: ...
 
 
-#: Conditions of a pair session, in the order they run (least state first).
-PAIR_ORDER = (
-    Condition.GUARDED,
-    Condition.UNTOUCHED,
-    Condition.NO_PEER,
-    Condition.PEER,
-    Condition.PRODUCER_RACE,
-    Condition.SIZES_RACE,
-)
-#: Single-device conditions, in order (REPEAT_CALL must be the process's first kernel call).
-SINGLE_ORDER = (
-    Condition.REPEAT_CALL,
-    Condition.SINGLE,
-    Condition.SIDE_STREAM,
-    Condition.OVER_ROUTED,
-    Condition.NEGATIVE_SIZES,
-    Condition.INT32_BOUNDARY,
-)
-#: What the CPU tier (no GPU, TRITON_INTERPRET=1) can run.
-CPU_CONDITIONS = (Condition.REPEAT_CALL, Condition.SINGLE, Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES)
-SWEEP_CONDITIONS = (Condition.OFFSETS, Condition.LAUNCH_CONFIG)
-DEFAULT_CONDITIONS = frozenset(SINGLE_ORDER + PAIR_ORDER + SWEEP_CONDITIONS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,21 +54,6 @@ class ScanPlan:
     @property
     def specs(self) -> tuple[ProbeSpec, ...]:
         return tuple(s for session in self.sessions for s in session.specs)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ScanOptions:
-    preset: str = "qwen3-30b-a3b"
-    rows: int = 4096  # M of the main cells
-    dtype: str = "bfloat16"
-    seed: int = 0
-    conditions: frozenset[Condition] = DEFAULT_CONDITIONS
-    boundary_preset: str = "qwen3-coder-480b-a35b"  # the int32 boundary probe's expert stack
-    timeout_s: float = knobs.DEFAULT_PROBE_TIMEOUT_S
-    # offset / stride / routing-edge sweep and the launch-config sweep, on the first GPU only
-    sweeps: bool = True
-    launch_configs: tuple[TileConfig, ...] = ()  # () = the built-in kernel's own config table
-    max_pairs: int | None = None  # ordered pairs to scan, first in --gpus order (None: all)
 
 
 def main_shape(opts: ScanOptions) -> Shape:

@@ -519,7 +519,7 @@ def run_bench(
 
 def report_document(report: BenchReport, files: Mapping[str, str | None] | None = None) -> dict[str, Any]:
     """The versioned JSON document (``kind`` "bench"), with the files written beside it."""
-    from qmoe_doctor.cli.output import json_document
+    from qmoe_doctor.reports.json import json_document
 
     doc = json_document(KIND, report)
     if files is not None:

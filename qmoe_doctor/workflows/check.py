@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from qmoe_doctor import __version__
-from qmoe_doctor.cli.output import json_document
-from qmoe_doctor.core import knobs
+from qmoe_doctor.core.conditions import DEFAULT_CONDITIONS
 from qmoe_doctor.core.exitcodes import ExitCode
 from qmoe_doctor.core.kernel_ref import NAMED_REFS, is_adapter_ref, parse_adapter_ref
+from qmoe_doctor.core.options import GPU_FAST_CONDITIONS, GPU_FAST_MAX_PAIRS, CheckOptions, ScanOptions
 from qmoe_doctor.core.records import (
     SCHEMA_VERSION,
     Condition,
@@ -53,7 +53,8 @@ from qmoe_doctor.core.records import (
 from qmoe_doctor.diagnose.scan_rules import Cell, cell_label, describe, group_of
 from qmoe_doctor.isolate.worker_pool import Event
 from qmoe_doctor.lint.rules import LintError, LintFinding, LintReport, lint_paths
-from qmoe_doctor.plan.scan import DEFAULT_CONDITIONS, PlannedGpu, ScanOptions, ScanPlan, plan_scan
+from qmoe_doctor.plan.scan import PlannedGpu, ScanPlan, plan_scan
+from qmoe_doctor.reports.json import json_document
 from qmoe_doctor.workflows.scan import KernelRefError, ScanReport, all_spawn_failures, group_names, run_scan
 
 __all__ = [
@@ -78,46 +79,12 @@ Tier = Literal["cpu", "gpu"]
 #: skip: did not apply (reason in detail); error: the check could not run it (spawn, import).
 Verdict = Literal["pass", "fail", "skip", "error"]
 
-#: The fast GPU subset. Pair cells on the first ordered pair: guarded (baseline), no-peer and
-#: peer (the device guard, buffers on the current device), producer-race (stream order). Single
-#: cells on the pair's operand GPU: repeat-call (must be the process's first call), single (the
-#: side-stream rule's baseline), side-stream, over-routed and negative-sizes (small shapes).
-#: int32-boundary (a 4.4 GiB stack, ~1.5 s on H200; without it check passed specimen:int32_offsets
-#: in validation run 3). Left to ``scan``: untouched (a child of its own, ~5 s, and only shows
-#: "works by accident"), sizes-race (an illegal access when it fails: a new child) and the offset /
-#: launch-config sweeps. Measured on 2x H200 (run 3): 8-10 s per kernel for the GPU subset.
-GPU_FAST_CONDITIONS = frozenset(
-    {
-        Condition.REPEAT_CALL,
-        Condition.SINGLE,
-        Condition.SIDE_STREAM,
-        Condition.OVER_ROUTED,
-        Condition.NEGATIVE_SIZES,
-        Condition.INT32_BOUNDARY,
-        Condition.GUARDED,
-        Condition.NO_PEER,
-        Condition.PEER,
-        Condition.PRODUCER_RACE,
-    }
-)
-GPU_FAST_MAX_PAIRS = 1  # the first ordered pair in --gpus order
 
 #: Exit codes of a kernel's check, most important first: the overall code is the first of these
 #: that any kernel (or the lint section) got.
 _PRECEDENCE = (ExitCode.USAGE, ExitCode.CHECK_BROKEN, ExitCode.FAULT, ExitCode.HEALTHY)
 
 LOG_CHARS = 4000  # of a failing cell's error text and stderr tail kept for CI logs
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CheckOptions:
-    preset: str = "qwen3-30b-a3b"
-    rows: int = 4096  # M of the GPU main cells (the CPU tier has its own small shape)
-    # None: every condition the CPU tier can run, and GPU_FAST_CONDITIONS on GPUs
-    conditions: frozenset[Condition] | None = None
-    timeout_s: float = knobs.DEFAULT_PROBE_TIMEOUT_S
-    max_pairs: int = GPU_FAST_MAX_PAIRS
-    cpu_tier: bool = True
 
 
 # --------------------------------------------------------------------------------------------

@@ -57,6 +57,7 @@ from typing import Any, Literal, Protocol
 from qmoe_doctor import __version__
 from qmoe_doctor.core import knobs
 from qmoe_doctor.core.causes import get_cause
+from qmoe_doctor.core.options import ScanOptions
 from qmoe_doctor.core.records import (
     SCHEMA_VERSION,
     Condition,
@@ -89,7 +90,7 @@ from qmoe_doctor.diagnose.sanitizer_log import (
 from qmoe_doctor.diagnose.scan_rules import build_matrix, classify
 from qmoe_doctor.isolate.worker_pool import Event, EventKind, OnEvent, child_env, child_python, run_session
 from qmoe_doctor.machine.xid import XidReport, XidWatcher, xid_evidence
-from qmoe_doctor.plan.scan import PlannedGpu, ScanOptions, plan_scan
+from qmoe_doctor.plan.scan import PlannedGpu, plan_scan
 from qmoe_doctor.reports.repro_script import SCRIPT_CONDITIONS, render_script, script_name
 from qmoe_doctor.workflows.scan import KernelRefError
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from qmoe_doctor import __version__
 from qmoe_doctor.core.audit import DEFAULT_TOKENS, AuditReport, audit_shape
+from qmoe_doctor.core.options import ScanOptions
 from qmoe_doctor.core.records import (
     SCHEMA_VERSION,
     Condition,
@@ -30,7 +31,7 @@ from qmoe_doctor.core.records import (
 from qmoe_doctor.core.shapes import get_preset
 from qmoe_doctor.diagnose.scan_rules import classify
 from qmoe_doctor.isolate.worker_pool import Event, EventKind, run_session
-from qmoe_doctor.plan.scan import ScanOptions, ScanPlan, debug_rerun, plan_scan
+from qmoe_doctor.plan.scan import ScanPlan, debug_rerun, plan_scan
 
 
 class KernelRefError(Exception):

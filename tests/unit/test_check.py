@@ -17,18 +17,12 @@ from typer.testing import CliRunner
 from qmoe_doctor.cli.app import app
 from qmoe_doctor.cli.commands import check as check_cmd
 from qmoe_doctor.core.exitcodes import ExitCode
+from qmoe_doctor.core.options import GPU_FAST_CONDITIONS, CheckOptions
 from qmoe_doctor.core.records import Condition, ErrorKind, Outcome, Phase, ProbeSpec, Shape, Status
 from qmoe_doctor.machine.inventory import GpuInfo, Inventory
 from qmoe_doctor.plan.scan import ScanPlan
 from qmoe_doctor.workflows import check as check_mod
-from qmoe_doctor.workflows.check import (
-    GPU_FAST_CONDITIONS,
-    CheckOptions,
-    cell_results,
-    default_lint_paths,
-    plan_check,
-    worst,
-)
+from qmoe_doctor.workflows.check import cell_results, default_lint_paths, plan_check, worst
 from qmoe_doctor.workflows.scan import ScanReport
 
 runner = CliRunner()

@@ -45,6 +45,7 @@ from typer.testing import CliRunner
 
 from qmoe_doctor.cli.app import app
 from qmoe_doctor.cli.commands.scan import scan_command
+from qmoe_doctor.core.conditions import DEFAULT_CONDITIONS
 from qmoe_doctor.core.records import ErrorKind, Outcome, from_json
 from qmoe_doctor.diagnose.explain import (
     Explanation,
@@ -54,7 +55,6 @@ from qmoe_doctor.diagnose.explain import (
     explain_text,
     parse_traceback,
 )
-from qmoe_doctor.plan.scan import DEFAULT_CONDITIONS
 
 runner = CliRunner()
 

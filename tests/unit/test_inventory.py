@@ -27,7 +27,6 @@ from fake_nvml import (
 from typer.testing import CliRunner
 
 from qmoe_doctor.cli.app import app
-from qmoe_doctor.cli.output import json_document
 from qmoe_doctor.core.exitcodes import ExitCode
 from qmoe_doctor.core.records import from_jsonable, to_json
 from qmoe_doctor.machine.inventory import (
@@ -45,6 +44,7 @@ from qmoe_doctor.machine.inventory import (
     select_gpus,
     subset_inventory,
 )
+from qmoe_doctor.reports.json import json_document
 
 NO_ENV: dict[str, str] = {}
 PCI_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}

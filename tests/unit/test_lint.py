@@ -19,7 +19,6 @@ import pytest
 from typer.testing import CliRunner
 
 from qmoe_doctor.cli.app import app
-from qmoe_doctor.cli.output import json_document
 from qmoe_doctor.core.causes import CAUSES
 from qmoe_doctor.core.exitcodes import ExitCode
 from qmoe_doctor.lint.rules import (
@@ -32,6 +31,7 @@ from qmoe_doctor.lint.rules import (
     lint_source,
     parse_rules,
 )
+from qmoe_doctor.reports.json import json_document
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "lint"

@@ -6,8 +6,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from qmoe_doctor.core.conditions import PAIR_ORDER
+from qmoe_doctor.core.options import ScanOptions
 from qmoe_doctor.core.records import Condition
-from qmoe_doctor.plan.scan import PAIR_ORDER, ScanOptions, boundary_shape, debug_rerun, plan_scan
+from qmoe_doctor.plan.scan import boundary_shape, debug_rerun, plan_scan
 
 
 @dataclass(frozen=True)

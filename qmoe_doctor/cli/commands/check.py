@@ -18,6 +18,7 @@ from qmoe_doctor.core import knobs
 from qmoe_doctor.core.causes import CAUSES
 from qmoe_doctor.core.exitcodes import ExitCode
 from qmoe_doctor.core.kernel_ref import is_adapter_ref, validate_adapter_ref
+from qmoe_doctor.core.options import CheckOptions
 from qmoe_doctor.core.records import to_jsonable
 from qmoe_doctor.core.shapes import PRESETS
 from qmoe_doctor.isolate.worker_pool import Event, EventKind
@@ -30,15 +31,7 @@ from qmoe_doctor.machine.inventory import (
 )
 from qmoe_doctor.plan.scan import ScanPlan
 from qmoe_doctor.reports.junit import write_junit
-from qmoe_doctor.workflows.check import (
-    CheckOptions,
-    CheckReport,
-    KernelCheck,
-    LintResult,
-    Tier,
-    check_json,
-    run_check,
-)
+from qmoe_doctor.workflows.check import CheckReport, KernelCheck, LintResult, Tier, check_json, run_check
 
 KERNEL_HELP = (
     "Kernel to check (repeatable), called as fn(x, w, m_sizes) -> y: 'builtin', 'specimen:NAME', "

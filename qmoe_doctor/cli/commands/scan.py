@@ -12,13 +12,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from qmoe_doctor.cli.output import emit_json, stderr_console, stdout_console
 from qmoe_doctor.cli.render.scan import render_report
 from qmoe_doctor.core import knobs
+from qmoe_doctor.core.conditions import DEFAULT_CONDITIONS
 from qmoe_doctor.core.exitcodes import ExitCode
 from qmoe_doctor.core.launch_configs import parse_config
+from qmoe_doctor.core.options import ScanOptions
 from qmoe_doctor.core.records import Condition, to_jsonable
 from qmoe_doctor.core.shapes import PRESETS
 from qmoe_doctor.isolate.worker_pool import Event, EventKind
 from qmoe_doctor.machine.inventory import GpuSelectionError, Inventory, collect_inventory, select_gpus
-from qmoe_doctor.plan.scan import DEFAULT_CONDITIONS, ScanOptions, plan_scan
+from qmoe_doctor.plan.scan import plan_scan
 from qmoe_doctor.workflows.scan import (
     KernelRefError,
     ScanReport,
