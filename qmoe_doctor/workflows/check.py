@@ -50,12 +50,13 @@ from qmoe_doctor.core.records import (
     Phase,
     Status,
 )
+from qmoe_doctor.core.reports import ScanReport
 from qmoe_doctor.diagnose.scan_rules import Cell, cell_label, describe, group_of
 from qmoe_doctor.isolate.worker_pool import Event
 from qmoe_doctor.lint.rules import LintError, LintFinding, LintReport, lint_paths
 from qmoe_doctor.plan.scan import PlannedGpu, ScanPlan, plan_scan
 from qmoe_doctor.reports.json import json_document
-from qmoe_doctor.workflows.scan import KernelRefError, ScanReport, all_spawn_failures, group_names, run_scan
+from qmoe_doctor.workflows.scan import KernelRefError, all_spawn_failures, group_names, run_scan
 
 __all__ = [
     "GPU_FAST_CONDITIONS",

@@ -9,25 +9,21 @@ import datetime as _dt
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qmoe_doctor import __version__
-from qmoe_doctor.core.audit import DEFAULT_TOKENS, AuditReport, audit_shape
+from qmoe_doctor.core.audit import DEFAULT_TOKENS, audit_shape
 from qmoe_doctor.core.options import ScanOptions
 from qmoe_doctor.core.records import (
-    SCHEMA_VERSION,
     Condition,
-    Diagnosis,
     ErrorKind,
-    Evidence,
     Outcome,
     Phase,
     ProbeSpec,
     Status,
     to_jsonable,
 )
+from qmoe_doctor.core.reports import ScanReport, SessionInfo
 from qmoe_doctor.core.shapes import get_preset
 from qmoe_doctor.diagnose.scan_rules import classify
 from qmoe_doctor.isolate.worker_pool import Event, EventKind, run_session
@@ -36,41 +32,6 @@ from qmoe_doctor.plan.scan import ScanPlan, debug_rerun, plan_scan
 
 class KernelRefError(Exception):
     """The kernel under test could not be resolved in the probe child (import, signature)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SessionInfo:
-    label: str
-    gpu_of_ordinal: dict[int, int]  # child ordinal -> NVML index
-    cuda_visible_devices: str | None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ScanReport:
-    schema_version: int = SCHEMA_VERSION
-    tool_version: str = __version__
-    kernel: str
-    tier: str  # "gpu" or "cpu"
-    started: str  # ISO 8601, UTC
-    wall_s: float
-    gpus: tuple[int, ...]  # NVML indices scanned, in --gpus order
-    sessions: tuple[SessionInfo, ...]
-    outcomes: tuple[Outcome, ...]
-    diagnoses: tuple[Diagnosis, ...]
-    explanations: tuple[str, ...] = ()
-    unexplained: tuple[Evidence, ...] = ()
-    skipped: tuple[str, ...] = ()
-    log_dir: str = ""
-    inventory: dict[str, Any] = field(default_factory=dict)
-    audit: tuple[AuditReport, ...] = ()  # int32 offset audit of the scanned presets
-    # False in the reports written while the scan runs (``on_progress``): what ran so far, and the
-    # sessions still to run. A scan that is killed leaves the last of them behind.
-    complete: bool = True
-    not_run: tuple[str, ...] = ()
-
-    @property
-    def healthy(self) -> bool:
-        return self.complete and not self.diagnoses and not self.unexplained
 
 
 def group_names(plan: ScanPlan) -> dict[str, str]:

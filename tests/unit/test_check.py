@@ -19,11 +19,11 @@ from qmoe_doctor.cli.commands import check as check_cmd
 from qmoe_doctor.core.exitcodes import ExitCode
 from qmoe_doctor.core.options import GPU_FAST_CONDITIONS, CheckOptions
 from qmoe_doctor.core.records import Condition, ErrorKind, Outcome, Phase, ProbeSpec, Shape, Status
+from qmoe_doctor.core.reports import ScanReport
 from qmoe_doctor.machine.inventory import GpuInfo, Inventory
 from qmoe_doctor.plan.scan import ScanPlan
 from qmoe_doctor.workflows import check as check_mod
 from qmoe_doctor.workflows.check import cell_results, default_lint_paths, plan_check, worst
-from qmoe_doctor.workflows.scan import ScanReport
 
 runner = CliRunner()
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -88,7 +88,7 @@ def test_saved_scan_report_reads_back() -> None:
     from pathlib import Path
 
     from qmoe_doctor.core.records import from_jsonable
-    from qmoe_doctor.workflows.scan import ScanReport
+    from qmoe_doctor.core.reports import ScanReport
 
     path = Path(__file__).parent.parent / "fixtures/recorded/h200x2-run2/scans/scan-unguarded.json"
     report = from_jsonable(ScanReport, json.loads(path.read_text()))
@@ -106,8 +106,8 @@ def test_eight_gpu_scans_cover_every_ordered_pair_and_reclassify_healthy() -> No
     from pathlib import Path
 
     from qmoe_doctor.core.records import Outcome, Status, from_jsonable
+    from qmoe_doctor.core.reports import ScanReport
     from qmoe_doctor.diagnose.scan_rules import classify
-    from qmoe_doctor.workflows.scan import ScanReport
 
     runs = Path(__file__).parent.parent / "fixtures/recorded/h200x8-runs50-52"
     lines = (runs / "scan-run50-partial.log").read_text().splitlines()

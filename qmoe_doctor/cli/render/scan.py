@@ -11,8 +11,8 @@ from rich.text import Text
 from qmoe_doctor.core.causes import get_cause
 from qmoe_doctor.core.conditions import PAIR_ORDER, SINGLE_ORDER, SWEEP_CONDITIONS
 from qmoe_doctor.core.records import Condition, Diagnosis
+from qmoe_doctor.core.reports import ScanReport
 from qmoe_doctor.diagnose.scan_rules import Cell, build_matrix
-from qmoe_doctor.workflows.scan import ScanReport
 
 #: Colour of a cell label; error kinds not listed are red.
 STYLE = {"pass": "green", "rejected": "green", "slow": "yellow", "wrong": "bold red", "skipped": "dim"}
