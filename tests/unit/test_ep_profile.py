@@ -1,4 +1,4 @@
-"""tools/ep_profile.py's trace analysis (the GPU idle gaps and what launched the work ending
+"""tools/profile/ep_profile.py's trace analysis (the GPU idle gaps and what launched the work ending
 them) on a hand-built chrome trace: CPU-only, no torch.distributed."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "ep_profile.py"
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "profile" / "ep_profile.py"
 
 
 @pytest.fixture(scope="module")

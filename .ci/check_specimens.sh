@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# CI, CPU tier: `qmoe-doctor check` must pass on our kernels and fail on each specimen it can
+# see without a GPU, naming the planted cause and no other. Called by .ci/run; about a minute.
+#
+#   specimen                 on a CPU                                what sees it
+#   unmasked_rows            must fail: invalid-routing              probes (over-routed, -1 sentinel)
+#   autotune_inplace         must fail: autotune-inplace-rerun       probes (first vs second call) + lint
+#   unguarded, default_buffer, wrong_stream, int32_offsets           lint only: their probes need GPUs
+#
+# Usage: .ci/check_specimens.sh   (reports under $OUT, default a temp dir)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$(mktemp -d -t qmoe-ci-check-XXXXXX)}
+mkdir -p "$OUT"
+QD=(python3 -m qmoe_doctor)
+# The one place that spells check's option for its JSON report file.
+REPORT_OPTION=--save
+FAILED=0
+
+say() { printf '%s\n' "$*"; }
+bad() { say "FAIL: $*"; FAILED=1; }
+
+# expect NAME RC -- ARGS...: run `qmoe-doctor check ARGS` with its JSON report saved to $OUT/NAME.json,
+# want exit RC
+expect() {
+  local name=$1 want=$2; shift 3
+  "${QD[@]}" check "$@" "$REPORT_OPTION" "$OUT/$name.json" --junit "$OUT/$name.xml" --log-dir "$OUT/logs/$name" \
+    > "$OUT/$name.out" 2> "$OUT/$name.err"
+  local rc=$?
+  if [[ $rc -ne $want ]]; then
+    bad "$name: exit $rc, expected $want"
+    tail -n 30 "$OUT/$name.out" "$OUT/$name.err"
+    return 1
+  fi
+  say "ok:   $name: exit $rc"
+}
+
+# causes NAME WHERE CAUSE: the JSON report names exactly CAUSE (WHERE: diagnoses | lint)
+causes() {
+  python3 - "$OUT/$1.json" "$2" "$3" <<'EOF_PY' || bad "$1: expected exactly the cause $3 in $2"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+where, want = sys.argv[2], sys.argv[3]
+assert doc["kind"] == "check" and doc["schema_version"] >= 1, doc.get("kind")
+if where == "diagnoses":
+    got = {d["cause"] for k in doc["kernels"] for d in k["diagnoses"]}
+else:
+    got = {f["cause"] for f in doc["lint"]["findings"]}
+print(f"      {where}: {sorted(got)}")
+sys.exit(0 if got == {want} else 1)
+EOF_PY
+}
+
+say "== qmoe-doctor check, CPU tier (reports in $OUT)"
+
+# Our kernels: the probes pass and every kernel source outside the specimens lints clean.
+mapfile -t OURS < <(find kernels -name '*.py' -not -path '*/specimens/*' | sort)
+LINT_OURS=()
+for f in "${OURS[@]}"; do LINT_OURS+=(--lint "$f"); done
+expect builtin 0 -- --cpu --kernel builtin "${LINT_OURS[@]}"
+
+# Specimens the CPU tier's probes can see: exit 1 and the planted cause.
+for pair in unmasked_rows:invalid-routing autotune_inplace:autotune-inplace-rerun; do
+  name=${pair%%:*} cause=${pair#*:}
+  expect "specimen-$name" 1 -- --cpu --kernel "specimen:$name" && causes "specimen-$name" diagnoses "$cause"
+done
+
+# Specimens whose fault is a placement, stream or int32-offset fault: no probe can fail on a CPU
+# (no second device, no streams, and the interpreter does no bounds checking). Lint sees each one.
+for pair in unguarded:missing-device-guard default_buffer:default-device-buffer \
+            wrong_stream:wrong-device-stream int32_offsets:int32-offset-overflow \
+            autotune_inplace:autotune-inplace-rerun; do
+  name=${pair%%:*} cause=${pair#*:}
+  source_file=$(find kernels -path '*/specimens/*' -name "$name.py" | head -1)
+  expect "lint-$name" 1 -- --cpu --lint "${source_file:-kernels/specimens/$name.py}" && causes "lint-$name" lint "$cause"
+done
+say "note: specimen:unguarded, default_buffer, wrong_stream and int32_offsets cannot fail the CPU tier's"
+say "      probes: they need two GPUs (placement, peer access, streams) or a >4 GiB expert stack"
+say "      (int32 offsets). Lint flags them here; tools/gpu/validate_multi_gpu.sh sees them fail on GPUs."
+
+if [[ $FAILED -ne 0 ]]; then
+  say "== check_specimens: FAILED (reports in $OUT)"
+  exit 1
+fi
+say "== check_specimens: ok"

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Validate the product on two or more GPUs: the full scan of the built-in kernel, the control
+# and every scan specimen on a GPU pair (each must get its own cause and no other), the CI
+# check, repro and its written script, time to a verdict from a cold and a warm Triton cache,
+# and the whole GPU test suite. One device call on `nvidia-h100-x2` / `nvidia-h200-x2` (or
+# larger: GPUS picks the pair; ALL_PAIRS=1 scans the built-in kernel on every GPU).
+#
+#   bash tools/gpu/validate_multi_gpu.sh [STEPS...]
+#
+# Steps (default: env scan specimens check repro tests):
+#   env        qmoe-doctor env
+#   scan       qmoe-doctor scan of the built-in kernel (want: no diagnosis) and of the
+#              torch:grouped_mm control on GPUS (every GPU with ALL_PAIRS=1: ~12 s per ordered
+#              pair on H200s, so 8 GPUs need more than one call)
+#   specimens  qmoe-doctor scan --gpus GPUS of every specimen the scan can show (one GPU or a
+#              pair; from `qmoe-doctor specimens`): its own cause and nothing else
+#   check      qmoe-doctor check --require-gpus 2: built-in exit 0, each specimen exit 1
+#   repro      qmoe-doctor repro --gpus GPUS on specimen:unguarded (a verdict and a script that
+#              fails alone) and on the built-in kernel (exit 0, no script)
+#   verdict    time to a verdict: scan and repro of specimen:unguarded from an empty Triton
+#              cache, then again warm
+#   tests      pytest tests/gpu -m "gpu or multigpu"
+#   evidence   tools/evidence/record_sanitizer_logs.py: real compute-sanitizer logs and
+#              tracebacks of probe runs (what tests/fixtures/ hold), under $R/evidence
+# Knobs: GPUS (default 0,1), ALL_PAIRS, BUDGET (default 560), TEST_TIMEOUT (default 300),
+# SANITIZER_CASES (names of record_sanitizer_logs.py's cases; default all).
+# Results: $OUT/summary.txt and $OUT/logs.tar.gz. Record the run in docs/validation/.
+DEFAULT_STEPS="env scan specimens check repro tests"
+source "$(dirname "${BASH_SOURCE[0]}")/run_common.sh" "$@"
+header
+GPUS=${GPUS:-0,1}
+SCAN_GPUS=$GPUS; [[ "${ALL_PAIRS:-0}" == 1 ]] && SCAN_GPUS=$ALL
+
+if has env; then
+  t env 60 qmoe-doctor env
+fi
+if has scan; then
+  t scan-builtin "$(cap 560)" qmoe-doctor scan --gpus "$SCAN_GPUS" --save "$R/scan-builtin.json" --log-dir "$R/workers-builtin"
+  expect_verdict "$R/scan-builtin.json" -
+  t scan-torch "$(cap 120)" qmoe-doctor scan --gpus "$GPUS" --kernel torch:grouped_mm --only guarded,peer,no-peer,single \
+    --save "$R/scan-torch.json"
+  expect_verdict "$R/scan-torch.json" -
+fi
+if has specimens; then
+  while read -r name cause; do
+    t "scan-$name" "$(cap 150)" qmoe-doctor scan --gpus "$GPUS" --kernel "specimen:$name" --save "$R/scan-$name.json" \
+      --log-dir "$R/workers-$name"
+    expect_verdict "$R/scan-$name.json" "$cause"
+  done < <(specimens_for pair; specimens_for one)
+fi
+if has check; then
+  t check-builtin "$(cap 120)" qmoe-doctor check --kernel builtin --require-gpus 2 --gpus "$GPUS" --junit "$R/check-builtin.xml"
+  say "   want exit 0"
+  while read -r name cause; do
+    t "check-$name" "$(cap 120)" qmoe-doctor check --kernel "specimen:$name" --require-gpus 2 --gpus "$GPUS" \
+      --junit "$R/check-$name.xml"
+    say "   want exit 1 naming $cause: $(grep -o "type=\"$cause\"" "$R/check-$name.xml" 2>/dev/null | head -1)"
+  done < <(specimens_for pair; specimens_for one)
+  t check-torch "$(cap 120)" qmoe-doctor check --kernel torch:grouped_mm --require-gpus 2 --gpus "$GPUS" --junit "$R/check-torch.xml"
+  say "   want exit 0"
+fi
+if has repro; then
+  t repro-unguarded "$(cap 120)" qmoe-doctor repro --gpus "$GPUS" --kernel specimen:unguarded --out "$R/repro-unguarded"
+  grep -iE "verdict|cause|script" "$R/repro-unguarded.log" | head -6 | tee -a "$S"
+  for f in "$R"/repro-unguarded/*.py; do
+    [ -f "$f" ] && t "repro-script-$(basename "$f" .py)" "$(cap 120)" python3 "$f"  # want: FAIL, exit 1
+  done
+  t repro-builtin "$(cap 120)" qmoe-doctor repro --gpus "$GPUS" --kernel builtin --out "$R/repro-builtin"
+  say "   want exit 0, no script: $(ls "$R/repro-builtin" 2>/dev/null | wc -l) files"
+fi
+if has verdict; then
+  rm -rf "$TRITON_CACHE_DIR"
+  t scan-cold "$(cap 120)" qmoe-doctor scan --gpus "$GPUS" --kernel specimen:unguarded --save "$R/scan-cold.json"
+  expect_verdict "$R/scan-cold.json" missing-device-guard
+  t scan-warm "$(cap 120)" qmoe-doctor scan --gpus "$GPUS" --kernel specimen:unguarded --save "$R/scan-warm.json"
+  expect_verdict "$R/scan-warm.json" missing-device-guard
+  rm -rf "$TRITON_CACHE_DIR"
+  t repro-cold "$(cap 120)" qmoe-doctor repro --gpus "$GPUS" --kernel specimen:unguarded --out "$R/repro-cold"
+  t repro-warm "$(cap 120)" qmoe-doctor repro --gpus "$GPUS" --kernel specimen:unguarded --out "$R/repro-warm"
+  grep -h -iE "verdict" "$R/repro-cold.log" "$R/repro-warm.log" | head -4 | tee -a "$S"
+fi
+if has tests; then
+  t pytest-gpu "$(cap "${TEST_TIMEOUT:-300}")" python3 -m pytest tests/gpu -m "gpu or multigpu" -q -p no:cacheprovider -rfE
+  tail -3 "$R/pytest-gpu.log" | tee -a "$S"
+fi
+if has evidence; then
+  # shellcheck disable=SC2086  # SANITIZER_CASES is a list of case names
+  t evidence "$(cap 400)" python3 tools/evidence/record_sanitizer_logs.py "$R/evidence" ${SANITIZER_CASES:-}
+  tail -20 "$R/evidence.log" | tee -a "$S"
+fi
+finish

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Validate the product on one GPU: the GPU tests, then qmoe-doctor against its own calibration
+# (the built-in kernel must get no diagnosis, each specimen that one GPU can show must get its
+# own cause and no other), the one-GPU sweeps, and the CI check. One device call on
+# `nvidia-h100-x1` or `nvidia-h200` (about 6-8 minutes with every step; pass fewer steps to fit).
+#
+#   bash tools/gpu/validate_one_gpu.sh [STEPS...]
+#
+# Steps (default: all of them):
+#   env        qmoe-doctor env (inventory, as text and JSON)
+#   tests      pytest tests/gpu -m "gpu or multigpu" (the multigpu ones skip on one GPU)
+#   scan       qmoe-doctor scan --gpus 0 of the built-in kernel (want: no diagnosis) and of the
+#              torch:grouped_mm control
+#   specimens  qmoe-doctor scan --gpus 0 of every specimen whose fault one GPU can show (from
+#              `qmoe-doctor specimens`); each must name its own cause and nothing else. The
+#              placement specimens need a GPU pair: tools/gpu/validate_multi_gpu.sh
+#   sweeps     the int32 boundary (specimen:int32_offsets), an over-limit launch config, the
+#              offset/stride cells of the built-in kernel
+#   check      qmoe-doctor check --require-gpus 1 on the built-in kernel (exit 0) and on each
+#              one-GPU specimen (exit 1)
+# Knobs: BUDGET (seconds for the whole call, default 560), TEST_TIMEOUT (default 300).
+# Results: $OUT/summary.txt (one line per step, verdicts), logs and JSON reports in
+# $OUT/logs.tar.gz. Record the run in docs/validation/ (gpu-tests.md, scan-specimens.md).
+DEFAULT_STEPS="env tests scan specimens sweeps check"
+source "$(dirname "${BASH_SOURCE[0]}")/run_common.sh" "$@"
+header
+
+if has env; then
+  t env-json 60 qmoe-doctor env --json
+  t env 60 qmoe-doctor env
+fi
+if has tests; then
+  t pytest-gpu "$(cap "${TEST_TIMEOUT:-300}")" python3 -m pytest tests/gpu -m "gpu or multigpu" -q -p no:cacheprovider -rfE
+  tail -3 "$R/pytest-gpu.log" | tee -a "$S"
+fi
+if has scan; then
+  t scan-builtin "$(cap 120)" qmoe-doctor scan --gpus 0 --save "$R/scan-builtin.json" --log-dir "$R/workers-builtin"
+  expect_verdict "$R/scan-builtin.json" -
+  t scan-torch "$(cap 120)" qmoe-doctor scan --gpus 0 --kernel torch:grouped_mm --save "$R/scan-torch.json"
+  expect_verdict "$R/scan-torch.json" -
+fi
+if has specimens; then
+  while read -r name cause; do
+    t "scan-$name" "$(cap 150)" qmoe-doctor scan --gpus 0 --kernel "specimen:$name" --save "$R/scan-$name.json" \
+      --log-dir "$R/workers-$name"
+    expect_verdict "$R/scan-$name.json" "$cause"
+  done < <(specimens_for one)
+fi
+if has sweeps; then
+  t sweep-int32 "$(cap 120)" qmoe-doctor scan --gpus 0 --kernel specimen:int32_offsets --only single,int32-boundary \
+    --save "$R/sweep-int32.json"
+  expect_verdict "$R/sweep-int32.json" int32-offset-overflow
+  # 128x256x128 with 4 stages asks for ~384 KiB of shared memory: more than any Hopper block has
+  t sweep-launch-config "$(cap 120)" qmoe-doctor scan --gpus 0 --only single,launch-config \
+    --configs 128x256x64-w8-s3,128x256x128-w8-s4 --save "$R/sweep-launch-config.json"
+  expect_verdict "$R/sweep-launch-config.json" launch-config-fault
+  t sweep-offsets "$(cap 120)" qmoe-doctor scan --gpus 0 --only single,offsets --save "$R/sweep-offsets.json"
+  expect_verdict "$R/sweep-offsets.json" -
+fi
+if has check; then
+  t check-builtin "$(cap 120)" qmoe-doctor check --kernel builtin --require-gpus 1 --gpus 0 --junit "$R/check-builtin.xml"
+  say "   want exit 0"
+  while read -r name cause; do
+    t "check-$name" "$(cap 120)" qmoe-doctor check --kernel "specimen:$name" --require-gpus 1 --gpus 0 \
+      --junit "$R/check-$name.xml"
+    say "   want exit 1 naming $cause: $(grep -o "type=\"$cause\"" "$R/check-$name.xml" 2>/dev/null | head -1)"
+  done < <(specimens_for one)
+fi
+finish
