@@ -3,10 +3,10 @@
 ``AllocatorRecorder`` turns on ``torch.cuda.memory._record_memory_history`` before the probe and
 takes ``torch.cuda.memory._snapshot()`` after it (also when the probe raised: the worker's
 ``execute`` returns an outcome either way); ``reduce_snapshot`` boils the snapshot down to the
-records of ``qmoe_doctor.diagnose.sanitizer_log`` (``AllocatorSnapshot``: segments and blocks per device with
+records of ``qmoe_doctor.core.allocator`` (``AllocatorSnapshot``: segments and blocks per device with
 address, size, state, stream and the allocating stack's innermost user-code frame, and the
 recorded allocations), which ``probes/run_one.py`` stores as the outcome fact
-``allocator_snapshot``. The parent reads it back with ``sanitizer.read_allocator_snapshot``.
+``allocator_snapshot``. The parent reads it back with ``allocator.read_allocator_snapshot``.
 
 Both torch functions are private API: if either is missing or fails, the fact says why
 (``taken: false``) and the probe's outcome stands as it was. Nothing is recorded when the
@@ -40,8 +40,7 @@ import sysconfig
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from qmoe_doctor.core.records import Condition, ProbeSpec
-from qmoe_doctor.diagnose.sanitizer_log import (
+from qmoe_doctor.core.allocator import (
     AllocatorSnapshot,
     AllocBlock,
     AllocFrame,
@@ -49,6 +48,7 @@ from qmoe_doctor.diagnose.sanitizer_log import (
     AllocSegment,
     BlockState,
 )
+from qmoe_doctor.core.records import Condition, ProbeSpec
 
 #: The history ring buffer's length (``_record_memory_history(max_entries=...)``). A probe makes
 #: tens of allocations, the pipeline a few thousand; each entry holds one Python stack.

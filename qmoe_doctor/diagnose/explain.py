@@ -4,9 +4,9 @@ A log alone rarely proves a cause: this module says what the text shows (kernel,
 nearest allocation, user frames, the CUDA error) and which causes of the catalogue *fit* it and
 why, then names the ``qmoe-doctor`` command whose differential evidence would settle it.
 
-Error kinds come from ``qmoe_doctor.core.error_kind.classify_error`` (the same classifier probe outcomes
-use); reading the traceback around them (rank prefixes, log timestamps, cut pastes, device-side
-assertion lines) is done here.
+The text is read by ``sanitizer_log`` (compute-sanitizer's records) and ``traceback`` (frames,
+exception lines, device-side asserts); error kinds come from
+``qmoe_doctor.core.error_kind.classify_error``, the same classifier probe outcomes use.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from qmoe_doctor.core.causes import CAUSES
 from qmoe_doctor.core.conditions import DEFAULT_CONDITIONS
 from qmoe_doctor.core.error_kind import classify_error, pointer_arg_index
 from qmoe_doctor.core.records import SCHEMA_VERSION, Condition, ErrorKind
+from qmoe_doctor.diagnose.device_assert import overflow_check
 from qmoe_doctor.diagnose.sanitizer_log import (
     CodeLocation,
     ErrorGroup,
@@ -30,220 +31,16 @@ from qmoe_doctor.diagnose.sanitizer_log import (
     parse_sanitizer_log,
     short_function_name,
 )
-
-# ---------------------------------------------------------------------------------------------
-# Tracebacks
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PyFrame:
-    file: str
-    line: int
-    function: str
-    code: str | None = None  # the source line Python printed under the frame
-    user: bool = False  # not in site-packages / torch / triton / generated code
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeviceAssert:
-    message: str  # "int32 overflow detected for operation mul"
-    file: str | None = None
-    line: int | None = None
-    function: str | None = None
-    block: str | None = None
-    thread: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PyException:
-    type: str  # "ValueError", "triton.runtime.errors.OutOfResources", "c10::Error"
-    message: str
-    stream: str = ""  # "[rank3]" when the line carried a rank prefix
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TracebackReport:
-    schema_version: int = SCHEMA_VERSION
-    frames: tuple[PyFrame, ...] = ()  # of the traceback that ends in ``exception``
-    exception: PyException | None = None  # the first exception line found
-    exceptions: tuple[PyException, ...] = ()  # every exception line (several ranks, chained)
-    asserts: tuple[DeviceAssert, ...] = ()  # device-side assertion lines
-    streams: tuple[str, ...] = ()  # rank / worker prefixes seen
-    other_user_frames: tuple[PyFrame, ...] = ()  # user frames of the other tracebacks in the text
-    truncated: bool = False  # frames but no exception line: the paste was cut
-
-
-# Prefixes that tools put in front of every line of a child's output.
-_PREFIXES = (
-    re.compile(r"^\s*\[(?P<tag>rank\d+)\]:\s?"),  # torchrun
-    re.compile(r"^\s*\((?P<tag>[^()]*pid=\d+)\)\s?"),  # ray / vLLM workers
-    re.compile(r"^(?:ERROR|WARNING|INFO|DEBUG) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? [\w.]+:\d+\]\s?"),  # vLLM
-    re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)? (?:stdout|stderr) [FP] "),  # container logs
-    re.compile(r"^E {3}"),  # pytest's failure lines
+from qmoe_doctor.diagnose.scan_rules import SETTLED_BY
+from qmoe_doctor.diagnose.traceback import (
+    PyFrame,
+    TracebackReport,
+    is_user_path,
+    looks_like_traceback,
+    parse_traceback,
 )
-_TB_START = re.compile(r"^\s*Traceback \(most recent call last\):")
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+?)\s*$')
-_FRAME_IPY = re.compile(r"^\s*File (?P<file>\S+?):(?P<line>\d+), in (?P<func>.+?)\s*$")
-_EXC = re.compile(
-    r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Resources|Exit|Interrupt|Failure))"
-    r"(?::\s?(?P<msg>.*))?\s*$"
-)
-_CXX_WHAT = re.compile(r"^\s*what\(\):\s+(?P<msg>.+)$")
-_CXX_THROW = re.compile(r"terminate called after throwing an instance of '(?P<type>[^']+)'")
-_ASSERT = re.compile(
-    r"^(?:(?P<file>(?:[A-Za-z]:)?[^\s:]+):(?P<line>\d+):\s*)?(?:(?P<func>[^:\[\]`]+?):\s*)?"
-    r"(?:(?:block|global id): \[(?P<block>[^\]]*)\],\s*(?:thread|local id): \[(?P<thread>[^\]]*)\]\s*)?"
-    r"Assertion [`'](?P<msg>.*?)[`'] failed"
-)
-# the end of an assertion line whose front was cut off (no anchor: anything may precede it)
-_ASSERT_TAIL = re.compile(
-    r"(?:(?:block|global id): \[(?P<block>[^\]]*)\],\s*(?:thread|local id): \[(?P<thread>[^\]]*)\]\s*)?"
-    r"Assertion [`'](?P<msg>.*?)[`'] failed"
-)
-_LIBRARY_PATH = re.compile(
-    r"(site-packages|dist-packages|/lib/python\d|/torch/|/triton/|torchinductor_|/\.triton/|"
-    r"^<|/usr/lib/|/usr/local/lib/|sysdeps/|csu/|importlib)"
-)
-
-
-def _strip_prefix(line: str) -> tuple[str, str]:
-    """(stream tag, line without the tool's prefix)."""
-    tag = ""
-    changed = True
-    while changed:
-        changed = False
-        for rx in _PREFIXES:
-            m = rx.match(line)
-            if m:
-                if "tag" in rx.groupindex and m.group("tag"):
-                    tag = m.group("tag")
-                line = line[m.end() :]
-                changed = True
-    return tag, line
-
-
-def is_user_path(path: str) -> bool:
-    return not _LIBRARY_PATH.search(path)
-
-
-def looks_like_traceback(text: str) -> bool:
-    for raw in text.splitlines():
-        _, line = _strip_prefix(raw)
-        if _TB_START.match(line) or _FRAME.match(line) or _ASSERT.search(line) or _CXX_THROW.search(line):
-            return True
-        m = _EXC.match(line.strip())
-        if m and classify_error(m.group("type"), m.group("msg") or "") is not ErrorKind.OTHER:
-            return True
-    return False
-
-
-def parse_traceback(text: str) -> TracebackReport:
-    """Read Python tracebacks (with rank / worker prefixes), exception lines and device-side
-    assertion lines. The frames kept are those of the first traceback that ends in an exception,
-    read per stream, so interleaved ranks do not mix their frames."""
-    frames_by_stream: dict[str, list[PyFrame]] = {}
-    expect_code: set[str] = set()  # streams whose last line was a frame header
-    chosen: tuple[PyFrame, ...] | None = None
-    exceptions: list[PyException] = []
-    asserts: list[DeviceAssert] = []
-    streams: list[str] = []
-    pending_cxx: str | None = None
-    all_frames: list[PyFrame] = []
-    for raw in text.splitlines():
-        tag, line = _strip_prefix(raw)
-        if tag and tag not in streams:
-            streams.append(tag)
-        frames = frames_by_stream.setdefault(tag, [])
-        stripped = line.strip()
-        if tag in expect_code:
-            expect_code.discard(tag)
-            if frames and line[:1] in (" ", "\t") and stripped and not set(stripped) <= {"^", "~", " "}:
-                if not (_FRAME.match(line) or _FRAME_IPY.match(line)):
-                    last = frames[-1]
-                    frames[-1] = PyFrame(
-                        file=last.file, line=last.line, function=last.function, code=stripped, user=last.user
-                    )
-                    continue
-        if _TB_START.match(line):
-            frames.clear()
-            continue
-        fm = _FRAME.match(line) or _FRAME_IPY.match(line)
-        if fm:
-            file = fm.group("file")
-            frame = PyFrame(
-                file=file, line=int(fm.group("line")), function=fm.group("func"), user=is_user_path(file)
-            )
-            frames.append(frame)
-            all_frames.append(frame)
-            expect_code.add(tag)
-            continue
-        am = _ASSERT.search(line)
-        if am:
-            func = (am.group("func") or "").strip() or None
-            asserts.append(
-                DeviceAssert(
-                    message=am.group("msg"),
-                    file=am.group("file"),
-                    line=int(am.group("line")) if am.group("line") else None,
-                    function=None if func == "unknown" else func,
-                    block=am.group("block"),
-                    thread=am.group("thread"),
-                )
-            )
-            continue
-        am = _ASSERT_TAIL.search(line)
-        if am:
-            # the front of the line was split off by another thread's or the traceback's write
-            # (measured: TRITON_DEBUG asserts on 2x H200): keep what the tail says, no file:line
-            asserts.append(
-                DeviceAssert(message=am.group("msg"), block=am.group("block"), thread=am.group("thread"))
-            )
-            continue
-        tm = _CXX_THROW.search(line)
-        if tm:
-            pending_cxx = tm.group("type")
-            continue
-        wm = _CXX_WHAT.match(line)
-        if wm and pending_cxx:
-            exceptions.append(PyException(type=pending_cxx, message=wm.group("msg").strip(), stream=tag))
-            pending_cxx = None
-            continue
-        em = _EXC.match(line) if line[:1] not in (" ", "\t") else None
-        if em:
-            exceptions.append(
-                PyException(type=em.group("type"), message=(em.group("msg") or "").strip(), stream=tag)
-            )
-            if chosen is None and frames:
-                chosen = tuple(frames)
-    if chosen is None:
-        # frames but no exception after them: keep the longest partial traceback
-        candidates = [tuple(f) for f in frames_by_stream.values() if f]
-        chosen = max(candidates, key=len) if candidates else ()
-    kept = {(f.file, f.line, f.function) for f in chosen}
-    others: list[PyFrame] = []
-    for f in all_frames:
-        key = (f.file, f.line, f.function)
-        if f.user and key not in kept:
-            kept.add(key)
-            others.append(f)
-    return TracebackReport(
-        frames=chosen,
-        exception=exceptions[0] if exceptions else None,
-        exceptions=tuple(exceptions),
-        asserts=tuple(asserts),
-        streams=tuple(streams),
-        other_user_frames=tuple(others),
-        truncated=bool(all_frames) and not exceptions,
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# The explanation
-# ---------------------------------------------------------------------------------------------
 
 InputKind = Literal["sanitizer-log", "traceback", "both"]
-_INT32_ASSERT = re.compile(r"int32 overflow detected for operation (?P<op>\w+)")
 _DEVICES = re.compile(r"\bcuda:(\d+)")
 _RESOURCES = re.compile(
     r"out of resource: (?P<what>[\w ]+?), Required: (?P<req>\d+), Hardware limit: (?P<lim>\d+)"
@@ -327,17 +124,27 @@ def _scan(gpus: str, kernel: str, only: Sequence[str] = ()) -> str:
     return cmd
 
 
+def _int32_overflow(text: str) -> bool:
+    found = overflow_check(text)
+    return found is not None and found[0] == 32
+
+
 def _first_gpu(gpus: str) -> str:
     """The int32-boundary cell needs one GPU only: the first of the pair."""
     return gpus.split(",")[0]
 
 
-# the scan cells that tell each cause apart from the others (the same sets classify.py cites)
-_ROUTING = ("over-routed", "negative-sizes")
-_RACE = ("peer", "producer-race", "sizes-race")
-_GUARD = ("no-peer", "peer", "producer-race")
-_BUFFER = ("no-peer", "peer")
-_INT32 = ("int32-boundary",)
+# the scan cells that tell each cause apart from the others (the sets the scan's rules cite)
+_ROUTING = SETTLED_BY["invalid-routing"]
+_GUARD = SETTLED_BY["missing-device-guard"]
+_BUFFER = SETTLED_BY["default-device-buffer"]
+_INT32 = SETTLED_BY["int32-offset-overflow"]
+_STREAM = SETTLED_BY["wrong-device-stream"]
+# narrower sets, where the text already rules part of a cause's cells out
+_SIZES_RACE = (Condition.PEER, Condition.SIZES_RACE)
+_PRODUCER_RACE = (Condition.PEER, Condition.PRODUCER_RACE)
+_NEVER_SET = (Condition.UNTOUCHED, Condition.NO_PEER)
+_MIXED_DEVICES = (Condition.UNTOUCHED, Condition.NO_PEER, Condition.PEER)
 
 
 def _bytes(n: int) -> str:
@@ -467,7 +274,7 @@ def _sanitizer_fits(report: SanitizerReport, kernel: str, gpus: str) -> tuple[li
                     "cross-device-stream-race",
                     "the same shape appears when m_sizes is read before its producer (on another GPU's "
                     "stream) finished writing it: stale sizes walk past the rows",
-                    _scan(gpus, kernel, ("peer", "sizes-race")),
+                    _scan(gpus, kernel, _SIZES_RACE),
                 )
             if n is not None and n.relation == "before" and n.size >= 2**31:
                 add(
@@ -537,12 +344,12 @@ def _sanitizer_fits(report: SanitizerReport, kernel: str, gpus: str) -> tuple[li
                 "cross-device-stream-race",
                 "the kernel read global memory nothing had written yet: a kernel that runs before its producer "
                 "(another stream or GPU) fits",
-                _scan(gpus, kernel, ("peer", "producer-race")),
+                _scan(gpus, kernel, _PRODUCER_RACE),
             )
             add(
                 "wrong-device-stream",
                 "a launch on a stream that does not wait for the producer reads unwritten memory the same way",
-                _scan(gpus, kernel, ("side-stream",)),
+                _scan(gpus, kernel, _STREAM),
             )
     if any(e.category == "race" for e in report.errors) or report.racecheck_summary is not None:
         caveats.append(
@@ -580,7 +387,7 @@ def _traceback_fits(tb: TracebackReport, kind: ErrorKind | None, kernel: str, gp
                     "device-never-set",
                     f"several ranks ({', '.join(tb.streams)}) hit it: ranks that never call set_device all "
                     "launch on GPU 0",
-                    _scan(gpus, kernel, ("untouched", "no-peer")),
+                    _scan(gpus, kernel, _NEVER_SET),
                 )
             )
     elif kind is ErrorKind.DEVICE_MISMATCH:
@@ -589,18 +396,18 @@ def _traceback_fits(tb: TracebackReport, kind: ErrorKind | None, kernel: str, gp
                 "default-device-buffer",
                 "an aten op saw tensors on two devices: a buffer allocated on the current device instead of "
                 "the input's fits",
-                _scan(gpus, kernel, ("untouched", "no-peer", "peer")),
+                _scan(gpus, kernel, _MIXED_DEVICES),
             )
         )
         fits.append(
             _fit(
                 "missing-device-guard",
                 "a wrapper that allocates or launches on the current device, not the tensors', mixes devices",
-                _scan(gpus, kernel, ("untouched", "no-peer", "peer")),
+                _scan(gpus, kernel, _MIXED_DEVICES),
             )
         )
     elif kind is ErrorKind.DEVICE_ASSERT:
-        if any(_INT32_ASSERT.search(a.message) for a in tb.asserts) or _INT32_ASSERT.search(msg):
+        if any(a.overflow_bits == 32 for a in tb.asserts) or _int32_overflow(msg):
             fits.append(
                 _fit(
                     "int32-offset-overflow",
@@ -706,7 +513,7 @@ def explain_text(text: str, *, source: str = "<text>") -> Explanation:
     Raises NothingToExplain when the text is neither.
     """
     if not text.strip():
-        raise NothingToExplain("the file is empty")
+        raise NothingToExplain("it is empty")
     is_log = looks_like_sanitizer_log(text)
     report = parse_sanitizer_log(text) if is_log else None
     is_tb = looks_like_traceback(text)
@@ -755,8 +562,7 @@ def explain_text(text: str, *, source: str = "<text>") -> Explanation:
             a = tb.asserts[0]
             if error_kind is None or error_kind is ErrorKind.OTHER:
                 error_kind = ErrorKind.DEVICE_ASSERT
-            if a.file and a.line is not None:
-                assert_site = f"{a.file}:{a.line}"
+            assert_site = a.site
             where = f" at {assert_site}" if assert_site else " (the kernel's file:line was not printed)"
             facts.append(
                 f"device-side assertion '{a.message}'{where}"

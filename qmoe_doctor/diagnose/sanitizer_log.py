@@ -1,7 +1,8 @@
-"""compute-sanitizer: find it, build its command line, read its text (and XML) output, and
-attribute the addresses it reports to the tensors our probes handed the kernel.
+"""compute-sanitizer's text output, read into records: one per reported error, folded into groups.
 
-The parent never runs a kernel; this module only drives the binary and reads what it wrote.
+Finding the binary and building its command line is ``qmoe_doctor.machine.sanitizer``; placing
+the addresses it reports against the tensors our probes handed the kernel is
+``qmoe_doctor.diagnose.attribution``.
 
 Text output, as our own run recorded it (compute-sanitizer 2025.3.1, memcheck, 2x H200:
 ``tests/fixtures/recorded/h200x2-run1/sanitizer/memcheck-unmasked-overrouted-nocache.log``,
@@ -35,189 +36,20 @@ either end, and logs of several processes told apart by a line prefix (``[rank0]
 
 from __future__ import annotations
 
-import glob
-import os
 import re
-import shutil
-import subprocess
-import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
-from qmoe_doctor.core import knobs
-from qmoe_doctor.core.compat import StrEnum
-from qmoe_doctor.core.records import SCHEMA_VERSION, TensorInfo, from_jsonable
-
-# ---------------------------------------------------------------------------------------------
-# Finding the binary and building its command line
-# ---------------------------------------------------------------------------------------------
-
-BINARY = "compute-sanitizer"
-_VERSION_RE = re.compile(r"Version\s+(\d+(?:\.\d+)+)")
-
-
-class SanitizerTool(StrEnum):
-    MEMCHECK = "memcheck"  # out-of-bounds / misaligned accesses, hardware exceptions
-    RACECHECK = "racecheck"  # shared-memory hazards only (global-memory races are invisible)
-    SYNCCHECK = "synccheck"  # invalid barrier / synchronization use
-    INITCHECK = "initcheck"  # reads of uninitialized global memory
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SanitizerInfo:
-    path: str
-    version: str | None  # "2025.3.1.0" from `compute-sanitizer --version`; None if it did not say
-    found_via: str  # "QMOE_DOCTOR_COMPUTE_SANITIZER", "PATH", "CUDA_HOME", or the directory searched
-
-    @property
-    def version_tuple(self) -> tuple[int, ...]:
-        if not self.version:
-            return ()
-        return tuple(int(p) for p in self.version.split("."))
-
-
-def _default_search_dirs(env: Mapping[str, str]) -> list[tuple[str, str]]:
-    """(directory, label) pairs to look in after PATH, most specific first."""
-    dirs: list[tuple[str, str]] = []
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        root = env.get(var)
-        if root:
-            dirs.append((os.path.join(root, "bin"), var))
-            dirs.append((os.path.join(root, "compute-sanitizer"), var))
-    dirs.append(("/usr/local/cuda/bin", "/usr/local/cuda/bin"))
-    dirs.append(("/usr/local/cuda/compute-sanitizer", "/usr/local/cuda/compute-sanitizer"))
-    # versioned toolkits, newest first (cuda-12.10 after cuda-12.9: compare numerically)
-    for pattern in ("/usr/local/cuda-*/bin", "/usr/local/cuda-*/compute-sanitizer"):
-        for d in sorted(glob.glob(pattern), key=_version_key, reverse=True):
-            dirs.append((d, d))
-    # the HPC SDK lays toolkits out as /opt/nvidia/hpc_sdk/Linux_x86_64/<ver>/cuda/<ver>/bin
-    for pattern in (
-        "/opt/nvidia/hpc_sdk/*/*/cuda/*/bin",
-        "/opt/nvidia/hpc_sdk/*/*/cuda/*/compute-sanitizer",
-        "/opt/nvidia/hpc_sdk/*/*/cuda/bin",
-        "/opt/nvidia/*/bin",
-    ):
-        for d in sorted(glob.glob(pattern), key=_version_key, reverse=True):
-            dirs.append((d, d))
-    return dirs
-
-
-def _version_key(path: str) -> tuple[int, ...]:
-    return tuple(int(n) for n in re.findall(r"\d+", path))
-
-
-def _is_executable(path: str) -> bool:
-    return os.path.isfile(path) and os.access(path, os.X_OK)
-
-
-def read_version(path: str, *, timeout_s: float = 20.0) -> str | None:
-    """Ask the binary for its version; None if it does not answer in time or says no version."""
-    try:
-        out = subprocess.run(
-            [path, "--version"], capture_output=True, text=True, timeout=timeout_s, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    match = _VERSION_RE.search(out.stdout + "\n" + out.stderr)
-    return match.group(1) if match else None
-
-
-def find_compute_sanitizer(
-    *,
-    env: Mapping[str, str] | None = None,
-    search_dirs: Sequence[tuple[str, str]] | None = None,
-    query_version: bool = True,
-) -> SanitizerInfo | None:
-    """Locate compute-sanitizer: $QMOE_DOCTOR_COMPUTE_SANITIZER, then PATH, then $CUDA_HOME /
-    $CUDA_PATH, then the usual toolkit directories (newest first).
-
-    When QMOE_DOCTOR_COMPUTE_SANITIZER is set it is the only candidate: a wrong explicit path
-    must not be papered over by another binary found elsewhere. ``env`` and ``search_dirs``
-    exist for tests.
-    """
-    env = os.environ if env is None else env
-    explicit = env.get(knobs.QMOE_SANITIZER)
-    if explicit:
-        if not _is_executable(explicit):
-            return None
-        return SanitizerInfo(
-            path=explicit,
-            version=read_version(explicit) if query_version else None,
-            found_via=knobs.QMOE_SANITIZER,
-        )
-    candidates: list[tuple[str, str]] = []
-    on_path = shutil.which(BINARY, path=env.get("PATH", ""))
-    if on_path:
-        candidates.append((on_path, "PATH"))
-    dirs = _default_search_dirs(env) if search_dirs is None else list(search_dirs)
-    candidates.extend((os.path.join(d, BINARY), label) for d, label in dirs)
-    for path, label in candidates:
-        if _is_executable(path):
-            return SanitizerInfo(
-                path=path, version=read_version(path) if query_version else None, found_via=label
-            )
-    return None
-
-
-def sanitizer_command(
-    info: SanitizerInfo,
-    tool: SanitizerTool | str,
-    argv: Sequence[str],
-    *,
-    kernel_regex: str | None = None,
-    launch_count: int | None = None,
-    launch_skip: int | None = None,
-    xml_path: str | os.PathLike[str] | None = None,
-    log_path: str | os.PathLike[str] | None = None,
-    print_limit: int | None = None,
-    error_exitcode: int | None = None,
-    target_processes_all: bool = False,
-) -> list[str]:
-    """The argv that runs ``argv`` under one compute-sanitizer tool.
-
-    Flags as documented for compute-sanitizer 2023+ (and measured with 2025.3.1):
-    ``--kernel-name regex=...`` filters kernels (the older ``--kernel-regex`` was renamed);
-    ``--launch-count N`` / ``--launch-skip N`` bound which launches are checked (memcheck costs
-    ~47x, racecheck ~35,000x: check one launch of a minimal probe); ``--xml yes --save FILE``
-    is the only machine-readable output (there is no JSON); ``--log-file`` takes the text report
-    off the child's stderr.
-    """
-    tool = SanitizerTool(tool)
-    if not argv:
-        raise ValueError("sanitizer_command: empty argv (nothing to run)")
-    cmd = [info.path, "--tool", tool.value]
-    if kernel_regex is not None:
-        if not kernel_regex or "," in kernel_regex:
-            # the value is a key=value list separated by commas: a comma would split the regex
-            raise ValueError(f"kernel_regex must be non-empty and contain no comma: {kernel_regex!r}")
-        cmd += ["--kernel-name", f"regex={kernel_regex}"]
-    for flag, value in (("--launch-count", launch_count), ("--launch-skip", launch_skip)):
-        if value is not None:
-            if value < (1 if flag == "--launch-count" else 0):
-                raise ValueError(f"{flag} must be {'>= 1' if flag == '--launch-count' else '>= 0'}: {value}")
-            cmd += [flag, str(value)]
-    if print_limit is not None:
-        if print_limit < 0:
-            raise ValueError(f"print_limit must be >= 0 (0 = no limit): {print_limit}")
-        cmd += ["--print-limit", str(print_limit)]
-    if error_exitcode is not None:
-        cmd += ["--error-exitcode", str(error_exitcode)]
-    if target_processes_all:
-        cmd += ["--target-processes", "all"]
-    if xml_path is not None:
-        # `--xml` is a flag in 2025.3: "--xml yes" fails with "extra yes detected on the input
-        # command line" (validation run 3 on H200)
-        cmd += ["--xml", "--save", os.fspath(xml_path)]
-    if log_path is not None:
-        cmd += ["--log-file", os.fspath(log_path)]
-    return cmd + list(argv)
-
+from qmoe_doctor.core.records import SCHEMA_VERSION
 
 # ---------------------------------------------------------------------------------------------
 # Records of a parsed report
 # ---------------------------------------------------------------------------------------------
+
+#: The tools' names as ``--tool`` takes them (``qmoe_doctor.machine.sanitizer.SanitizerTool``);
+#: a report says which one wrote it when its records tell.
+ToolName = Literal["memcheck", "racecheck", "initcheck", "synccheck"]
 
 Category = Literal[
     "invalid-access",  # memcheck: out-of-bounds / misaligned access (Invalid __global__ read ...)
@@ -342,7 +174,7 @@ class RacecheckSummary:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SanitizerReport:
     schema_version: int = SCHEMA_VERSION
-    tool: str | None = None  # memcheck / racecheck / initcheck / synccheck, inferred from records
+    tool: ToolName | None = None  # inferred from the records
     legacy_cuda_memcheck: bool = False  # the pre-2021 "CUDA-MEMCHECK" tool wrote it
     version: str | None = None  # when the log carries a version banner
     errors: tuple[SanitizerError, ...] = ()
@@ -384,6 +216,8 @@ class SanitizerReport:
 # Text parser
 # ---------------------------------------------------------------------------------------------
 
+#: A version banner: "Compute Sanitizer ... Version 2025.3.1.0" (only some logs carry one).
+_VERSION_RE = re.compile(r"Version\s+(\d+(?:\.\d+)+)")
 _NUM = r"\d[\d,]*"
 _HEX = r"0x[0-9a-fA-F]+"
 
@@ -754,18 +588,18 @@ def _continue_record(b: _Builder, body: str) -> None:
     b.extra.append(body.strip())
 
 
-def _infer_tool(errors: Sequence[SanitizerError], saw_race_summary: bool) -> str | None:
+def _infer_tool(errors: Sequence[SanitizerError], saw_race_summary: bool) -> ToolName | None:
     cats = {e.category for e in errors}
     if "race" in cats or saw_race_summary:
-        return SanitizerTool.RACECHECK.value
+        return "racecheck"
     if "uninitialized" in cats:
-        return SanitizerTool.INITCHECK.value
+        return "initcheck"
     if any(
         "barrier" in e.message.lower() or "sync" in e.message.lower() for e in errors if e.category == "other"
     ):
-        return SanitizerTool.SYNCCHECK.value
+        return "synccheck"
     if cats & {"invalid-access", "api-error"}:
-        return SanitizerTool.MEMCHECK.value
+        return "memcheck"
     return None
 
 
@@ -820,6 +654,18 @@ def group_errors(errors: Iterable[SanitizerError], *, max_addresses: int = 64) -
             )
         )
     return tuple(groups)
+
+
+def is_top_level_line(body: str) -> bool:
+    """Whether a line's text, without the ``=========`` prefix, is one the tool prints at the top
+    level: a record header, a summary, or the banner (everything else continues a record). Lets
+    a reader of other containers (the ``--xml`` report's elements) re-prefix bare lines."""
+    body = body.strip()
+    return (
+        _start_record(body, "") is not None
+        or bool(_ERROR_SUMMARY.match(body) or _NOT_PRINTED.match(body) or _RACE_SUMMARY.match(body))
+        or body in ("COMPUTE-SANITIZER", "CUDA-MEMCHECK")
+    )
 
 
 def looks_like_sanitizer_log(text: str) -> bool:
@@ -968,499 +814,23 @@ def parse_sanitizer_log(text: str) -> SanitizerReport:
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# XML parser (``--xml yes --save FILE``)
-# ---------------------------------------------------------------------------------------------
-
-
-def parse_sanitizer_xml(path_or_text: str | os.PathLike[str]) -> SanitizerReport:
-    """Best-effort reader of compute-sanitizer's XML report.
-
-    We have no recorded XML file yet (no public one was found; the lead will record ours), so
-    this reader does not assume element names: every element whose text holds a record line
-    that the text parser knows ("Invalid __global__ write of size 16 bytes", "Access to 0x...",
-    ...) is fed to the text parser, and numeric address/size elements are picked up by name
-    (``address``, ``size``, ``*Address``). Malformed or truncated XML is parsed as text.
-    """
-    if isinstance(path_or_text, os.PathLike) or (
-        isinstance(path_or_text, str)
-        and "\n" not in path_or_text
-        and not path_or_text.lstrip().startswith("<")
-    ):
-        text = Path(path_or_text).read_text(encoding="utf-8", errors="replace")
-    else:
-        text = str(path_or_text)
-    try:
-        root = ET.fromstring(text)
-    except ET.ParseError:
-        # truncated or not XML at all: read whatever record lines sit between the tags
-        return parse_sanitizer_log(_pseudo_log(re.sub(r"<[^>]+>", "\n", text).splitlines()))
-    lines: list[str] = []
-    for elem in root.iter():
-        lines.extend((elem.text or "").splitlines())
-    return parse_sanitizer_log(_pseudo_log(lines))
-
-
-def _pseudo_log(lines: Iterable[str]) -> str:
-    """Re-prefix bare record lines so the text parser reads them: headers and summaries at the
-    top level, everything else as a continuation."""
-    out: list[str] = []
-    for ln in lines:
-        ln = ln.strip()
-        if not ln:
-            continue
-        top = (
-            _start_record(ln, "") is not None
-            or bool(_ERROR_SUMMARY.match(ln) or _NOT_PRINTED.match(ln) or _RACE_SUMMARY.match(ln))
-            or ln in ("COMPUTE-SANITIZER", "CUDA-MEMCHECK")
-        )
-        out.append(("========= " if top else "=========     ") + ln)
-    return "\n".join(out) + "\n"
-
-
-# ---------------------------------------------------------------------------------------------
-# The caching allocator's own map: segments, blocks and who allocated them
-# ---------------------------------------------------------------------------------------------
-#
-# The child (``probes/snapshot.py``) reduces ``torch.cuda.memory._snapshot()`` to these records
-# and hands them back as the outcome fact ``allocator_snapshot``. An address that no registered
-# tensor holds may still lie in a block the allocator handed out (a temporary, a freed output,
-# a canary), and the allocator knows which line of Python asked for it.
-
-BlockState = Literal["active_allocated", "active_pending_free", "inactive"]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AllocFrame:
-    """One Python frame of an allocating stack (the innermost frame in user code)."""
-
-    file: str
-    line: int
-    name: str
-
-    def render(self) -> str:
-        """``conditions.py:97 in make_operands``"""
-        return f"{os.path.basename(self.file)}:{self.line} in {self.name}"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AllocBlock:
-    """A piece of a segment: handed out (``active_allocated``), freed while another stream may
-    still use it (``active_pending_free``), or free in the cache (``inactive``)."""
-
-    address: int
-    size: int  # bytes the block spans (rounded up from the request)
-    state: BlockState
-    requested_size: int | None = None  # bytes asked for, when the allocator kept it
-    frame: AllocFrame | None = None  # who allocated it (the block's own frames; live blocks only)
-
-    @property
-    def end(self) -> int:
-        return self.address + self.size
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AllocSegment:
-    """One cudaMalloc (or expandable mapping) the allocator holds, split into blocks."""
-
-    device: int  # CUDA ordinal inside the child
-    address: int
-    size: int  # total_size
-    stream: int  # the stream the segment was allocated for (cudaStream_t as an integer)
-    pool: str = ""  # "large" (blocks over 1 MiB) or "small"
-    expandable: bool = False  # expandable_segments: pages can be unmapped under a live address
-    frame: AllocFrame | None = None  # who asked for the cudaMalloc
-    blocks: tuple[AllocBlock, ...] = ()
-
-    @property
-    def end(self) -> int:
-        return self.address + self.size
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AllocHistory:
-    """One ``alloc`` action of the allocator's recorded history, and whether it was freed since."""
-
-    device: int
-    address: int
-    size: int
-    stream: int
-    frame: AllocFrame | None = None
-    freed: bool = False  # a later free_requested / free_completed of the same address
-    free_frame: AllocFrame | None = None  # who freed it, when the history kept a stack
-
-    @property
-    def end(self) -> int:
-        return self.address + self.size
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AllocatorSnapshot:
-    """The outcome fact ``allocator_snapshot``: the caching allocator's segments after the probe
-    (on every device), and the allocations it recorded while the probe ran, latest last."""
-
-    schema_version: int = SCHEMA_VERSION
-    taken: bool
-    reason: str = ""  # why it was not taken, or what went wrong taking it
-    segments: tuple[AllocSegment, ...] = ()
-    history: tuple[AllocHistory, ...] = ()
-    truncated: bool = False  # blocks or history entries were left out (the caps in the child)
-    notes: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SnapshotPlace:
-    """Where an address lies in the allocator's map."""
-
-    address: int
-    device: int
-    segment: AllocSegment
-    block: AllocBlock | None  # the block holding it (None if the blocks were cut by the cap)
-    allocation: AllocHistory | None  # the latest recorded allocation that covered it
-
-    @property
-    def frame(self) -> AllocFrame | None:
-        """Who allocated the memory at this address: the live block's own stack, else the
-        latest recorded allocation over it, else the segment's."""
-        if self.block is not None and self.block.frame is not None:
-            return self.block.frame
-        if self.allocation is not None and self.allocation.frame is not None:
-            return self.allocation.frame
-        return self.segment.frame
-
-
-def read_allocator_snapshot(value: object) -> AllocatorSnapshot | None:
-    """The ``allocator_snapshot`` fact as a record; None when absent or unreadable."""
-    if not isinstance(value, dict):
-        return None
-    try:
-        return from_jsonable(AllocatorSnapshot, value)
-    except (TypeError, ValueError, KeyError):
-        return None
-
-
-def locate_in_snapshot(address: int, snapshot: AllocatorSnapshot) -> SnapshotPlace | None:
-    """The segment, block and latest recorded allocation holding ``address``; None when no
-    segment of any device holds it."""
-    segment = next((s for s in snapshot.segments if s.address <= address < s.end), None)
-    if segment is None:
-        return None
-    block = next((b for b in segment.blocks if b.address <= address < b.end), None)
-    allocation = None
-    for h in reversed(snapshot.history):  # latest first
-        if h.device == segment.device and h.address <= address < h.end:
-            allocation = h
-            break
-    return SnapshotPlace(
-        address=address, device=segment.device, segment=segment, block=block, allocation=allocation
-    )
-
-
-_STATE_WORDS = {
-    "active_allocated": "a live block",
-    "active_pending_free": "a block freed while a stream may still use it",
-    "inactive": "a freed block",
-}
-
-
-def snapshot_sentence(place: SnapshotPlace) -> str:
-    """``inside a freed block (131,072 bytes at 0x7f..., byte 1,024 of it) of segment 0x7f...
-    (2,097,152 bytes, small pool, stream 0x0) on cuda:0, allocated at grouped_gemm.py:210 in
-    moe_grouped_gemm and freed since``"""
-    seg = place.segment
-    pool = f", {seg.pool} pool" if seg.pool else ""
-    expandable = ", expandable" if seg.expandable else ""
-    where = (
-        f"segment 0x{seg.address:x} ({seg.size:,} bytes{pool}{expandable}, stream 0x{seg.stream:x}) "
-        f"on cuda:{place.device}"
-    )
-    if place.block is None:
-        text = f"inside {where} (its blocks were not all kept)"
-    else:
-        b = place.block
-        text = (
-            f"inside {_STATE_WORDS.get(b.state, b.state)} ({b.size:,} bytes at 0x{b.address:x}, "
-            f"byte {place.address - b.address:,} of it) of {where}"
-        )
-    alloc = place.allocation
-    own = place.block.frame if place.block is not None else None
-    frame = own or (alloc.frame if alloc is not None else None)
-    if frame is not None:
-        text += f", allocated at {frame.render()}"
-        live = place.block is not None and place.block.state == "active_allocated"
-        if alloc is not None and alloc.freed and not live:
-            text += " and freed since"
-            if alloc.free_frame is not None:
-                text += f" (at {alloc.free_frame.render()})"
-    elif seg.frame is not None:
-        text += f"; no recorded allocation covers it, the segment was reserved at {seg.frame.render()}"
-    else:
-        text += "; allocated before the history was recorded (no stack kept)"
-    return text
-
-
-# ---------------------------------------------------------------------------------------------
-# Attribution: which tensor, on which device, does an address belong to
-# ---------------------------------------------------------------------------------------------
-
-_ITEMSIZE = {
-    "bool": 1,
-    "uint8": 1,
-    "int8": 1,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-    "float8_e4m3fnuz": 1,
-    "float8_e5m2fnuz": 1,
-    "int16": 2,
-    "uint16": 2,
-    "float16": 2,
-    "half": 2,
-    "bfloat16": 2,
-    "int32": 4,
-    "uint32": 4,
-    "float32": 4,
-    "float": 4,
-    "int64": 8,
-    "uint64": 8,
-    "float64": 8,
-    "double": 8,
-    "long": 8,
-    "int": 4,
-    "complex64": 8,
-    "complex128": 16,
-}
-_DTYPE_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
-
-
-def itemsize(dtype: str) -> int:
-    name = dtype.removeprefix("torch.")
-    try:
-        return _ITEMSIZE[name]
-    except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}") from None
-
-
-def describe_tensor(t: TensorInfo) -> str:
-    """``x (4096 x 2048 bf16)``"""
-    dims = " x ".join(str(d) for d in t.shape) or "scalar"
-    dt = t.dtype.removeprefix("torch.")
-    return f"{t.name} ({dims} {_DTYPE_SHORT.get(dt, dt)})"
-
-
-def _is_weight_stack(t: TensorInfo) -> bool:
-    return len(t.shape) == 3
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TensorMatch:
-    """The tensor on one device that holds an address, or the nearest one to it."""
-
-    device: str
-    tensor: str
-    description: str  # "x (4096 x 2048 bf16)"
-    relation: Literal["inside", "after", "before"]
-    distance: int  # bytes past the end (1 = the first byte after) or before the start; 0 inside
-    offset: int  # address - data_ptr (negative before the start)
-    row: int | None = None  # offset // (row stride in bytes); for a weight stack, the row in its expert
-    expert: int | None = None  # weight stack (E, N, K): offset // (stride_we * itemsize)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Attribution:
-    address: int
-    access: str  # "read of 16 bytes", "write of 256 bytes", or "access"
-    kernel: str | None
-    matches: tuple[TensorMatch, ...]  # the nearest tensor on every device, nearest first
-    inside_devices: tuple[str, ...]  # devices where the address lies inside a live tensor
-    sanitizer_device: str | None  # device whose tensors lie in the allocation compute-sanitizer
-    # measured against, when that can be told
-    cross_device: bool  # the address is a live tensor on a device other than the one measured
-    sentences: tuple[str, ...]
-    allocator: SnapshotPlace | None = None  # where the caching allocator's map puts it, if known
-
-
-def _match(address: int, t: TensorInfo, device: str) -> TensorMatch:
-    start, end = t.data_ptr, t.data_ptr + t.nbytes
-    offset = address - start
-    if start <= address < end:
-        relation: Literal["inside", "after", "before"] = "inside"
-        distance = 0
-    elif address >= end:
-        relation, distance = "after", address - end + 1
-    else:
-        relation, distance = "before", start - address
-    size = itemsize(t.dtype)
-    row: int | None = None
-    expert: int | None = None
-    if _is_weight_stack(t) and t.strides and t.strides[0] > 0:
-        expert_bytes = t.strides[0] * size
-        expert = offset // expert_bytes
-        if len(t.strides) > 1 and t.strides[1] > 0:
-            row = (offset - expert * expert_bytes) // (t.strides[1] * size)
-    elif len(t.shape) >= 2 and t.strides and t.strides[0] > 0:
-        row = offset // (t.strides[0] * size)
-    elif len(t.shape) == 1:
-        row = offset // size  # element index
-    return TensorMatch(
-        device=device,
-        tensor=t.name,
-        description=describe_tensor(t),
-        relation=relation,
-        distance=distance,
-        offset=offset,
-        row=row,
-        expert=expert,
-    )
-
-
-def _nearest_on_device(address: int, tensors: Sequence[TensorInfo], device: str) -> TensorMatch | None:
-    best: TensorMatch | None = None
-    for t in tensors:
-        if t.nbytes <= 0:
-            continue
-        m = _match(address, t, device)
-        if best is None or (m.relation == "inside", -m.distance) > (
-            best.relation == "inside",
-            -best.distance,
-        ):
-            best = m
-    return best
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n:,} {word}" + ("" if n == 1 else "s")
-
-
-def _match_sentence(m: TensorMatch, verb: str, tables: Mapping[str, Sequence[TensorInfo]]) -> str:
-    t = next(t for t in tables[m.device] if t.name == m.tensor)
-    if m.relation == "inside":
-        where = f"inside {m.description} on {m.device}, byte offset {m.offset:,}"
-        if m.expert is not None:
-            where += f": expert {m.expert}" + (f", row {m.row}" if m.row is not None else "")
-        elif m.row is not None:
-            where += f": {'element' if len(t.shape) == 1 else 'row'} {m.row}"
-        return where
-    side = "past the end of" if m.relation == "after" else "before the start of"
-    text = f"{verb} {_plural(m.distance, 'byte')} {side} {m.description} on {m.device}"
-    if m.expert is not None:
-        n_exp = t.shape[0]
-        text += f": expert {m.expert} of {n_exp}"
-        if m.relation == "after":
-            text += f", i.e. an expert id >= {n_exp} (out-of-range routing, or an offset that wrapped) fits"
-        else:
-            text += ", i.e. a negative expert offset (an int32 product that wrapped negative) fits"
-    elif m.row is not None and len(t.shape) >= 2:
-        text += f": row {m.row}"
-        if m.relation == "after":
-            text += f", i.e. rows past M={t.shape[0]} (m_sizes summing past M fits)"
-    elif m.row is not None:
-        text += f": element {m.row} of {t.shape[0] if t.shape else 0}"
-    return text
-
-
-def attribute_address(
-    address: int,
-    tensor_tables: Mapping[str, Sequence[TensorInfo]],
-    *,
-    access: str = "access",
-    kernel: str | None = None,
-    nearest: NearestAllocation | None = None,
-    reported_out_of_bounds: bool = True,
-    snapshot: AllocatorSnapshot | None = None,
-) -> Attribution:
-    """Place one address against the tensors known on every device, and, given the child's
-    allocator snapshot, against the caching allocator's segments and blocks (which also know
-    memory no registered tensor holds: temporaries, freed outputs, and who allocated them)."""
-    matches: list[TensorMatch] = []
-    for device, tensors in tensor_tables.items():
-        m = _nearest_on_device(address, tensors, device)
-        if m is not None:
-            matches.append(m)
-    matches.sort(key=lambda m: (m.relation != "inside", m.distance))
-    inside = tuple(m.device for m in matches if m.relation == "inside")
-    # the allocation compute-sanitizer measured against: which device's tensors lie in it?
-    sanitizer_device: str | None = None
-    if nearest is not None:
-        for device, tensors in tensor_tables.items():
-            if any(nearest.base <= t.data_ptr < nearest.end for t in tensors):
-                sanitizer_device = device
-                break
-    verb = access.split(" ")[0] if access != "access" else "accessed"
-    sentences: list[str] = []
-    cross = False
-    if not matches:
-        sentences.append(f"0x{address:x}: no tensor is known on any device to place it against.")
-    else:
-        for m in matches:
-            sentences.append(_match_sentence(m, verb, tensor_tables) + ".")
-        if inside and reported_out_of_bounds:
-            others = [d for d in tensor_tables if d not in inside]
-            measured = sanitizer_device if sanitizer_device and sanitizer_device not in inside else None
-            if sanitizer_device in inside:
-                sentences.append(
-                    f"compute-sanitizer measured it against an allocation on {sanitizer_device}, the device "
-                    "that holds the tensor: a freed or unmapped block (expandable segments) fits better than "
-                    "a cross-GPU read."
-                )
-            elif measured or others:
-                cross = True
-                dev_list = ", ".join(inside)
-                ran_on = measured or (others[0] if len(others) == 1 else "another GPU")
-                sentences.append(
-                    f"This address is inside a live tensor on another GPU ({dev_list}), yet compute-sanitizer "
-                    f"called it out of bounds: the kernel most likely ran on {ran_on} and dereferenced "
-                    f"{dev_list} memory (compute-sanitizer reports a cross-GPU dereference as plain "
-                    "out-of-bounds, measured against the wrong device's allocation)."
-                )
-    place = locate_in_snapshot(address, snapshot) if snapshot is not None and snapshot.taken else None
-    if place is not None:
-        sentences.append(f"Allocator: 0x{address:x} is {snapshot_sentence(place)}.")
-    elif snapshot is not None and snapshot.taken:
-        sentences.append(
-            f"Allocator: 0x{address:x} lies in no segment the caching allocator holds on any device "
-            "(memory from outside the allocator, or not mapped at all)."
-        )
-    return Attribution(
-        address=address,
-        access=access,
-        kernel=kernel,
-        matches=tuple(matches),
-        inside_devices=inside,
-        sanitizer_device=sanitizer_device,
-        cross_device=cross,
-        sentences=tuple(sentences),
-        allocator=place,
-    )
-
-
-def attribute(
-    report: SanitizerReport,
-    tensor_tables: Mapping[str, Sequence[TensorInfo]],
-    *,
-    snapshot: AllocatorSnapshot | None = None,
-) -> tuple[Attribution, ...]:
-    """Attribute every distinct faulting address of the report (one per group and address).
-
-    ``tensor_tables`` maps a device string ("cuda:0") to the tensors known on it (our probes'
-    ``Outcome.tensors``); include every device, since a cross-GPU dereference shows up as an
-    out-of-bounds address that is a live tensor on the other GPU. ``snapshot`` is the same run's
-    ``allocator_snapshot`` fact (``read_allocator_snapshot``), when it has one.
-    """
-    out: list[Attribution] = []
-    for g in report.groups:
-        e = g.first
-        access = f"{e.access} of {_plural(e.size, 'byte')}" if e.access and e.size is not None else "access"
-        for addr in g.addresses:
-            member = next((m for m in report.errors if m.address == addr and m.kernel == g.kernel), e)
-            out.append(
-                attribute_address(
-                    addr,
-                    tensor_tables,
-                    access=access,
-                    kernel=g.kernel,
-                    nearest=member.nearest,
-                    reported_out_of_bounds=member.out_of_bounds or member.category == "invalid-access",
-                    snapshot=snapshot,
-                )
-            )
-    return tuple(out)
+__all__ = [
+    "Category",
+    "CodeLocation",
+    "ErrorGroup",
+    "HostFrame",
+    "NearestAllocation",
+    "RaceAccess",
+    "RacecheckSummary",
+    "SanitizerError",
+    "SanitizerReport",
+    "ToolName",
+    "group_errors",
+    "is_top_level_line",
+    "looks_like_sanitizer_log",
+    "parse_host_frame",
+    "parse_int",
+    "parse_location",
+    "parse_sanitizer_log",
+    "short_function_name",
+]

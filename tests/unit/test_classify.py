@@ -19,7 +19,8 @@ from qmoe_doctor.core.records import (
     Status,
     from_jsonable,
 )
-from qmoe_doctor.diagnose.scan_rules import build_matrix, cell_label, classify
+from qmoe_doctor.diagnose.matrix import build_matrix, cell_label
+from qmoe_doctor.diagnose.scan_rules import classify
 
 RECORDED = Path(__file__).parent.parent / "fixtures" / "recorded"
 SHAPE = Shape(m=64, e=4, n=32, k=32, dtype="bfloat16")
@@ -403,8 +404,50 @@ def test_recorded_run3(name: str, expected: set[str]) -> None:
 def test_describe_a_wrong_cell_without_a_tolerance() -> None:
     """A WRONG outcome recorded without a tolerance (a kernel that returned the wrong shape or
     device) is described, not a TypeError."""
-    from qmoe_doctor.diagnose.scan_rules import Cell, describe
+    from qmoe_doctor.diagnose.matrix import Cell, describe
 
     o = mk("GPU 1/single", Condition.SINGLE, Status.WRONG, rel=0.5)
     o = Outcome(**{**{f: getattr(o, f) for f in o.__dataclass_fields__}, "tolerance": None})
     assert describe(Cell(outcome=o, label="wrong")) == "rel. error 0.5"
+
+
+# --- the rule table --------------------------------------------------------------------------------
+
+
+def test_one_rule_per_cause_named_after_it_and_the_docstring_table_lists_them() -> None:
+    """Every rule of ``RULES`` but the interpreter's is a cause of the catalogue, named after it;
+    the module docstring's table and ``SETTLED_BY`` name exactly those causes, and every repro
+    condition is one the scan plans."""
+    from qmoe_doctor.core.causes import CAUSES
+    from qmoe_doctor.core.conditions import DEFAULT_CONDITIONS
+    from qmoe_doctor.diagnose import scan_rules
+
+    causes = [r.__name__.replace("_", "-") for r in scan_rules.RULES if r is not scan_rules.interpreter_unavailable]
+    assert len(causes) == 8 and set(causes) <= set(CAUSES)
+    assert set(scan_rules.SETTLED_BY) == set(causes)
+    assert all(set(conds) <= DEFAULT_CONDITIONS for conds in scan_rules.SETTLED_BY.values())
+    lines = (scan_rules.__doc__ or "").splitlines()
+    rules = [i for i, ln in enumerate(lines) if ln.startswith("=====")]  # above, below the header, end
+    assert len(rules) == 3
+    rows = lines[rules[1] + 1 : rules[2]]
+    listed = [ln.split()[0] for ln in rows if ln and not ln.startswith(" ")]
+    assert sorted(listed) == sorted(causes)
+
+
+def test_each_rule_accounts_only_for_failing_cells_it_cites() -> None:
+    """Run every rule alone over the recorded run 1 scans: a cell a rule accounts for is one its
+    evidence cites, and a rule that finds nothing accounts for nothing."""
+    from qmoe_doctor.diagnose.matrix import debug_reruns
+    from qmoe_doctor.diagnose.scan_rules import RULES, RuleContext
+
+    for name in RUN1_EXPECTED:
+        kernel, outcomes = load_recorded("h200x2-run1", name)
+        matrix = build_matrix(outcomes)
+        ctx = RuleContext(kernel=kernel, debug_runs=debug_reruns(outcomes))
+        for rule in RULES:
+            found = rule(matrix, ctx)
+            cited = {e.probe_id for d in found.diagnoses for e in d.evidence}
+            if found.diagnoses:
+                assert found.accounts_for and found.accounts_for <= cited, (name, rule)
+            elif not found.explanations:
+                assert found.accounts_for == frozenset(), (name, rule)

@@ -1,4 +1,5 @@
-"""explain.py and `qmoe-doctor explain`: what a saved log or traceback shows, which causes fit.
+"""diagnose/explain.py, diagnose/traceback.py and `qmoe-doctor explain` (workflows/explain.py):
+what a saved log or traceback shows, which causes fit; and the inputs the command refuses.
 
 Inputs, always labelled (see tests/unit/test_sanitizer.py for the same scheme):
 
@@ -16,17 +17,22 @@ Every command explain suggests is checked against the flags the commands really 
 
 from __future__ import annotations
 
-import importlib
-import inspect
+import gzip
+import io
 import json
+import os
 import re
 import shlex
 import subprocess
 import sys
+import tracemalloc
+import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
+import typer.main
+import typer.testing
 from format_samples import API_SAMPLE, INITCHECK_SAMPLE, RACE_SAMPLE
 from recorded_logs import (
     ALL_LOGS,
@@ -44,8 +50,8 @@ from recorded_logs import (
 from typer.testing import CliRunner
 
 from qmoe_doctor.cli.app import app
-from qmoe_doctor.cli.commands.scan import scan_command
 from qmoe_doctor.core.conditions import DEFAULT_CONDITIONS
+from qmoe_doctor.core.inputs import MAX_INPUT_BYTES, InputError
 from qmoe_doctor.core.records import ErrorKind, Outcome, from_json
 from qmoe_doctor.diagnose.explain import (
     Explanation,
@@ -53,8 +59,9 @@ from qmoe_doctor.diagnose.explain import (
     _repro,
     _scan,
     explain_text,
-    parse_traceback,
 )
+from qmoe_doctor.diagnose.traceback import parse_traceback
+from qmoe_doctor.workflows.explain import explain_input
 
 runner = CliRunner()
 
@@ -74,34 +81,21 @@ def causes(text: str) -> list[str]:
 # --- every suggested command must use flags that exist -------------------------------------------
 
 
-def _declared_options(fn: Any) -> set[str]:
-    out: set[str] = set()
-    for p in inspect.signature(fn).parameters.values():
-        for decl in getattr(p.default, "param_decls", ()) or ():
-            for part in decl.split("/"):
-                if part.startswith("--"):
-                    out.add(part)
-    return out
+def _declared_options(command: str) -> set[str]:
+    """The long options ``qmoe-doctor COMMAND`` accepts, as the CLI really parses them (however
+    the command declares them)."""
+    cmd = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+    return {opt for param in cmd.params for opt in (*param.opts, *param.secondary_opts) if opt.startswith("--")}
 
 
-SCAN_OPTIONS = _declared_options(scan_command)
-
-
-def _repro_options() -> set[str]:
-    """The repro command's declared options once it exists; until then the flags agreed for it."""
-    try:
-        mod = importlib.import_module("qmoe_doctor.cli.commands.repro")
-    except ImportError:
-        return {"--gpus", "--kernel", "--preset"}
-    fns = [f for name, f in vars(mod).items() if name.endswith("_command") and callable(f)]
-    assert fns, "qmoe_doctor.cli.commands.repro has no *_command function"
-    return _declared_options(fns[0])
+SCAN_OPTIONS = _declared_options("scan")
+REPRO_OPTIONS = _declared_options("repro")
 
 
 def check_command(cmd: str) -> None:
     argv = shlex.split(cmd)
     assert argv[0] == "qmoe-doctor" and argv[1] in ("scan", "repro"), cmd
-    allowed = SCAN_OPTIONS if argv[1] == "scan" else _repro_options()
+    allowed = SCAN_OPTIONS if argv[1] == "scan" else REPRO_OPTIONS
     opts = dict(zip(argv[2::2], argv[3::2], strict=True))
     assert set(opts) <= allowed, f"{cmd}: unknown flags {set(opts) - allowed}"
     assert {"--gpus", "--kernel"} <= set(opts), cmd
@@ -627,6 +621,126 @@ def test_cli_unreadable_inputs_exit_2(tmp_path: Path, kind: str) -> None:
     assert "error:" in result.stderr
 
 
+# --- hostile inputs: each a one-line error naming the input, exit 2, bounded memory, no hang -------
+
+
+class _Endless(io.RawIOBase):
+    """A stdin that never ends (``yes`` piped in forever), counting what was read from it."""
+
+    def __init__(self) -> None:
+        self.served = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = len(buffer)
+        buffer[:n] = b"\0" * n
+        self.served += n
+        return n
+
+
+def _gzip_of_zeros(members: int) -> bytes:
+    """``members`` gzip members of 64 MiB of zeros each (about 65 KB compressed), one after the
+    other: a valid gzip that decompresses to ``members`` x 64 MiB."""
+    z = zlib.compressobj(wbits=16 + zlib.MAX_WBITS)
+    zeros = bytes(2**20)
+    member = b"".join([*(z.compress(zeros) for _ in range(64)), z.flush()])
+    return member * members
+
+
+def _refused(result: Any, *words: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.output
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero on this system")
+@pytest.mark.timeout(60)
+def test_cli_refuses_a_device_file() -> None:
+    _refused(run("/dev/zero"), "/dev/zero", "device file")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
+@pytest.mark.timeout(30)  # opening a FIFO with no writer blocks forever: fail, never hang
+def test_cli_refuses_a_fifo_without_opening_it(tmp_path: Path) -> None:
+    fifo = tmp_path / "run.log"
+    os.mkfifo(fifo)
+    _refused(run(str(fifo)), str(fifo), "FIFO")
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"\x1f\x8b\x08\x00" + bytes(range(256)) * 4, "corrupt gzip"),
+        (gzip.compress(b"Traceback (most recent call last):\n" * 2000)[:200], "truncated gzip"),
+    ],
+    ids=["corrupt", "truncated"],
+)
+def test_cli_refuses_a_broken_gzip(tmp_path: Path, content: bytes, says: str) -> None:
+    path = tmp_path / "run.log.gz"
+    path.write_bytes(content)
+    _refused(run(str(path)), str(path), says)
+
+
+@pytest.mark.timeout(120)
+def test_cli_caps_a_gzip_on_its_decompressed_size(tmp_path: Path) -> None:
+    """A gzip bomb: 520 KB of gzip, 512 MiB of zeros (an 18 MB one took 8.5 GB of memory while the
+    cap applied to the compressed size). Refused at the cap, never held whole. Kept at 512 MiB so
+    that a regression fails this test instead of exhausting the machine's memory."""
+    path = tmp_path / "zeros.log.gz"
+    path.write_bytes(_gzip_of_zeros(8))
+    assert path.stat().st_size < 2**20
+    tracemalloc.start()
+    try:
+        result = run(str(path))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    _refused(result, str(path), "decompresses to more than 64 MiB")
+    # at most the cap decompressed (zlib may double its output buffer while it fills it); the
+    # whole would be 512 MiB
+    assert peak < 3 * MAX_INPUT_BYTES, f"peak {peak / 2**20:.0f} MiB"
+
+
+@pytest.mark.timeout(120)
+def test_cli_caps_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An endless stdin (``explain - < /dev/zero``): refused once past the cap, having read at
+    most a chunk more."""
+    endless = _Endless()
+    monkeypatch.setattr(typer.testing, "make_input_stream", lambda _input, _charset: io.BufferedReader(endless))
+    _refused(runner.invoke(app, ["explain", "-"]), "standard input", "larger than 64 MiB")
+    assert MAX_INPUT_BYTES < endless.served <= MAX_INPUT_BYTES + 2 * 2**20
+
+
+def test_cli_escapes_markup_in_the_input_name(tmp_path: Path) -> None:
+    """A path rich would read as markup (``[/]`` closes a tag that was never opened; here the
+    slash is the folder's): printed as it is, in the report and in an error."""
+    folder = tmp_path / "[bold]logs["
+    folder.mkdir()
+    path = folder / "]run.log"
+    path.write_text(run1(BUFFER))
+    result = run(str(path))
+    assert result.exit_code == 1, result.output
+    assert "[bold]logs[/]run.log" in result.stdout
+    _refused(run(str(folder / "]missing[red].log")), "[bold]logs[/]missing[red].log", "no such file")
+
+
+def test_the_workflow_names_the_input_it_refuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "pyproject.toml"
+    path.write_text("[project]\nname = 'something'\n")
+    with pytest.raises(InputError, match=re.escape(f"{path}: found neither a compute-sanitizer log")):
+        explain_input(path)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"  \n")))
+    with pytest.raises(InputError, match="^standard input: it is empty$"):
+        explain_input("-")
+    assert explain_input(RUN1 / NOPEER).error_kind is ErrorKind.POINTER_INACCESSIBLE
+
+
 def test_cli_help_documents_exit_status() -> None:
     result = run("--help")
     assert result.exit_code == 0
@@ -635,7 +749,8 @@ def test_cli_help_documents_exit_status() -> None:
 
 def test_explain_does_not_import_torch() -> None:
     code = (
-        "import sys, qmoe_doctor.diagnose.explain, qmoe_doctor.diagnose.sanitizer_log, qmoe_doctor.cli.commands.explain; "
+        "import sys, qmoe_doctor.diagnose.explain, qmoe_doctor.diagnose.sanitizer_log, "
+        "qmoe_doctor.diagnose.traceback, qmoe_doctor.workflows.explain, qmoe_doctor.cli.commands.explain; "
         "print('torch' in sys.modules or 'triton' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,5 +1,6 @@
-"""sanitizer.py: finding compute-sanitizer, building its command, parsing its output, and
-attributing addresses to tensors.
+"""compute-sanitizer: finding the binary and building its command (``machine/sanitizer.py``),
+parsing its output (``diagnose/sanitizer_log.py``; the XML reader is the test helper
+``sanitizer_xml.py``), and attributing addresses to tensors (``diagnose/attribution.py``).
 
 Three kinds of input, always labelled:
 
@@ -43,23 +44,24 @@ from recorded_logs import (
     rel,
     run1,
 )
+from sanitizer_xml import parse_sanitizer_xml
 
 from qmoe_doctor.core import knobs
 from qmoe_doctor.core.records import Outcome, TensorInfo, from_json, from_jsonable
+from qmoe_doctor.diagnose.attribution import attribute, attribute_address
 from qmoe_doctor.diagnose.sanitizer_log import (
     NearestAllocation,
-    SanitizerInfo,
     SanitizerReport,
-    SanitizerTool,
-    attribute,
-    attribute_address,
-    find_compute_sanitizer,
     parse_host_frame,
     parse_location,
     parse_sanitizer_log,
-    parse_sanitizer_xml,
-    sanitizer_command,
     short_function_name,
+)
+from qmoe_doctor.machine.sanitizer import (
+    SanitizerInfo,
+    SanitizerTool,
+    find_compute_sanitizer,
+    sanitizer_command,
 )
 
 NOCACHE = "memcheck-unmasked-overrouted-nocache.log"  # 450 errors, 1 byte past a 131,072-byte buffer

@@ -1,6 +1,7 @@
 """The allocator snapshot on a CPU: the reduction of ``torch.cuda.memory._snapshot()``'s dict
 (``probes/snapshot.py``), its JSON round trip, attribution of an address to a segment, block and
-allocating line (``qmoe_doctor.diagnose.sanitizer_log``), the recorder's guards, and run_one's fact.
+allocating line (``qmoe_doctor.core.allocator``, ``qmoe_doctor.diagnose.attribution``), the
+recorder's guards, and run_one's fact.
 
 No CUDA here, so every snapshot below is HAND-MADE: written for this test in the shape torch 2.x
 returns (the keys ``probes/snapshot.py`` documents), not recorded from a GPU run. Addresses are
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from qmoe_doctor.core.allocator import AllocatorSnapshot, locate_in_snapshot, read_allocator_snapshot
 from qmoe_doctor.core.records import (
     Condition,
     ErrorKind,
@@ -30,14 +32,8 @@ from qmoe_doctor.core.records import (
     to_json,
     to_jsonable,
 )
-from qmoe_doctor.diagnose.sanitizer_log import (
-    AllocatorSnapshot,
-    SanitizerInfo,
-    attribute_address,
-    locate_in_snapshot,
-    read_allocator_snapshot,
-    snapshot_sentence,
-)
+from qmoe_doctor.diagnose.attribution import attribute_address, snapshot_sentence
+from qmoe_doctor.machine.sanitizer import SanitizerInfo
 from qmoe_doctor.probes import run_one
 from qmoe_doctor.probes.snapshot import LIBRARY_PARTS, AllocatorRecorder, reduce_snapshot, user_frame
 from qmoe_doctor.workflows.repro import CommandResult, confirm_with_sanitizer

@@ -28,6 +28,7 @@ from fake_nvml import (
     two_h200_nvswitch,
 )
 
+from qmoe_doctor.core.allocator import AllocatorSnapshot, AllocBlock, AllocHistory, AllocSegment
 from qmoe_doctor.core.records import (
     ErrorKind,
     Outcome,
@@ -39,24 +40,17 @@ from qmoe_doctor.core.records import (
     to_json,
     to_jsonable,
 )
-from qmoe_doctor.diagnose.sanitizer_log import (
-    AllocatorSnapshot,
-    AllocBlock,
-    AllocHistory,
-    AllocSegment,
-    SanitizerInfo,
-)
-from qmoe_doctor.machine.xid import (
+from qmoe_doctor.core.xid import (
     KernelXid,
     XidEvent,
     XidReport,
-    XidWatcher,
     new_kernel_lines,
     parse_kernel_xid_lines,
     pci_key,
-    place_fault_address,
-    xid_evidence,
 )
+from qmoe_doctor.diagnose.xid import place_fault_address, xid_evidence
+from qmoe_doctor.machine.sanitizer import SanitizerInfo
+from qmoe_doctor.machine.xid import XidWatcher
 from qmoe_doctor.workflows.repro import CommandResult, SanitizerConfirmation, confirm_with_sanitizer
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "h200x2-run1" / "sanitizer"

@@ -1,29 +1,28 @@
 """`qmoe-doctor explain FILE`: say what a saved compute-sanitizer log or traceback shows.
 
-A skin over :func:`qmoe_doctor.diagnose.explain.explain_text`: read, call, render, exit.
+A skin over :func:`qmoe_doctor.workflows.explain.explain_input` (which reads the input through
+the bounded reader and explains it): call, render, exit. Every string in the explanation came
+from the user's text, so it is rendered as ``Text``, never as markup.
 """
 
 from __future__ import annotations
 
-import gzip
-import sys
 from pathlib import Path
 
 import typer
 from rich.text import Text
 
-from qmoe_doctor.cli.output import emit_json, stderr_console, stdout_console
+from qmoe_doctor.cli.output import emit_json, error, stdout_console
 from qmoe_doctor.core.exitcodes import ExitCode
-from qmoe_doctor.diagnose.explain import Explanation, NothingToExplain, explain_text
-
-_MAX_BYTES = 64 * 2**20  # a sanitizer log of 3,000 records is ~3 MB; beyond this, ask for a cut
+from qmoe_doctor.core.inputs import MAX_INPUT_BYTES, InputError
+from qmoe_doctor.workflows.explain import Explanation, explain_input
 
 
 def explain_command(
     file: Path = typer.Argument(
         ...,
         help="A saved compute-sanitizer log (text), a Python traceback, or a file with both; gzip is read "
-        "too. '-' reads stdin.",
+        f"too. '-' reads stdin. At most {MAX_INPUT_BYTES // 2**20} MiB (a gzip's, decompressed).",
         show_default=False,
     ),
     json_out: bool = typer.Option(False, "--json", help="Write the explanation as one JSON document."),
@@ -33,19 +32,14 @@ def explain_command(
     qmoe-doctor command that would settle it. A log alone rarely proves a cause.
 
     Exit status: 0 the text shows a clean run (ERROR SUMMARY: 0 errors) or no error in the part
-    present, 1 it shows an error, fault or hazard, 2 the file is unreadable, empty, or neither a
-    compute-sanitizer log nor a traceback.
+    present, 1 it shows an error, fault or hazard, 2 the input is unreadable, empty, too big, not a
+    regular file (a FIFO, a device), a corrupt gzip, or neither a compute-sanitizer log nor a
+    traceback.
     """
-    err = stderr_console()
     try:
-        text = _read(file)
-    except (OSError, UnicodeError, ValueError, EOFError) as exc:
-        err.print(Text(f"error: cannot read {file}: {exc}", style="red"))
-        raise typer.Exit(ExitCode.USAGE) from None
-    try:
-        explanation = explain_text(text, source=str(file))
-    except NothingToExplain as exc:
-        err.print(Text(f"error: {file}: {exc}", style="red"))
+        explanation = explain_input(file)
+    except InputError as exc:  # unreadable, special, too big, or neither a log nor a traceback
+        error(str(exc))
         raise typer.Exit(ExitCode.USAGE) from None
 
     if json_out:
@@ -53,19 +47,6 @@ def explain_command(
     else:
         _render(explanation)
     raise typer.Exit(ExitCode.FAULT if explanation.findings else ExitCode.HEALTHY)
-
-
-def _read(file: Path) -> str:
-    if str(file) == "-":
-        return sys.stdin.read()
-    if file.is_dir():
-        raise ValueError("is a directory")
-    if file.stat().st_size > _MAX_BYTES:
-        raise ValueError(f"larger than {_MAX_BYTES // 2**20} MiB; pass the first records only")
-    data = file.read_bytes()
-    if data[:2] == b"\x1f\x8b":  # gzip: a device assert prints one line per thread, logs get big
-        data = gzip.decompress(data)[:_MAX_BYTES]
-    return data.decode("utf-8", errors="replace")
 
 
 def _render(e: Explanation) -> None:

@@ -1,0 +1,346 @@
+"""Which tensor, on which device, does an address belong to.
+
+Addresses come from compute-sanitizer's records (``qmoe_doctor.diagnose.sanitizer_log``) and
+from the kernel log's Xid 31 lines (``qmoe_doctor.diagnose.xid``); the tensors from our probes'
+``Outcome.tensors`` on every device, and, when the run kept one, the caching allocator's map
+(``qmoe_doctor.core.allocator``), which also knows memory no registered tensor holds
+(temporaries, freed outputs) and which line of Python allocated it.
+
+A cross-GPU dereference shows up in compute-sanitizer as a plain out-of-bounds access measured
+against the wrong device's allocation: so every device's tensors are searched, and an address
+that is a live tensor on another GPU is said to be one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from qmoe_doctor.core.allocator import AllocatorSnapshot, SnapshotPlace, locate_in_snapshot
+from qmoe_doctor.core.records import TensorInfo
+from qmoe_doctor.diagnose.sanitizer_log import NearestAllocation, SanitizerReport
+
+# ---------------------------------------------------------------------------------------------
+# The allocator's map, in words
+# ---------------------------------------------------------------------------------------------
+
+_STATE_WORDS = {
+    "active_allocated": "a live block",
+    "active_pending_free": "a block freed while a stream may still use it",
+    "inactive": "a freed block",
+}
+
+
+def snapshot_sentence(place: SnapshotPlace) -> str:
+    """``inside a freed block (131,072 bytes at 0x7f..., byte 1,024 of it) of segment 0x7f...
+    (2,097,152 bytes, small pool, stream 0x0) on cuda:0, allocated at grouped_gemm.py:210 in
+    moe_grouped_gemm and freed since``"""
+    seg = place.segment
+    pool = f", {seg.pool} pool" if seg.pool else ""
+    expandable = ", expandable" if seg.expandable else ""
+    where = (
+        f"segment 0x{seg.address:x} ({seg.size:,} bytes{pool}{expandable}, stream 0x{seg.stream:x}) "
+        f"on cuda:{place.device}"
+    )
+    if place.block is None:
+        text = f"inside {where} (its blocks were not all kept)"
+    else:
+        b = place.block
+        text = (
+            f"inside {_STATE_WORDS.get(b.state, b.state)} ({b.size:,} bytes at 0x{b.address:x}, "
+            f"byte {place.address - b.address:,} of it) of {where}"
+        )
+    alloc = place.allocation
+    own = place.block.frame if place.block is not None else None
+    frame = own or (alloc.frame if alloc is not None else None)
+    if frame is not None:
+        text += f", allocated at {frame.render()}"
+        live = place.block is not None and place.block.state == "active_allocated"
+        if alloc is not None and alloc.freed and not live:
+            text += " and freed since"
+            if alloc.free_frame is not None:
+                text += f" (at {alloc.free_frame.render()})"
+    elif seg.frame is not None:
+        text += f"; no recorded allocation covers it, the segment was reserved at {seg.frame.render()}"
+    else:
+        text += "; allocated before the history was recorded (no stack kept)"
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Attribution: which tensor, on which device, does an address belong to
+# ---------------------------------------------------------------------------------------------
+
+_ITEMSIZE = {
+    "bool": 1,
+    "uint8": 1,
+    "int8": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1,
+    "int16": 2,
+    "uint16": 2,
+    "float16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "int32": 4,
+    "uint32": 4,
+    "float32": 4,
+    "float": 4,
+    "int64": 8,
+    "uint64": 8,
+    "float64": 8,
+    "double": 8,
+    "long": 8,
+    "int": 4,
+    "complex64": 8,
+    "complex128": 16,
+}
+_DTYPE_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
+
+
+def itemsize(dtype: str) -> int:
+    name = dtype.removeprefix("torch.")
+    try:
+        return _ITEMSIZE[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}") from None
+
+
+def describe_tensor(t: TensorInfo) -> str:
+    """``x (4096 x 2048 bf16)``"""
+    dims = " x ".join(str(d) for d in t.shape) or "scalar"
+    dt = t.dtype.removeprefix("torch.")
+    return f"{t.name} ({dims} {_DTYPE_SHORT.get(dt, dt)})"
+
+
+def _is_weight_stack(t: TensorInfo) -> bool:
+    return len(t.shape) == 3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TensorMatch:
+    """The tensor on one device that holds an address, or the nearest one to it."""
+
+    device: str
+    tensor: str
+    description: str  # "x (4096 x 2048 bf16)"
+    relation: Literal["inside", "after", "before"]
+    distance: int  # bytes past the end (1 = the first byte after) or before the start; 0 inside
+    offset: int  # address - data_ptr (negative before the start)
+    row: int | None = None  # offset // (row stride in bytes); for a weight stack, the row in its expert
+    expert: int | None = None  # weight stack (E, N, K): offset // (stride_we * itemsize)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Attribution:
+    address: int
+    access: str  # "read of 16 bytes", "write of 256 bytes", or "access"
+    kernel: str | None
+    matches: tuple[TensorMatch, ...]  # the nearest tensor on every device, nearest first
+    inside_devices: tuple[str, ...]  # devices where the address lies inside a live tensor
+    sanitizer_device: str | None  # device whose tensors lie in the allocation compute-sanitizer
+    # measured against, when that can be told
+    cross_device: bool  # the address is a live tensor on a device other than the one measured
+    sentences: tuple[str, ...]
+    allocator: SnapshotPlace | None = None  # where the caching allocator's map puts it, if known
+
+
+def _match(address: int, t: TensorInfo, device: str) -> TensorMatch:
+    start, end = t.data_ptr, t.data_ptr + t.nbytes
+    offset = address - start
+    if start <= address < end:
+        relation: Literal["inside", "after", "before"] = "inside"
+        distance = 0
+    elif address >= end:
+        relation, distance = "after", address - end + 1
+    else:
+        relation, distance = "before", start - address
+    size = itemsize(t.dtype)
+    row: int | None = None
+    expert: int | None = None
+    if _is_weight_stack(t) and t.strides and t.strides[0] > 0:
+        expert_bytes = t.strides[0] * size
+        expert = offset // expert_bytes
+        if len(t.strides) > 1 and t.strides[1] > 0:
+            row = (offset - expert * expert_bytes) // (t.strides[1] * size)
+    elif len(t.shape) >= 2 and t.strides and t.strides[0] > 0:
+        row = offset // (t.strides[0] * size)
+    elif len(t.shape) == 1:
+        row = offset // size  # element index
+    return TensorMatch(
+        device=device,
+        tensor=t.name,
+        description=describe_tensor(t),
+        relation=relation,
+        distance=distance,
+        offset=offset,
+        row=row,
+        expert=expert,
+    )
+
+
+def _nearest_on_device(address: int, tensors: Sequence[TensorInfo], device: str) -> TensorMatch | None:
+    best: TensorMatch | None = None
+    for t in tensors:
+        if t.nbytes <= 0:
+            continue
+        m = _match(address, t, device)
+        if best is None or (m.relation == "inside", -m.distance) > (
+            best.relation == "inside",
+            -best.distance,
+        ):
+            best = m
+    return best
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def _match_sentence(m: TensorMatch, verb: str, tables: Mapping[str, Sequence[TensorInfo]]) -> str:
+    t = next(t for t in tables[m.device] if t.name == m.tensor)
+    if m.relation == "inside":
+        where = f"inside {m.description} on {m.device}, byte offset {m.offset:,}"
+        if m.expert is not None:
+            where += f": expert {m.expert}" + (f", row {m.row}" if m.row is not None else "")
+        elif m.row is not None:
+            where += f": {'element' if len(t.shape) == 1 else 'row'} {m.row}"
+        return where
+    side = "past the end of" if m.relation == "after" else "before the start of"
+    text = f"{verb} {_plural(m.distance, 'byte')} {side} {m.description} on {m.device}"
+    if m.expert is not None:
+        n_exp = t.shape[0]
+        text += f": expert {m.expert} of {n_exp}"
+        if m.relation == "after":
+            text += f", i.e. an expert id >= {n_exp} (out-of-range routing, or an offset that wrapped) fits"
+        else:
+            text += ", i.e. a negative expert offset (an int32 product that wrapped negative) fits"
+    elif m.row is not None and len(t.shape) >= 2:
+        text += f": row {m.row}"
+        if m.relation == "after":
+            text += f", i.e. rows past M={t.shape[0]} (m_sizes summing past M fits)"
+    elif m.row is not None:
+        text += f": element {m.row} of {t.shape[0] if t.shape else 0}"
+    return text
+
+
+def attribute_address(
+    address: int,
+    tensor_tables: Mapping[str, Sequence[TensorInfo]],
+    *,
+    access: str = "access",
+    kernel: str | None = None,
+    nearest: NearestAllocation | None = None,
+    reported_out_of_bounds: bool = True,
+    snapshot: AllocatorSnapshot | None = None,
+) -> Attribution:
+    """Place one address against the tensors known on every device, and, given the child's
+    allocator snapshot, against the caching allocator's segments and blocks (which also know
+    memory no registered tensor holds: temporaries, freed outputs, and who allocated them)."""
+    matches: list[TensorMatch] = []
+    for device, tensors in tensor_tables.items():
+        m = _nearest_on_device(address, tensors, device)
+        if m is not None:
+            matches.append(m)
+    matches.sort(key=lambda m: (m.relation != "inside", m.distance))
+    inside = tuple(m.device for m in matches if m.relation == "inside")
+    # the allocation compute-sanitizer measured against: which device's tensors lie in it?
+    sanitizer_device: str | None = None
+    if nearest is not None:
+        for device, tensors in tensor_tables.items():
+            if any(nearest.base <= t.data_ptr < nearest.end for t in tensors):
+                sanitizer_device = device
+                break
+    verb = access.split(" ")[0] if access != "access" else "accessed"
+    sentences: list[str] = []
+    cross = False
+    if not matches:
+        sentences.append(f"0x{address:x}: no tensor is known on any device to place it against.")
+    else:
+        for m in matches:
+            sentences.append(_match_sentence(m, verb, tensor_tables) + ".")
+        if inside and reported_out_of_bounds:
+            others = [d for d in tensor_tables if d not in inside]
+            measured = sanitizer_device if sanitizer_device and sanitizer_device not in inside else None
+            if sanitizer_device in inside:
+                sentences.append(
+                    f"compute-sanitizer measured it against an allocation on {sanitizer_device}, the device "
+                    "that holds the tensor: a freed or unmapped block (expandable segments) fits better than "
+                    "a cross-GPU read."
+                )
+            elif measured or others:
+                cross = True
+                dev_list = ", ".join(inside)
+                ran_on = measured or (others[0] if len(others) == 1 else "another GPU")
+                sentences.append(
+                    f"This address is inside a live tensor on another GPU ({dev_list}), yet compute-sanitizer "
+                    f"called it out of bounds: the kernel most likely ran on {ran_on} and dereferenced "
+                    f"{dev_list} memory (compute-sanitizer reports a cross-GPU dereference as plain "
+                    "out-of-bounds, measured against the wrong device's allocation)."
+                )
+    place = locate_in_snapshot(address, snapshot) if snapshot is not None and snapshot.taken else None
+    if place is not None:
+        sentences.append(f"Allocator: 0x{address:x} is {snapshot_sentence(place)}.")
+    elif snapshot is not None and snapshot.taken:
+        sentences.append(
+            f"Allocator: 0x{address:x} lies in no segment the caching allocator holds on any device "
+            "(memory from outside the allocator, or not mapped at all)."
+        )
+    return Attribution(
+        address=address,
+        access=access,
+        kernel=kernel,
+        matches=tuple(matches),
+        inside_devices=inside,
+        sanitizer_device=sanitizer_device,
+        cross_device=cross,
+        sentences=tuple(sentences),
+        allocator=place,
+    )
+
+
+def attribute(
+    report: SanitizerReport,
+    tensor_tables: Mapping[str, Sequence[TensorInfo]],
+    *,
+    snapshot: AllocatorSnapshot | None = None,
+) -> tuple[Attribution, ...]:
+    """Attribute every distinct faulting address of the report (one per group and address).
+
+    ``tensor_tables`` maps a device string ("cuda:0") to the tensors known on it (our probes'
+    ``Outcome.tensors``); include every device, since a cross-GPU dereference shows up as an
+    out-of-bounds address that is a live tensor on the other GPU. ``snapshot`` is the same run's
+    ``allocator_snapshot`` fact (``read_allocator_snapshot``), when it has one.
+    """
+    out: list[Attribution] = []
+    for g in report.groups:
+        e = g.first
+        access = f"{e.access} of {_plural(e.size, 'byte')}" if e.access and e.size is not None else "access"
+        for addr in g.addresses:
+            member = next((m for m in report.errors if m.address == addr and m.kernel == g.kernel), e)
+            out.append(
+                attribute_address(
+                    addr,
+                    tensor_tables,
+                    access=access,
+                    kernel=g.kernel,
+                    nearest=member.nearest,
+                    reported_out_of_bounds=member.out_of_bounds or member.category == "invalid-access",
+                    snapshot=snapshot,
+                )
+            )
+    return tuple(out)
+
+
+__all__ = [
+    "Attribution",
+    "TensorMatch",
+    "attribute",
+    "attribute_address",
+    "describe_tensor",
+    "itemsize",
+    "snapshot_sentence",
+]

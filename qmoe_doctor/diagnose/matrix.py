@@ -1,0 +1,177 @@
+"""The outcome matrix: one cell per (group, condition, variant), each with its rendered label.
+
+A *group* is where a probe ran: an ordered GPU pair ("0->1") for pair conditions, a device
+("GPU 1", "CPU") for single-device ones. A *variant* tells apart several cells of one condition
+(offset sweeps, launch configs) and is "" otherwise. ``group_of`` and ``variant_of`` are the one
+place that derives them from an Outcome; the rules (``scan_rules``), the renderers and the
+check's JUnit detail read cells, never probe ids.
+
+A cell's label is ``pass``, ``slow`` (correct, but ``knobs.SLOW_FACTOR`` times slower than the
+guarded baseline of its pair: it ran remotely), ``wrong``, ``skipped``, ``rejected`` (invalid
+input refused loudly, which is correct) or the error kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from qmoe_doctor.core import knobs
+from qmoe_doctor.core.records import Condition, ErrorKind, Evidence, Outcome, Status
+
+#: The probe id suffix of a failing cell's rerun under TRITON_DEBUG=1 (``plan.scan.debug_rerun``):
+#: evidence for the cell it reruns, not a cell of its own.
+DEBUG_SUFFIX = "+debug"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cell:
+    """One outcome with its rendered label."""
+
+    outcome: Outcome
+    label: str  # pass | slow | wrong | skipped | rejected | <error kind>
+    slowdown: float | None = None  # kernel_ms / guarded baseline kernel_ms
+
+    @property
+    def ok(self) -> bool:
+        return self.label == "pass"
+
+    @property
+    def failed(self) -> bool:
+        return self.label not in ("pass", "slow", "skipped", "rejected")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Matrix:
+    """Outcomes keyed by (group, condition, variant)."""
+
+    cells: dict[tuple[str, Condition, str], Cell] = field(default_factory=dict)
+
+    def get(self, group: str, cond: Condition, variant: str = "") -> Cell | None:
+        return self.cells.get((group, cond, variant))
+
+    def groups(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for group, _, _ in self.cells:
+            seen.setdefault(group, None)
+        return list(seen)
+
+    def variants(self, group: str, cond: Condition) -> list[Cell]:
+        return [c for (g, k, _), c in self.cells.items() if g == group and k is cond]
+
+
+def variant_of(outcome: Outcome) -> str:
+    """The cell's variant: the probe's ``params["variant"]``, "" when it has none."""
+    return str(outcome.spec.params.get("variant", ""))
+
+
+def group_of(outcome: Outcome) -> str:
+    """The cell's group: the part of the probe id before the slash ("0->1", "GPU 1", "CPU")."""
+    return outcome.probe_id.split("/", 1)[0]
+
+
+def is_debug_rerun(outcome: Outcome) -> bool:
+    """A failing cell's rerun under TRITON_DEBUG=1 (its probe id ends in ``+debug``)."""
+    return outcome.probe_id.endswith(DEBUG_SUFFIX)
+
+
+def debug_reruns(outcomes: Iterable[Outcome]) -> dict[str, Outcome]:
+    """Probe id of the cell -> its TRITON_DEBUG=1 rerun."""
+    return {o.probe_id.removesuffix(DEBUG_SUFFIX): o for o in outcomes if is_debug_rerun(o)}
+
+
+#: Conditions that feed the kernel invalid input on purpose: refusing it loudly (its own
+#: ValueError, or a device-side assert such as torch._grouped_mm's offsets check) is correct.
+INVALID_INPUT_CONDITIONS = frozenset({Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES})
+REJECTION_KINDS = frozenset({ErrorKind.BAD_INPUT, ErrorKind.DEVICE_ASSERT})
+
+
+def cell_label(outcome: Outcome, baseline_ms: float | None) -> tuple[str, float | None]:
+    """(label, slowdown) of one outcome; ``baseline_ms`` is its pair's guarded kernel time."""
+    if outcome.status is Status.SKIPPED:
+        return "skipped", None
+    if (
+        outcome.status is Status.ERROR
+        and outcome.spec.condition in INVALID_INPUT_CONDITIONS
+        and outcome.error_kind in REJECTION_KINDS
+    ):
+        return "rejected", None
+    if outcome.status is Status.ERROR:
+        return str(outcome.error_kind or ErrorKind.OTHER), None
+    if outcome.status is Status.WRONG:
+        return "wrong", None
+    slowdown = None
+    if outcome.kernel_ms and baseline_ms:
+        slowdown = outcome.kernel_ms / baseline_ms
+        if slowdown >= knobs.SLOW_FACTOR:
+            return "slow", slowdown
+    return "pass", slowdown
+
+
+def build_matrix(outcomes: Iterable[Outcome]) -> Matrix:
+    """The cells of a scan (debug reruns left out: they are evidence, not cells)."""
+    outcomes = [o for o in outcomes if not is_debug_rerun(o)]
+    baselines: dict[str, float] = {}
+    for o in outcomes:
+        if o.spec.condition is Condition.GUARDED and o.status is Status.PASS and o.kernel_ms:
+            baselines[group_of(o)] = o.kernel_ms
+    cells: dict[tuple[str, Condition, str], Cell] = {}
+    for o in outcomes:
+        group = group_of(o)
+        base = baselines.get(group) if o.spec.condition.is_pair else None
+        label, slowdown = cell_label(o, base)
+        cells[(group, o.spec.condition, variant_of(o))] = Cell(outcome=o, label=label, slowdown=slowdown)
+    return Matrix(cells=cells)
+
+
+def describe(cell: Cell) -> str:
+    """One line: what a cell showed (the report's evidence detail, check's JUnit detail)."""
+    o = cell.outcome
+    if cell.label == "slow" and cell.slowdown:
+        return f"correct but {cell.slowdown:.1f}x slower than the guarded baseline: it ran remotely"
+    if o.status is Status.ERROR:
+        msg = (o.error_message or "").strip().splitlines()
+        return f"{o.error_type or 'error'}: {msg[0][:160] if msg else o.error_kind}"
+    if o.status is Status.WRONG:
+        parts = []
+        if o.rel_error is not None:
+            parts.append(
+                f"rel. error {o.rel_error:.3g}" + (f" (tolerance {o.tolerance:g})" if o.tolerance else "")
+            )
+        if o.unwritten:
+            parts.append(f"{o.unwritten} output elements never written")
+        if o.canary_hits:
+            parts.append("wrote past the output (" + ", ".join(o.canary_hits) + ")")
+        if o.out_device and o.spec.device is not None and not o.out_device.endswith(f":{o.spec.device}"):
+            parts.append(f"output returned on {o.out_device}")
+        if o.calls_rel_error:
+            parts.append("per call rel. error " + ", ".join(f"{e:.3g}" for e in o.calls_rel_error))
+        return "; ".join(parts) or "wrong result"
+    if o.status is Status.PASS:
+        return "correct" + (f" ({o.kernel_ms:.3f} ms)" if o.kernel_ms else "")
+    return "; ".join(o.notes) or "skipped"
+
+
+def evidence(cell: Cell, detail: str | None = None) -> Evidence:
+    """The cell as a piece of evidence; ``detail`` says what it shows (default: ``describe``)."""
+    o = cell.outcome
+    return Evidence(
+        probe_id=o.probe_id, condition=o.spec.condition, label=cell.label, detail=detail or describe(cell)
+    )
+
+
+__all__ = [
+    "DEBUG_SUFFIX",
+    "INVALID_INPUT_CONDITIONS",
+    "REJECTION_KINDS",
+    "Cell",
+    "Matrix",
+    "build_matrix",
+    "cell_label",
+    "debug_reruns",
+    "describe",
+    "evidence",
+    "group_of",
+    "is_debug_rerun",
+    "variant_of",
+]
