@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 
 from qmoe_doctor.core.exitcodes import ExitCode
 from qmoe_doctor.core.records import Condition, Confidence, Diagnosis, Evidence
-from qmoe_doctor.lint.rules import LintError, LintFinding, Rule
+from qmoe_doctor.lint import LintError, LintFinding, Rule
 from qmoe_doctor.reports.junit import junit_text
 from qmoe_doctor.workflows.check import CellResult, CheckReport, KernelCheck, LintResult
 

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from qmoe_doctor.cli.app import app
 from qmoe_doctor.core.causes import CAUSES
 from qmoe_doctor.core.exitcodes import ExitCode
-from qmoe_doctor.lint.rules import (
+from qmoe_doctor.lint import (
     RULES,
     LintFinding,
     LintReport,
@@ -933,7 +933,7 @@ def test_linting_never_imports_torch_or_triton() -> None:
     code = (
         "import sys\n"
         "import qmoe_doctor.cli.app\n"
-        "from qmoe_doctor.lint.rules import lint_paths\n"
+        "from qmoe_doctor.lint import lint_paths\n"
         "assert lint_paths(['kernels']).findings\n"
         "assert 'torch' not in sys.modules and 'triton' not in sys.modules, 'imported'\n"
     )
