@@ -110,12 +110,18 @@ def read_bytes(path: str | os.PathLike[str], *, limit: int = MAX_INPUT_BYTES, gu
     else:
         check_regular_file(path)
         try:
-            with open(path, "rb") as fh:
-                data = _read_capped(fh, limit, name)
-        except InputError:
-            raise
+            # O_NONBLOCK: should the path become a FIFO between the stat and the open, the open
+            # returns at once instead of waiting for a writer; fstat then refuses it.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
         except OSError as exc:
             raise InputError(f"{name}: cannot read ({exc.strerror or exc})") from None
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise InputError(f"{name}: is not a regular file")
+            try:
+                data = _read_capped(fh, limit, name)
+            except OSError as exc:
+                raise InputError(f"{name}: cannot read ({exc.strerror or exc})") from None
     if gunzip and data[:2] == _GZIP_MAGIC:
         return _gunzip_capped(data, limit, name)
     return data
