@@ -1,9 +1,11 @@
 """The probe child: ``python -m qmoe_doctor.probes.worker``, started by ``qmoe_doctor.isolate.worker_pool``.
 
 Protocol. The parent writes one ProbeSpec JSON line (``records.to_json``) at a time on stdin and
-closes stdin to end the worker. The worker answers on a dedicated pipe whose fd the parent names
-in ``$QMOE_DOCTOR_RESULT_FD`` (stdout and stderr belong to libraries and go to the worker's log),
-one JSON object per line, each written with one ``os.write`` and so flushed at once:
+closes stdin, between probes, to end the worker; an end of stdin while a probe runs means the
+parent is gone (killed), and the worker kills its own process group (``watch_parent``). The
+worker answers on a dedicated pipe whose fd the parent names in ``$QMOE_DOCTOR_RESULT_FD``
+(stdout and stderr belong to libraries and go to the worker's log), one JSON object per line,
+each written with one ``os.write`` and so flushed at once:
 
 - ``{"type": "ready", "pid": ..., "python": "3.12.3", "t": ...}`` once, after start-up;
 - ``{"type": "crumb", "probe_id": ..., "phase": "launch", "t": ...}`` before each phase;
@@ -22,6 +24,7 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import select
 import signal
 import sys
 import threading
@@ -180,9 +183,54 @@ def classify(exc: BaseException, error_type: str, message: str) -> ErrorKind:
     return error_kind.classify_error(error_type, message)
 
 
-def serve(spec_lines: Iterable[str], emit: Emit) -> None:
+class Busy:
+    """Whether a probe is running: the parent closes the spec pipe only between probes, so an
+    end of input during one means the parent is gone (``watch_parent``)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def set(self, busy: bool) -> None:
+        if busy:
+            self._event.set()
+        else:
+            self._event.clear()
+
+    def __bool__(self) -> bool:
+        return self._event.is_set()
+
+
+def watch_parent(spec_fd: int, busy: Busy) -> threading.Thread | None:
+    """Start a daemon thread that waits for the parent's end of the spec pipe to close and, if a
+    probe is running then, kills this worker's whole process group (the probe's own children
+    too): a parent killed by SIGKILL closes the pipe and can do nothing else. Between probes the
+    main loop sees the end of input itself and exits. Where poll() is missing, no thread."""
+    if not hasattr(select, "poll"):  # pragma: no cover - Windows
+        return None
+
+    def run() -> None:
+        poller = select.poll()
+        poller.register(spec_fd, 0)  # no events asked for: POLLHUP, POLLERR, POLLNVAL still come
+        while not poller.poll():
+            pass
+        # Idle now, the main loop reads the end of input and exits; should it have taken a spec
+        # line just before, it is busy in a moment, and the parent is gone all the same.
+        while not busy:
+            time.sleep(0.05)
+        sys.stderr.write("qmoe-doctor worker: the parent is gone; killing this worker's group\n")
+        sys.stderr.flush()
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    thread = threading.Thread(target=run, name="qmoe-parent-watchdog", daemon=True)
+    thread.start()
+    return thread
+
+
+def serve(spec_lines: Iterable[str], emit: Emit, busy: Busy | None = None) -> None:
     """The worker loop: one spec line in, breadcrumbs and one outcome out. Returns at the end of
-    input or after a poisoning outcome."""
+    input or after a poisoning outcome. ``busy`` is set while a probe runs."""
+    if busy is None:
+        busy = Busy()
     emit(
         {
             "type": "ready",
@@ -202,7 +250,9 @@ def serve(spec_lines: Iterable[str], emit: Emit) -> None:
             # rather than die with a traceback the parent would classify as the probe's error.
             emit({"type": "protocol-error", "message": f"cannot read the spec: {exc}"})
             return
+        busy.set(True)
         outcome, poisoned = execute(spec, emit)
+        busy.set(False)  # before the outcome: the parent may close the pipe once it has it
         emit({"type": "outcome", "outcome": to_jsonable(outcome)})
         if poisoned:
             return
@@ -213,17 +263,23 @@ def main() -> None:
     if hasattr(signal, "SIGUSR1"):
         # The parent sends SIGUSR1 before killing a hung child: the stacks show where it hung.
         faulthandler.register(signal.SIGUSR1, all_threads=True)
-    raw_fd = os.environ.get(knobs.QMOE_RESULT_FD)
-    result_fd = int(raw_fd) if raw_fd else os.dup(1)  # run by hand: protocol on stdout
+    given_fd = knobs.result_fd()
+    result_fd = given_fd if given_fd is not None else os.dup(1)  # run by hand: protocol on stdout
     os.set_inheritable(result_fd, False)  # programs a probe runs must not hold the pipe open
     # Specs arrive on the original stdin; the probe sees /dev/null there, so nothing it runs can
     # swallow a spec line.
-    spec_in = os.fdopen(os.dup(0), "r", encoding="utf-8")
+    spec_fd = os.dup(0)
+    spec_in = os.fdopen(spec_fd, "r", encoding="utf-8")
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
+    # The parent's death, however it dies: the kernel's parent-death signal (armed by the parent
+    # when it started this process, Linux) ends this process; the watchdog ends its group.
+    busy = Busy()
+    if given_fd is not None:
+        watch_parent(spec_fd, busy)
     try:
-        serve(spec_in, _Emitter(result_fd))
+        serve(spec_in, _Emitter(result_fd), busy)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -36,9 +36,9 @@ import time
 import traceback
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from qmoe_doctor.core import error_kind, knobs
+from qmoe_doctor.core import error_kind, knobs, lifeline
 from qmoe_doctor.core.records import (
     ErrorKind,
     Outcome,
@@ -52,6 +52,9 @@ from qmoe_doctor.core.records import (
 )
 from qmoe_doctor.probes.context import ProbeContext
 from qmoe_doctor.probes.worker import exception_message, exception_type_name
+
+if TYPE_CHECKING:  # modes imports torch: loaded only once the rank runs
+    from qmoe_doctor.probes.parallel.modes import KernelSpy
 
 #: Outcome fields a runner may return (the rest the rank fills itself).
 _RUNNER_FIELDS = frozenset({"status", "rel_error", "tolerance", "out_device", "kernel_ms"})
@@ -73,7 +76,7 @@ class RankContext(ProbeContext):
     """A ProbeContext whose breadcrumbs, stages and facts also go to ``rank-R.crumbs`` as they
     happen, and which knows its rank and the self-test injection."""
 
-    spy: Any = None  # the mode's KernelSpy, once set up (read again after a failure)
+    spy: KernelSpy | None = None  # the mode's, once set up (read again after a failure)
 
     def __init__(
         self, spec: ProbeSpec, *, rank: int, local_rank: int, world_size: int, out_dir: Path
@@ -292,6 +295,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--spec", required=True, help="the run's ProbeSpec, one JSON document")
     parser.add_argument("--out", required=True, help="the run directory (rank files go here)")
     args = parser.parse_args(argv)
+    # Die with the launcher: torchrun starts each rank in a session of its own, so a torchrun
+    # killed by SIGKILL (the doctor's parent-death signal, when the doctor itself was killed)
+    # would leave its ranks running, on the GPUs.
+    lifeline.die_with_parent()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     rank, local_rank, world_size = _environment()

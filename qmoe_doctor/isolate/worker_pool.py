@@ -1,12 +1,16 @@
-"""Run probes in child processes; the parent survives whatever a probe does.
+"""Run probes in warm child processes; the parent survives whatever a probe does.
 
 A CUDA fault poisons the process that made it, so every probe runs in a child
-(``python -m qmoe_doctor.probes.worker``, a fresh interpreter, never a fork), in its own session
-so that a timeout kills the whole process group. Specs run in order in one warm child; a spec
-with ``fresh_process`` or its own ``env`` gets a child of its own. After a poisoning outcome
-(``records.POISONING_KINDS``), a crash or a timeout, the next spec gets a new child. Crashes,
-signals and timeouts come back as Outcome records, with the last breadcrumb the child wrote and
-the tail of its log (stdout and stderr, where library and device messages land).
+(``python -m qmoe_doctor.probes.worker``, started by ``process.spawn``: a fresh interpreter in a
+session of its own). Specs run in order in one warm child; a spec with ``fresh_process`` or its
+own ``env`` gets a child of its own. After a poisoning outcome (``records.POISONING_KINDS``), a
+crash or a timeout, the next spec gets a new child. Crashes, signals and timeouts come back as
+Outcome records (``crash.crash_outcome``), with the last breadcrumb the child wrote and the tail
+of its log (stdout and stderr, where library and device messages land).
+
+A probe's ``timeout_s`` is its whole time, counted from when it is asked for: when it needs a new
+child, that child's start-up (until it says "ready", then the imports of its first probe) is part
+of it, and a hang is named by the phase it stopped in ("timed out at import after 15 s").
 
 See ``probes/worker.py`` for the line protocol. Never imports torch.
 """
@@ -18,22 +22,16 @@ import dataclasses
 import json
 import os
 import select
-import signal
-import subprocess
-import sys
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from qmoe_doctor.core import knobs
-from qmoe_doctor.core.compat import StrEnum
-from qmoe_doctor.core.error_kind import classify_exit, describe_exit
+from qmoe_doctor.core.events import Event, EventKind, OnEvent
 from qmoe_doctor.core.records import (
     POISONING_KINDS,
-    ErrorKind,
     Outcome,
     Phase,
     ProbeSpec,
@@ -41,78 +39,16 @@ from qmoe_doctor.core.records import (
     from_jsonable,
     to_json,
 )
+from qmoe_doctor.isolate.crash import ChildEnd, Ending, crash_outcome
+from qmoe_doctor.isolate.crash import message as describe_end
+from qmoe_doctor.isolate.process import Child, SpawnError, child_env, child_python, spawn
+from qmoe_doctor.isolate.signals import interruptible
 
 WORKER_MODULE = "qmoe_doctor.probes.worker"
 
-#: Start-up allowance, seconds: the wait for a new child's "ready", and extra time for the first
-#: probe in each child (import torch and triton, create the CUDA context: 4.6-7.8 s measured on an
-#: H200 with warm caches; slow shared filesystems take several times that).
-DEFAULT_STARTUP_S = 60.0
-#: How long a timed-out child gets to dump its stacks (faulthandler on SIGUSR1) before SIGKILL.
-STACK_DUMP_WAIT_S = 0.5
 #: How long a child whose stdin was closed gets to exit on its own before its group is killed.
 CLOSE_GRACE_S = 5.0
-#: How much of a child's log an Outcome keeps.
-TAIL_LINES = 60
-TAIL_CHARS = 8000
 _POLL_S = 0.1  # how often a child's liveness is checked while waiting for its messages
-#: Always in a child's environment, whatever base_env or a spec says.
-FORCED_ENV: Mapping[str, str] = {**knobs.NVLS_OFF, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
-
-
-class EventKind(StrEnum):
-    WORKER_STARTED = "worker-started"  # a child said "ready" (detail says why it was started)
-    WORKER_RESTARTED = "worker-restarted"  # a child replaced one that was poisoned, died or hung
-    WORKER_FAILED = "worker-failed"  # a child died or hung before "ready"
-    PROBE_STARTED = "probe-started"
-    CRUMB = "crumb"  # the probe entered ``phase``
-    OUTCOME = "outcome"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Event:
-    """Progress of a session, for the CLI's stderr display."""
-
-    kind: EventKind
-    probe_id: str | None = None
-    phase: Phase | None = None
-    outcome: Outcome | None = None
-    worker: int | None = None  # the child's number in this session, from 1
-    pid: int | None = None
-    detail: str = ""
-    t: float = field(default_factory=time.time)
-
-
-OnEvent = Callable[[Event], None]
-
-
-def child_python(python: str | None = None) -> str:
-    """The interpreter for probe children: the argument, else $QMOE_DOCTOR_CHILD_PYTHON, else
-    this interpreter."""
-    return python or os.environ.get(knobs.QMOE_CHILD_PYTHON) or sys.executable
-
-
-def child_env(base_env: Mapping[str, str], spec_env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """os.environ, then base_env, then the spec's env, then FORCED_ENV (NVLink multicast stays off)."""
-    env = dict(os.environ)
-    env.update(base_env)
-    env.update(spec_env or {})
-    env.update(FORCED_ENV)
-    return env
-
-
-def read_tail(path: Path, start: int = 0, *, lines: int = TAIL_LINES, chars: int = TAIL_CHARS) -> str:
-    """The last ``lines`` lines (at most ``chars`` characters) of a log, from byte ``start`` on."""
-    try:
-        with open(path, "rb") as fh:
-            size = fh.seek(0, os.SEEK_END)
-            fh.seek(max(start, size - 8 * chars))
-            data = fh.read()
-    except OSError:
-        return ""
-    text = data.decode("utf-8", errors="replace")
-    kept = "\n".join(text.rstrip("\n").splitlines()[-lines:])
-    return kept[-chars:]
 
 
 class _Timeout:
@@ -128,13 +64,13 @@ _DEAD = _Dead()
 
 
 class _Worker:
-    """One child process: its pipes, log and liveness, read without threads (select)."""
+    """One probe worker: a Child, the protocol pipe it answers on, read without threads (select)."""
 
-    def __init__(self, *, index: int, proc: subprocess.Popen[bytes], result_fd: int, log_path: Path) -> None:
+    def __init__(self, *, index: int, child: Child, result_fd: int) -> None:
         self.index = index
-        self.proc = proc
-        self.pid = proc.pid
-        self.log_path = log_path
+        self.child = child
+        self.pid = child.pid
+        self.log_path = child.log_path or Path(os.devnull)
         self.probes_run = 0
         self.ready = False
         self._fd = result_fd
@@ -143,38 +79,21 @@ class _Worker:
         self._eof = False
         self._closed = False
 
-    # --- liveness ---
+    @property
+    def name(self) -> str:
+        return f"worker {self.index}"
 
     def exit_status(self) -> int | None:
-        """The child's return code if it has exited, without reaping it where the OS allows:
-        an unreaped child keeps its pid, so killing its process group afterwards cannot hit an
-        unrelated group that reused the number."""
-        if self.proc.returncode is not None:
-            return self.proc.returncode
-        waitid = getattr(os, "waitid", None)
-        if waitid is None:  # pragma: no cover - macOS
-            return self.proc.poll()
-        try:
-            info = waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return self.proc.poll()
-        if info is None:
-            return None
-        if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
-            return -int(info.si_status)
-        return int(info.si_status)
+        return self.child.exit_status()
 
     def log_size(self) -> int:
-        try:
-            return self.log_path.stat().st_size
-        except OSError:
-            return 0
+        return self.child.log_size()
 
     # --- protocol ---
 
     def send(self, line: str) -> bool:
         """Write one line on the child's stdin; False if the child is gone."""
-        stdin = self.proc.stdin
+        stdin = self.child.proc.stdin
         if stdin is None:
             return False
         try:
@@ -225,26 +144,17 @@ class _Worker:
     # --- ending ---
 
     def kill(self, *, dump_stacks: bool = False) -> int:
-        """Kill the child's whole process group (grandchildren included) and reap the child.
-        Idempotent: once the child is reaped its pid may be reused, so nothing is signalled."""
-        if self.proc.returncode is not None:
-            self._release()
-            return self.proc.returncode
-        if dump_stacks and self.ready and self.exit_status() is None:
-            with contextlib.suppress(OSError):
-                os.kill(self.pid, signal.SIGUSR1)  # faulthandler: every thread's stack to the log
-            time.sleep(STACK_DUMP_WAIT_S)
-        with contextlib.suppress(OSError):
-            os.killpg(self.pid, signal.SIGKILL)  # the child leads its own session and group
-        returncode = self.proc.wait()
+        """Kill the child's whole process group and reap it (stacks first on request, when it is
+        far enough to have faulthandler listening)."""
+        code = self.child.kill(dump_stacks=dump_stacks and self.ready)
         self._release()
-        return returncode
+        return code
 
     def close(self) -> int:
         """End the child politely (EOF on stdin), then kill whatever is left of its group."""
-        if self.proc.stdin is not None:
+        if self.child.proc.stdin is not None:
             with contextlib.suppress(OSError):
-                self.proc.stdin.close()
+                self.child.proc.stdin.close()
         deadline = time.monotonic() + CLOSE_GRACE_S
         while self.exit_status() is None and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -256,18 +166,37 @@ class _Worker:
         self._closed = True
         with contextlib.suppress(OSError):
             os.close(self._fd)
-        if self.proc.stdin is not None:
+        if self.child.proc.stdin is not None:
             with contextlib.suppress(OSError):
-                self.proc.stdin.close()
+                self.child.proc.stdin.close()
 
 
-class _SpawnError(Exception):
-    def __init__(self, *, kind: ErrorKind, message: str, tail: str, exit_code: int | None) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-        self.tail = tail
-        self.exit_code = exit_code
+@dataclasses.dataclass(slots=True, kw_only=True)
+class _Probe:
+    """One probe on one worker, while it runs: where its log starts and the phase it reached."""
+
+    spec: ProbeSpec
+    worker: _Worker
+    start: float  # when it was asked for (monotonic), its worker's start-up included
+    log_start: int  # the worker's log size when the probe was sent: its own output follows
+    phase: Phase = Phase.SPAWN  # the last breadcrumb
+
+    def ended(self, ending: Ending, *, where: str = "", **fields: Any) -> Outcome:
+        """The Outcome of this probe, its worker having ended (or misbehaved) as ``ending``."""
+        end = ChildEnd(
+            ending=ending,
+            who=self.worker.name,
+            tail=self.worker.child.tail(self.log_start),
+            wall_s=time.monotonic() - self.start,
+            **fields,
+        )
+        return crash_outcome(self.spec, end, phase=self.phase, where=where)
+
+
+class _SpawnFailed(Exception):
+    def __init__(self, end: ChildEnd) -> None:
+        super().__init__(end.detail or end.who)
+        self.end = end
 
 
 _MISSING_PACKAGE_HINT = (
@@ -284,27 +213,28 @@ class _Session:
         log_dir: Path,
         python: str,
         on_event: OnEvent | None,
-        startup_s: float,
     ) -> None:
         self.base_env = dict(base_env)
         self.log_dir = log_dir
         self.python = python
         self.on_event = on_event
-        self.startup_s = startup_s
         self.last_index = 0  # number of the last worker started (its log is worker-NNN.log)
         self.warm: _Worker | None = None
         self.warm_replaced: str | None = None  # why the last warm child was retired
         self.live: set[_Worker] = set()
-        self.broken: dict[tuple[tuple[str, str], ...], _SpawnError] = {}
+        self.broken: dict[tuple[tuple[str, str], ...], ChildEnd] = {}
 
-    def _new_log(self) -> tuple[int, IO[bytes]]:
-        """The next worker number and its log, ``worker-NNN.log``. Numbers continue past logs
-        already in log_dir, so sessions sharing a directory never overwrite each other's."""
+    def _new_log(self) -> tuple[int, Path]:
+        """The next worker number and its log, ``worker-NNN.log``, created empty. Numbers
+        continue past logs already in log_dir, so sessions sharing a directory never overwrite
+        each other's."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         while True:
             self.last_index += 1
+            path = self.log_dir / f"worker-{self.last_index:03d}.log"
             try:
-                return self.last_index, open(self.log_dir / f"worker-{self.last_index:03d}.log", "xb")
+                with open(path, "xb"):
+                    return self.last_index, path
             except FileExistsError:
                 continue
 
@@ -315,81 +245,98 @@ class _Session:
     # --- children ---
 
     def spawn(
-        self, spec_env: Mapping[str, str], reason: str, event: EventKind = EventKind.WORKER_STARTED
+        self,
+        spec_env: Mapping[str, str],
+        reason: str,
+        *,
+        deadline: float,
+        budget_s: float,
+        event: EventKind = EventKind.WORKER_STARTED,
     ) -> _Worker:
-        index, log = self._new_log()
-        log_path = Path(log.name)
+        """A new worker, ready before ``deadline``: the end of the ``budget_s`` seconds of the
+        probe it is started for."""
+        index, log_path = self._new_log()
         env = child_env(self.base_env, spec_env)
         read_fd, write_fd = os.pipe()
         env[knobs.QMOE_RESULT_FD] = str(write_fd)
         command = [self.python, "-m", WORKER_MODULE]
-        with log:
-            header = f"# qmoe-doctor worker {index} ({reason}): {' '.join(command)}"
-            if spec_env:
-                header += f" with {' '.join(f'{k}={v}' for k, v in sorted(spec_env.items()))}"
-            log.write(header.encode() + b"\n")
-            log.flush()
-            try:
-                proc = subprocess.Popen(
-                    command,
-                    stdin=subprocess.PIPE,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    pass_fds=(write_fd,),
-                    start_new_session=True,  # a group of its own: a timeout kills it whole
-                )
-            except OSError as exc:
-                os.close(read_fd)
-                text = f"cannot start {self.python}: {exc}"
-                self.emit(EventKind.WORKER_FAILED, worker=index, detail=text)
-                raise _SpawnError(kind=ErrorKind.OTHER, message=text, tail="", exit_code=None) from exc
-            finally:
-                os.close(write_fd)
-        worker = _Worker(index=index, proc=proc, result_fd=read_fd, log_path=log_path)
+        header = f"# qmoe-doctor worker {index} ({reason}): {' '.join(command)}"
+        if spec_env:
+            header += f" with {' '.join(f'{k}={v}' for k, v in sorted(spec_env.items()))}"
+        start = time.monotonic()
+        try:
+            child = spawn(
+                command, env=env, log_path=log_path, header=header, stdin_pipe=True, pass_fds=(write_fd,)
+            )
+        except SpawnError as exc:
+            os.close(read_fd)
+            not_started = ChildEnd(
+                ending=Ending.NOT_STARTED, who=f"worker {index}", ready=False, detail=str(exc)
+            )
+            self.emit(EventKind.WORKER_FAILED, worker=index, detail=not_started.detail)
+            raise _SpawnFailed(not_started) from exc
+        finally:
+            os.close(write_fd)
+        worker = _Worker(index=index, child=child, result_fd=read_fd)
         self.live.add(worker)
-        message = worker.next_message(time.monotonic() + self.startup_s)
-        failure: _SpawnError | None = None
+        message = worker.next_message(deadline)
+        end: ChildEnd | None = None
         if isinstance(message, _Timeout):
             worker.kill()
-            failure = _SpawnError(
-                kind=ErrorKind.TIMEOUT,
-                message=f"worker {index} was not ready after {self.startup_s:.0f} s",
-                tail=read_tail(log_path),
-                exit_code=None,
+            end = ChildEnd(
+                ending=Ending.TIMED_OUT,
+                who=worker.name,
+                timeout_s=budget_s,
+                ready=False,
+                tail=worker.child.tail(),
+                wall_s=time.monotonic() - start,
             )
         elif isinstance(message, _Dead):
             code = worker.kill()
-            tail = read_tail(log_path)
-            text = f"worker {index} {describe_exit(code)} before it was ready"
+            tail = worker.child.tail()
+            hint = ""
             if "No module named 'qmoe_doctor" in tail or "No module named qmoe_doctor" in tail:
-                text += "; " + _MISSING_PACKAGE_HINT.format(python=self.python)
-            failure = _SpawnError(kind=ErrorKind.OTHER, message=text, tail=tail, exit_code=code)
+                hint = _MISSING_PACKAGE_HINT.format(python=self.python)
+            end = ChildEnd(
+                ending=Ending.EXITED,
+                who=worker.name,
+                exit_code=code,
+                ready=False,
+                detail=hint,
+                tail=tail,
+                wall_s=time.monotonic() - start,
+            )
         elif message.get("type") != "ready":
             worker.kill()
-            failure = _SpawnError(
-                kind=ErrorKind.OTHER,
-                message=f"worker {index} wrote {message!r} before 'ready'",
-                tail=read_tail(log_path),
-                exit_code=None,
+            end = ChildEnd(
+                ending=Ending.UNREADABLE,
+                who=worker.name,
+                ready=False,
+                detail=f"{worker.name} wrote {message!r} before 'ready'",
+                tail=worker.child.tail(),
+                wall_s=time.monotonic() - start,
             )
-        if failure is not None:
+        if end is not None:
             self.live.discard(worker)
-            self.emit(EventKind.WORKER_FAILED, worker=index, pid=worker.pid, detail=failure.message)
-            raise failure
+            self.emit(
+                EventKind.WORKER_FAILED, worker=index, pid=worker.pid, detail=describe_end(end, Phase.SPAWN)
+            )
+            raise _SpawnFailed(end)
         worker.ready = True
         self.emit(event, worker=index, pid=worker.pid, detail=reason)
         return worker
 
-    def warm_worker(self) -> _Worker:
+    def warm_worker(self, *, deadline: float, budget_s: float) -> _Worker:
         if self.warm is not None and self.warm.exit_status() is not None:
             self.retire(self.warm, f"worker {self.warm.index} exited between probes")
         if self.warm is None:
             replaced = self.warm_replaced
             if replaced is None:
-                self.warm = self.spawn({}, "first worker")
+                self.warm = self.spawn({}, "first worker", deadline=deadline, budget_s=budget_s)
             else:
-                self.warm = self.spawn({}, replaced, EventKind.WORKER_RESTARTED)
+                self.warm = self.spawn(
+                    {}, replaced, deadline=deadline, budget_s=budget_s, event=EventKind.WORKER_RESTARTED
+                )
             self.warm_replaced = None
         return self.warm
 
@@ -415,108 +362,79 @@ class _Session:
     # --- probes ---
 
     def run(self, spec: ProbeSpec) -> Outcome:
+        start = time.monotonic()
+        deadline = start + spec.timeout_s  # the probe's whole time, a new child's start-up included
         own = spec.fresh_process or bool(spec.env)
         key = tuple(sorted(spec.env.items()))
-        failure = self.broken.get(key)
-        if failure is not None:  # this environment already failed to start twice: do not retry
-            return self._spawn_failed(spec, failure)
+        known = self.broken.get(key)
+        if known is not None:  # this environment already failed to start: do not retry
+            return self._spawn_failed(spec, known)
         for attempt in range(2):
             try:
                 if own:
                     reason = "fresh process" if spec.fresh_process else "spec environment"
-                    worker = self.spawn(spec.env, f"{reason} for {spec.probe_id}")
+                    worker = self.spawn(
+                        spec.env, f"{reason} for {spec.probe_id}", deadline=deadline, budget_s=spec.timeout_s
+                    )
                 else:
-                    worker = self.warm_worker()
-            except _SpawnError as err:
-                failure = err
-                if attempt == 0:
+                    worker = self.warm_worker(deadline=deadline, budget_s=spec.timeout_s)
+            except _SpawnFailed as failed:
+                # A child that died or could not be started may have been unlucky (a flaky
+                # file system, fork's EAGAIN): one retry, in the time left. One that hung has
+                # used the probe's time.
+                retry = attempt == 0 and failed.end.ending is not Ending.TIMED_OUT
+                if retry and time.monotonic() < deadline:
                     continue
-                self.broken[key] = err
-                return self._spawn_failed(spec, err)
-            outcome = self._run_on(worker, spec)
+                self.broken[key] = failed.end
+                return self._spawn_failed(spec, failed.end)
+            outcome = self._run_on(worker, spec, start, deadline)
             if own and worker in self.live:
                 self.retire(worker, kill=False)
             return outcome
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _spawn_failed(self, spec: ProbeSpec, err: _SpawnError) -> Outcome:
-        outcome = Outcome(
-            probe_id=spec.probe_id,
-            spec=spec,
-            status=Status.ERROR,
-            phase=Phase.SPAWN,
-            error_kind=err.kind,
-            error_type="spawn",
-            error_message=err.message,
-            stderr_tail=err.tail,
-            exit_code=err.exit_code,
-        )
+    def _spawn_failed(self, spec: ProbeSpec, end: ChildEnd) -> Outcome:
+        outcome = crash_outcome(spec, end)
         self.emit(EventKind.PROBE_STARTED, probe_id=spec.probe_id)
         self.emit(EventKind.OUTCOME, probe_id=spec.probe_id, outcome=outcome, phase=outcome.phase)
         return outcome
 
-    def _run_on(self, worker: _Worker, spec: ProbeSpec) -> Outcome:
-        budget = spec.timeout_s + (self.startup_s if worker.probes_run == 0 else 0.0)
+    def _run_on(self, worker: _Worker, spec: ProbeSpec, start: float, deadline: float) -> Outcome:
         probe_index = worker.probes_run
         worker.probes_run += 1
-        log_start = worker.log_size()
+        probe = _Probe(spec=spec, worker=worker, start=start, log_start=worker.log_size())
         self.emit(EventKind.PROBE_STARTED, probe_id=spec.probe_id, worker=worker.index, pid=worker.pid)
-        start = time.monotonic()
-        deadline = start + budget
-        phase = Phase.SPAWN
         worker.send(to_json(spec))  # a dead child shows as _DEAD below
         outcome: Outcome | None = None
         while outcome is None:
             message = worker.next_message(deadline)
             if isinstance(message, _Timeout):
                 worker.kill(dump_stacks=True)
-                outcome = self._synthesized(
-                    spec,
-                    phase=phase,
-                    kind=ErrorKind.TIMEOUT,
-                    error_type="timeout",
-                    message=f"no outcome after {budget:.1f} s; killed the worker's process group",
-                    tail=read_tail(worker.log_path, log_start),
-                    wall_s=time.monotonic() - start,
-                    exit_code=None,
-                )
+                outcome = probe.ended(Ending.TIMED_OUT, timeout_s=spec.timeout_s)
                 self.retire(worker, f"worker {worker.index} timed out on {spec.probe_id}")
             elif isinstance(message, _Dead):
                 code = worker.kill()
-                tail = read_tail(worker.log_path, log_start)
-                outcome = self._synthesized(
-                    spec,
-                    phase=phase,
-                    kind=classify_exit(code, tail),
-                    error_type="signal" if code < 0 else "exit",
-                    message=f"worker {describe_exit(code)} during {spec.probe_id} ({phase.value} phase)",
-                    tail=tail,
-                    wall_s=time.monotonic() - start,
-                    exit_code=code,
+                outcome = probe.ended(
+                    Ending.EXITED, exit_code=code, where=f"{probe.phase.value}, during {spec.probe_id}"
                 )
                 self.retire(worker, f"worker {worker.index} died on {spec.probe_id}")
             elif message.get("type") == "crumb" and message.get("probe_id") == spec.probe_id:
                 try:
-                    phase = Phase(str(message.get("phase")))
+                    probe.phase = Phase(str(message.get("phase")))
                 except ValueError:
                     continue
                 self.emit(
-                    EventKind.CRUMB, probe_id=spec.probe_id, phase=phase, worker=worker.index, pid=worker.pid
+                    EventKind.CRUMB,
+                    probe_id=spec.probe_id,
+                    phase=probe.phase,
+                    worker=worker.index,
+                    pid=worker.pid,
                 )
             elif message.get("type") == "outcome":
-                outcome = self._received(worker, spec, message, phase, log_start, start)
+                outcome = self._received(probe, message)
             elif message.get("type") == "protocol-error":
                 self.retire(worker, f"worker {worker.index} could not read {spec.probe_id}")
-                outcome = self._synthesized(
-                    spec,
-                    phase=phase,
-                    kind=ErrorKind.OTHER,
-                    error_type="protocol",
-                    message=f"worker {worker.index}: {message.get('message')}",
-                    tail=read_tail(worker.log_path, log_start),
-                    wall_s=time.monotonic() - start,
-                    exit_code=None,
-                )
+                outcome = probe.ended(Ending.UNREADABLE, detail=f"{worker.name}: {message.get('message')}")
         outcome = dataclasses.replace(
             outcome,
             facts={
@@ -536,33 +454,17 @@ class _Session:
         )
         return outcome
 
-    def _received(
-        self,
-        worker: _Worker,
-        spec: ProbeSpec,
-        message: dict[str, Any],
-        phase: Phase,
-        log_start: int,
-        start: float,
-    ) -> Outcome:
+    def _received(self, probe: _Probe, message: dict[str, Any]) -> Outcome:
+        spec, worker = probe.spec, probe.worker
         try:
             outcome = from_jsonable(Outcome, message.get("outcome"))  # type: ignore[arg-type]
             if outcome.probe_id != spec.probe_id:
                 raise ValueError(f"outcome for {outcome.probe_id!r}")
         except (TypeError, ValueError, KeyError) as exc:
             self.retire(worker, f"worker {worker.index} wrote an unreadable outcome")
-            return self._synthesized(
-                spec,
-                phase=phase,
-                kind=ErrorKind.OTHER,
-                error_type="protocol",
-                message=f"unreadable outcome from worker {worker.index}: {exc}",
-                tail=read_tail(worker.log_path, log_start),
-                wall_s=time.monotonic() - start,
-                exit_code=None,
-            )
+            return probe.ended(Ending.UNREADABLE, detail=f"unreadable outcome from {worker.name}: {exc}")
         if outcome.status is Status.ERROR and not outcome.stderr_tail:
-            outcome = dataclasses.replace(outcome, stderr_tail=read_tail(worker.log_path, log_start))
+            outcome = dataclasses.replace(outcome, stderr_tail=worker.child.tail(probe.log_start))
         if outcome.error_kind in POISONING_KINDS:
             # The worker exits after writing it; make sure of it and start afresh next time.
             self.retire(
@@ -572,31 +474,6 @@ class _Session:
             )
         return outcome
 
-    @staticmethod
-    def _synthesized(
-        spec: ProbeSpec,
-        *,
-        phase: Phase,
-        kind: ErrorKind,
-        error_type: str,
-        message: str,
-        tail: str,
-        wall_s: float,
-        exit_code: int | None,
-    ) -> Outcome:
-        return Outcome(
-            probe_id=spec.probe_id,
-            spec=spec,
-            status=Status.ERROR,
-            phase=phase,
-            error_kind=kind,
-            error_type=error_type,
-            error_message=message,
-            stderr_tail=tail,
-            wall_s=wall_s,
-            exit_code=exit_code,
-        )
-
 
 def run_session(
     specs: Sequence[ProbeSpec],
@@ -605,63 +482,31 @@ def run_session(
     log_dir: Path,
     python: str | None = None,
     on_event: OnEvent | None = None,
-    startup_s: float = DEFAULT_STARTUP_S,
 ) -> list[Outcome]:
     """Run ``specs`` in order, in child processes, and return one Outcome per spec, in order.
 
     Specs share one warm child; a spec with ``fresh_process`` or a non-empty ``env`` gets a child
     of its own (environment merged in) used for it alone. A poisoning error, a crash or a timeout
     retires the child and the next spec runs in a new one. Each probe may take ``spec.timeout_s``
-    seconds, plus ``startup_s`` when it is the first in its child; a child has ``startup_s``
-    seconds to say "ready". A child that cannot start is retried once per spec; an environment
-    that failed twice fails its later specs at once (phase SPAWN). Worker logs go to ``log_dir``.
+    seconds from when it is asked for, the start-up of a child started for it included. A child
+    that dies while starting is retried once, in the time left; an environment whose child could
+    not start fails its later specs at once (phase SPAWN). Worker logs go to ``log_dir``.
+    SIGINT, SIGTERM and SIGHUP end the session with ``Interrupted`` after killing every worker.
     """
     session = _Session(
         base_env=base_env,
         log_dir=Path(log_dir),
         python=child_python(python),
         on_event=on_event,
-        startup_s=startup_s,
     )
     graceful = False
-    try:
-        outcomes = [session.run(spec) for spec in specs]
-        graceful = True
-        return outcomes
-    finally:
-        session.close(graceful=graceful)
+    with interruptible():
+        try:
+            outcomes = [session.run(spec) for spec in specs]
+            graceful = True
+            return outcomes
+        finally:
+            session.close(graceful=graceful)
 
 
-def run_one(
-    spec: ProbeSpec,
-    *,
-    base_env: Mapping[str, str] | None = None,
-    log_dir: Path,
-    python: str | None = None,
-    on_event: OnEvent | None = None,
-    startup_s: float = DEFAULT_STARTUP_S,
-) -> Outcome:
-    """Run one spec in a child of its own: ``run_session([spec])``."""
-    (outcome,) = run_session(
-        [spec],
-        base_env=base_env or {},
-        log_dir=log_dir,
-        python=python,
-        on_event=on_event,
-        startup_s=startup_s,
-    )
-    return outcome
-
-
-__all__ = [
-    "DEFAULT_STARTUP_S",
-    "FORCED_ENV",
-    "Event",
-    "EventKind",
-    "OnEvent",
-    "child_env",
-    "child_python",
-    "read_tail",
-    "run_one",
-    "run_session",
-]
+__all__ = ["WORKER_MODULE", "run_session"]

@@ -1,0 +1,71 @@
+"""Where a run's child logs go, and whether they stay.
+
+A folder the user asked for (``--log-dir``) is created if needed and always kept. Otherwise the
+logs go to a new ``qmoe-doctor-*`` folder in the temp dir, which is kept when the run found
+something (``keep``), ended by an exception or a signal, and removed when it ended healthy, so
+a healthy run leaves nothing behind. ``reported`` is what a report should print as its log
+folder: the path while it will exist, "" once it is gone::
+
+    with LogDir.open(log_dir, prefix="qmoe-doctor-") as logs:
+        report = run(..., log_dir=logs.path)
+        if not report.healthy:
+            logs.keep()
+        report = replace(report, log_dir=logs.reported)
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from types import TracebackType
+
+
+class LogDir:
+    """A run's log folder: asked for (kept) or temporary (removed unless kept)."""
+
+    def __init__(self, path: Path, *, asked: bool) -> None:
+        self.path = path
+        self.asked = asked
+        self.kept = asked
+        self.removed = False
+
+    @classmethod
+    def open(cls, asked: Path | str | None, *, prefix: str = "qmoe-doctor-") -> LogDir:
+        """The folder the user asked for (created), or a new temporary one."""
+        if asked:
+            path = Path(asked)
+            path.mkdir(parents=True, exist_ok=True)
+            return cls(path, asked=True)
+        return cls(Path(tempfile.mkdtemp(prefix=prefix)), asked=False)
+
+    def keep(self) -> None:
+        """Keep the logs after the run (something failed: they are the evidence)."""
+        self.kept = True
+
+    @property
+    def reported(self) -> str:
+        """The path a report should name: "" when the folder is removed at the end."""
+        return str(self.path) if self.kept else ""
+
+    def close(self) -> None:
+        """Remove the folder unless it was asked for or kept."""
+        if not self.kept and not self.removed:
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.removed = True
+
+    def __enter__(self) -> LogDir:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            self.keep()  # an error or a signal: what ran so far may be needed
+        self.close()
+
+
+__all__ = ["LogDir"]
