@@ -24,7 +24,7 @@ failing::
     )
 
     # mylib's pyproject.toml
-    [project.entry-points."qmoe_doctor.core.kernel_ref"]
+    [project.entry-points."qmoe_doctor.adapters"]
     mylib = "mylib.qmoe:ADAPTER"
 
 Then ``qmoe-doctor scan --kernel adapter:mylib`` (its default target) or
@@ -44,11 +44,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from qmoe_doctor.core.kernel_ref import ENTRY_POINT_GROUP, NAMED_REFS, parse_adapter_ref
+from qmoe_doctor.core.kernel_ref import ENTRY_POINT_GROUP, KernelRef, KernelRefError, RefKind
 from qmoe_doctor.core.records import Condition, ProbeSpec
 from qmoe_doctor.probes.loader import (
     KernelFn,
     KernelResolutionError,
+    as_ref,
     check_signature,
     load_kernel,
     resolve_object,
@@ -167,7 +168,7 @@ def _as_adapter(obj: Any, name: str) -> Any:
 
 
 def find_adapter(name: str) -> Any:
-    """The adapter called ``name``: an entry point of the group ``qmoe_doctor.core.kernel_ref``, else
+    """The adapter called ``name``: an entry point of the group ``qmoe_doctor.adapters``, else
     the object a dotted ``module.attr`` path names. Raises KernelResolutionError."""
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         if ep.name != name:
@@ -197,22 +198,15 @@ def find_adapter(name: str) -> Any:
     return _as_adapter(getattr(module, attr), name)
 
 
-def load_adapted(ref: str) -> AdaptedKernel:
+def load_adapted(ref: str | KernelRef) -> AdaptedKernel:
     """Resolve ``adapter:NAME[:TARGET]`` to the adapted kernel. Raises KernelResolutionError
     (the probe's outcome is then ``kernel-import``, a usage error for scan and check)."""
-    try:
-        parsed = parse_adapter_ref(ref)
-    except ValueError as exc:
-        raise KernelResolutionError(str(exc)) from None
+    parsed = as_ref(ref)
+    if parsed.kind is not RefKind.ADAPTER:
+        raise KernelResolutionError(f"{str(parsed)!r} is not an adapter reference (adapter:NAME[:TARGET])")
     adapter = find_adapter(parsed.name)
-    target_ref = parsed.target or getattr(adapter, "default_target", None)
-    if not target_ref:
-        raise KernelResolutionError(
-            f"{ref!r}: adapter {parsed.name!r} has no default_target; name the kernel: "
-            f"adapter:{parsed.name}:module:function"
-        )
-    target_ref = str(target_ref)
-    if target_ref in NAMED_REFS or target_ref.startswith("specimen:"):
+    target_ref = parsed.target or _default_target(parsed, adapter)
+    if target_ref.kind in (RefKind.BUILTIN, RefKind.TORCH, RefKind.SPECIMEN):
         target = load_kernel(target_ref)
     else:
         target = resolve_object(target_ref)
@@ -220,10 +214,27 @@ def load_adapted(ref: str) -> AdaptedKernel:
         fn = adapter.adapt(target)
     except Exception as exc:
         raise KernelResolutionError(
-            f"adapter {parsed.name!r} could not adapt {target_ref!r}: {type(exc).__name__}: {exc}"
+            f"adapter {parsed.name!r} could not adapt {str(target_ref)!r}: {type(exc).__name__}: {exc}"
         ) from exc
-    check_signature(fn, f"{ref} (as adapted)")
-    return AdaptedKernel(fn, ref=ref, limits=limits_of(adapter))
+    check_signature(fn, f"{parsed} (as adapted)")
+    return AdaptedKernel(fn, ref=str(parsed), limits=limits_of(adapter))
+
+
+def _default_target(ref: KernelRef, adapter: object) -> KernelRef:
+    """The kernel ``adapter:NAME`` means: the adapter's ``default_target``, in the same grammar."""
+    default = getattr(adapter, "default_target", None)
+    if not default:
+        raise KernelResolutionError(
+            f"{str(ref)!r}: adapter {ref.name!r} has no default_target; name the kernel: "
+            f"adapter:{ref.name}:module:function"
+        )
+    try:
+        target = KernelRef.parse(str(default))
+    except KernelRefError as exc:
+        raise KernelResolutionError(f"adapter {ref.name!r}: its default_target: {exc}") from None
+    if target.kind is RefKind.ADAPTER:
+        raise KernelResolutionError(f"adapter {ref.name!r}: its default_target {default!r} is another adapter")
+    return target
 
 
 def not_applicable(kernel: object, spec: ProbeSpec) -> str | None:

@@ -658,6 +658,7 @@ def parse_script_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def script_main(argv: list[str] | None = None) -> int:
     from qmoe_doctor.cli.output import stderr_console, stdout_console
+    from qmoe_doctor.cli.render.bench import render_report
     from qmoe_doctor.core.shapes import get_preset
 
     args = parse_script_args(argv)
@@ -687,7 +688,7 @@ def script_main(argv: list[str] | None = None) -> int:
         request,
         command=" ".join(["benchmarks/bench_kernels.py", *(argv if argv is not None else sys.argv[1:])]),
     )
-    B.render_report(stdout_console(), report)
+    render_report(stdout_console(), report)
     err = stderr_console()
     if args.json_out:
         _write(report, args.json_out)

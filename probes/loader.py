@@ -1,6 +1,7 @@
-"""Resolve a ``--kernel`` reference to a callable ``fn(x, w, m_sizes) -> y`` (child side).
+"""Resolve a kernel reference to a callable ``fn(x, w, m_sizes) -> y`` (child side).
 
-References:
+The reference is parsed by the one grammar, ``qmoe_doctor.core.kernel_ref.KernelRef`` (the parent
+parsed and checked the same text before this child started); this module imports what it names:
 
 * ``builtin``: our ``moe_grouped_gemm``
 * ``specimen:NAME``: a deliberately faulty specimen (``qmoe-doctor specimens`` lists them)
@@ -22,70 +23,88 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from qmoe_doctor.core.kernel_ref import KernelRef, KernelRefError, RefKind
+
 KernelFn = Callable[..., Any]
 
 
 class KernelResolutionError(Exception):
-    """The kernel reference cannot be imported or does not have the expected signature."""
+    """The kernel reference cannot be imported or does not have the expected signature.
+
+    Its qualified name is how the parent classifies the probe's end (``kernel-import``, a usage
+    error): ``qmoe_doctor.core.error_kind``."""
 
 
-def split_ref(ref: str) -> tuple[str, str]:
-    """``"a.b:fn"`` -> ``("a.b", "fn")``; the last colon splits (Windows drive letters aside)."""
-    if ":" not in ref:
-        raise KernelResolutionError(
-            f"kernel reference {ref!r} has no ':function' part; use module:function, "
-            "path/to/file.py:function, specimen:NAME, torch:grouped_mm or builtin"
-        )
-    where, _, name = ref.rpartition(":")
-    if not where or not name:
-        raise KernelResolutionError(f"kernel reference {ref!r} is incomplete")
-    return where, name
+def as_ref(ref: str | KernelRef) -> KernelRef:
+    """``ref`` parsed (a ProbeSpec carries the canonical text). Raises KernelResolutionError."""
+    if isinstance(ref, KernelRef):
+        return ref
+    try:
+        return KernelRef.parse(ref)
+    except KernelRefError as exc:
+        raise KernelResolutionError(str(exc)) from None
+
+
+def load_kernel(ref: str | KernelRef) -> KernelFn:
+    """The callable ``ref`` names, with its signature checked. Raises KernelResolutionError."""
+    return _load(as_ref(ref))
 
 
 @functools.cache
-def load_kernel(ref: str) -> KernelFn:
-    if ref == "builtin":
-        from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm
+def _load(ref: KernelRef) -> KernelFn:
+    match ref.kind:
+        case RefKind.BUILTIN:
+            from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm
 
-        return moe_grouped_gemm
-    if ref == "torch:grouped_mm":
-        return torch_grouped_mm
-    if ref.startswith("adapter:"):
-        from qmoe_doctor.probes.adapters import load_adapted
+            return moe_grouped_gemm
+        case RefKind.TORCH:
+            return torch_grouped_mm
+        case RefKind.ADAPTER:
+            from qmoe_doctor.probes.adapters import load_adapted
 
-        return load_adapted(ref)
-    where, name = split_ref(ref)
-    if where == "specimen":
-        from qmoe_doctor.core.specimens import get_specimen, kernel_ref
+            return load_adapted(ref)
+        case RefKind.SPECIMEN:
+            standalone = _specimen_module(ref)
+            return _load(standalone)
+        case _:
+            fn = resolve_object(ref)
+            check_signature(fn, str(ref))
+            return fn  # type: ignore[no-any-return]
 
+
+def _specimen_module(ref: KernelRef) -> KernelRef:
+    from qmoe_doctor.core.specimens import get_specimen
+
+    try:
+        get_specimen(ref.name)
+    except KeyError as exc:
+        raise KernelResolutionError(str(exc.args[0])) from None
+    plain = ref.standalone()
+    assert plain is not None  # a specimen is always a module:function
+    return plain
+
+
+def resolve_object(ref: str | KernelRef) -> Any:
+    """The object a ``module:attr`` or ``path/to/file.py:attr`` reference names, with no
+    signature check (an adapter's target may be a class, a module-level op, anything its adapter
+    knows). Raises KernelResolutionError."""
+    ref = as_ref(ref)
+    if ref.kind is RefKind.FILE:
+        module = _load_file(ref.path)
+    elif ref.kind is RefKind.MODULE:
         try:
-            get_specimen(name)
-        except KeyError as exc:
-            raise KernelResolutionError(str(exc.args[0])) from None
-        return load_kernel(kernel_ref(name))
-    fn = resolve_object(ref)
-    check_signature(fn, ref)
-    return fn  # type: ignore[no-any-return]
-
-
-def resolve_object(ref: str) -> Any:
-    """The object ``module:attr`` or ``path/to/file.py:attr`` names, with no signature check
-    (an adapter's target may be a class, a module-level op, anything its adapter knows)."""
-    where, name = split_ref(ref)
-    if where.endswith(".py") or "/" in where:
-        module = _load_file(Path(where))
-    else:
-        try:
-            module = importlib.import_module(where)
+            module = importlib.import_module(ref.name)
         except Exception as exc:  # any import-time failure of the user's module
             raise KernelResolutionError(
-                f"cannot import module {where!r}: {type(exc).__name__}: {exc}"
+                f"cannot import module {ref.name!r}: {type(exc).__name__}: {exc}"
             ) from exc
-    fn = getattr(module, name, None)
+    else:
+        raise KernelResolutionError(f"{str(ref)!r} names no module:attr or path/to/file.py:attr")
+    fn = getattr(module, ref.attr, None)
     if fn is None:
         public = sorted(n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n)))
         raise KernelResolutionError(
-            f"{where!r} has no attribute {name!r}; callables there: {', '.join(public[:20]) or 'none'}"
+            f"{ref.name!r} has no attribute {ref.attr!r}; callables there: {', '.join(public[:20]) or 'none'}"
         )
     return fn
 

@@ -3,7 +3,7 @@
 CPU machines (CI) run Triton kernels through the interpreter: TRITON_INTERPRET must be set
 before triton is imported, so it is set here when no CUDA device is present. GPU tests are
 marked ``gpu`` / ``multigpu`` and skipped without the devices (run them on a GPU machine and
-record the run in docs/validation.md).
+record the run in docs/validation/gpu-tests.md).
 """
 
 from __future__ import annotations

@@ -1,10 +1,14 @@
 """The CLI is a skin: each command validates, calls the library, renders. See --help.
 
-Commands live in ``qmoe_doctor/cli/commands/<name>.py``; this module only wires them.
-Importing it must never import torch (a unit test checks).
+Commands live in ``qmoe_doctor/cli/commands/<name>.py``; this module only wires them, each
+inside ``cli.errors.guarded`` (one table from exceptions to messages and exit codes). Importing
+it must never import torch or triton (tests/unit/test_cli_contracts.py).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
 
@@ -19,6 +23,7 @@ from qmoe_doctor.cli.commands import parallel as _parallel
 from qmoe_doctor.cli.commands import repro as _repro
 from qmoe_doctor.cli.commands import scan as _scan
 from qmoe_doctor.cli.commands import specimens as _specimens
+from qmoe_doctor.cli.errors import guarded
 
 app = typer.Typer(
     name="qmoe-doctor",
@@ -42,23 +47,32 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
-    ),
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
 ) -> None:
     """qmoe-doctor: a doctor for multi-GPU memory faults in fused MoE kernels."""
 
 
-app.command("scan")(_scan.scan_command)
-app.command("check")(_check.check_command)
-app.command("repro")(_repro.repro_command)
-app.command("parallel")(_parallel.parallel_command)
-app.command("env")(_env.env_command)
-app.command("specimens")(_specimens.specimens_command)
-app.command("audit")(_audit.audit_command)
-app.command("lint")(_lint.lint_command)
-app.command("explain")(_explain.explain_command)
-app.command("bench")(_bench.bench_command)
+#: name -> command function, in the order --help lists them.
+COMMANDS: dict[str, Callable[..., Any]] = {
+    "scan": _scan.scan_command,
+    "check": _check.check_command,
+    "repro": _repro.repro_command,
+    "parallel": _parallel.parallel_command,
+    "env": _env.env_command,
+    "specimens": _specimens.specimens_command,
+    "audit": _audit.audit_command,
+    "lint": _lint.lint_command,
+    "explain": _explain.explain_command,
+    "bench": _bench.bench_command,
+}
+#: `check --json out.json` (when --json took a path) reaches the command, which answers with a
+#: hint to use --save, instead of click's bare "unexpected extra argument".
+_EXTRA_ARGS = {"check": {"allow_extra_args": True}}
+
+for _name, _command in COMMANDS.items():
+    app.command(_name, context_settings=_EXTRA_ARGS.get(_name))(guarded(_command))
 
 
 def main() -> None:

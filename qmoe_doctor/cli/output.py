@@ -1,31 +1,187 @@
 """One output sink: results to stdout, progress and logs to stderr. Commands never print.
 
-``--json`` output is the machine contract: every document carries ``schema_version`` and
-``kind`` so consumers can dispatch on it.
+Markup is off on both consoles. Every string that did not come from our own code (a ``--gpus``
+value, a kernel path or module name, an exception's message, a child's output) may hold text rich
+would read as markup, and ``[/]`` in it raised ``rich.errors.MarkupError`` mid-report. Our own
+styling goes through ``Text`` and ``style=``, never markup in a string.
+
+``--json`` writes the versioned document (``qmoe_doctor.reports.json``) to stdout; ``--save FILE``
+writes the same document to a file. Every output path is checked before any work starts
+(:func:`check_output_file`, :func:`check_output_dir`), and a write that still fails at the end (a
+full disk) lands in a fallback file whose path is said (:func:`save_text`): nothing computed is lost.
 """
 
 from __future__ import annotations
 
-import json
+import os
+import stat
 import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.text import Text
 
-from qmoe_doctor.reports.json import json_document
+from qmoe_doctor.reports.json import dumps, json_document, write_atomic
 
 
 def stdout_console() -> Console:
     """Results. Created per call so tests (CliRunner) capture the swapped sys.stdout."""
-    return Console(file=sys.stdout, highlight=False, soft_wrap=False)
+    return Console(file=sys.stdout, highlight=False, soft_wrap=False, markup=False, emoji=False)
 
 
 def stderr_console() -> Console:
     """Progress, warnings and logs."""
-    return Console(file=sys.stderr, highlight=False)
+    return Console(file=sys.stderr, highlight=False, markup=False, emoji=False)
+
+
+def error(message: str) -> None:
+    """One line on stderr: ``error: MESSAGE``."""
+    stderr_console().print(Text.assemble(("error: ", "bold red"), (message, "red")), soft_wrap=True)
+
+
+def warning(message: str) -> None:
+    stderr_console().print(Text.assemble(("warning: ", "bold yellow"), (message, "yellow")), soft_wrap=True)
+
+
+def note(message: str, style: str = "yellow") -> None:
+    """Progress-side information on stderr (what runs where, what was left out)."""
+    stderr_console().print(Text(message, style=style), soft_wrap=True)
+
+
+def emit_document(doc: dict[str, Any]) -> None:
+    """Write one JSON document to stdout."""
+    sys.stdout.write(dumps(doc))
+    sys.stdout.flush()
 
 
 def emit_json(kind: str, payload: Any) -> None:
-    """Write one versioned JSON document to stdout."""
-    sys.stdout.write(json.dumps(json_document(kind, payload), indent=2, allow_nan=True) + "\n")
-    sys.stdout.flush()
+    """Write one versioned JSON document (``schema_version``, ``kind``) to stdout."""
+    emit_document(json_document(kind, payload))
+
+
+# ---------------------------------------------------------------------------------------------
+# Output paths: checked before any work, written whole, never lost
+# ---------------------------------------------------------------------------------------------
+
+
+class OutputPathError(ValueError):
+    """An output path the run could not write: one line naming the option and the path."""
+
+
+def _probe_write(folder: Path, option: str, path: Path) -> None:
+    """Create and remove a file in ``folder``: what a read-only file system, a missing
+    permission or a quota says now rather than after the run."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".qmoe-doctor-", suffix=".probe", dir=folder)
+    except OSError as exc:
+        raise OutputPathError(f"{option} {path}: cannot write in {folder} ({exc.strerror or exc})") from None
+    os.close(fd)
+    Path(probe).unlink(missing_ok=True)
+
+
+def check_output_file(path: Path, *, option: str) -> Path:
+    """Refuse, before any work starts, a file the run could not write at its end: a folder, a
+    device (``/dev/full``), FIFO or socket, a missing or read-only folder. Returns ``path``."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise OutputPathError(f"{option} {path}: cannot use it ({exc.strerror or exc})") from None
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise OutputPathError(
+                f"{option} {path}: is a folder; give a file name, e.g. {path / 'report.json'}"
+            )
+        if not stat.S_ISREG(st.st_mode):
+            raise OutputPathError(
+                f"{option} {path}: is not a regular file (a device, FIFO or socket); give a file name"
+            )
+        if not os.access(path, os.W_OK):
+            raise OutputPathError(f"{option} {path}: the file is not writable")
+    folder = path.parent
+    if not folder.exists():
+        raise OutputPathError(f"{option} {path}: the folder {folder} does not exist")
+    if not folder.is_dir():
+        raise OutputPathError(f"{option} {path}: {folder} is not a folder")
+    # the report is written beside it first (path.tmp) and renamed: the folder must take a file
+    _probe_write(folder, option, path)
+    return path
+
+
+def check_output_dir(path: Path, *, option: str) -> Path:
+    """Refuse, before any work starts, a folder the run could not create or write in: an
+    existing file, a file on the way, a read-only parent. Creates nothing. Returns ``path``."""
+    existing = path
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        where = "" if existing == path else f" ({existing} is a file)"
+        raise OutputPathError(f"{option} {path}: is a file, not a folder{where}")
+    _probe_write(existing, option, path)
+    return path
+
+
+def check_outputs(
+    *, files: Mapping[str, Path | None] | None = None, dirs: Mapping[str, Path | None] | None = None
+) -> None:
+    """Every output path a command was given, option -> path (None: not given), checked before
+    any work starts: ``files`` are written at the end, ``dirs`` are folders the run writes in."""
+    for option, path in (files or {}).items():
+        if path is not None:
+            check_output_file(path, option=option)
+    for option, path in (dirs or {}).items():
+        if path is not None:
+            check_output_dir(path, option=option)
+
+
+def save_text(path: Path, text: str, *, what: str, fallback_dir: Path | None = None) -> Path:
+    """Write ``text`` to ``path`` whole (a temp file and a rename). If that fails now (a full
+    disk, a folder removed during the run), write it to ``fallback_dir`` (the run's log folder)
+    or the temp folder, say where on stderr, and return that path: nothing computed is lost."""
+    try:
+        write_atomic(path, text)
+        return path
+    except OSError as exc:
+        failure = exc
+    folders = [f for f in (fallback_dir, Path(tempfile.gettempdir())) if f is not None]
+    for folder in folders:
+        spare = folder / f"{path.stem}.unsaved{path.suffix}"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            write_atomic(spare, text)
+        except OSError:
+            continue
+        warning(f"could not write {what} to {path} ({failure.strerror or failure}); it is in {spare}")
+        return spare
+    raise OutputPathError(
+        f"could not write {what} to {path} ({failure.strerror or failure}), nor to "
+        + ", ".join(str(f) for f in folders)
+    )
+
+
+def save_document(path: Path, doc: dict[str, Any], *, fallback_dir: Path | None = None) -> Path:
+    """Write a JSON document (``--save``) whole; see :func:`save_text`."""
+    return save_text(path, dumps(doc), what="the JSON report", fallback_dir=fallback_dir)
+
+
+__all__ = [
+    "OutputPathError",
+    "check_output_dir",
+    "check_output_file",
+    "check_outputs",
+    "emit_document",
+    "emit_json",
+    "error",
+    "note",
+    "save_document",
+    "save_text",
+    "stderr_console",
+    "stdout_console",
+    "warning",
+]

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from qmoe_doctor.core.compat import StrEnum
+from qmoe_doctor.core.inputs import InputError, read_bytes
 from qmoe_doctor.core.records import SCHEMA_VERSION
 from qmoe_doctor.core.shapes import MoEShape
 
@@ -232,6 +233,12 @@ def audit_shape(
 
 # --------------------------------------------------------------------------- HF configs
 
+#: A model config.json is a few KiB; a file far larger is not one.
+MAX_CONFIG_BYTES = 16 * 2**20
+#: Larger than any expert count or width (2**31 elements of offset is the audit's own subject);
+#: a value past it is a corrupt config, and printing it would pass Python's int-to-str limit.
+MAX_CONFIG_INT = 2**40
+
 #: The config keys a MoE shape is read from; the first name of each tuple is the canonical
 #: Qwen3-MoE key, the others are accepted aliases (DeepSeek, Mixtral spell the expert count so).
 _INT_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -258,6 +265,10 @@ def _read_int(cfg: Mapping[str, Any], key: str, aliases: tuple[str, ...], where:
         )
     if value <= 0:
         raise ConfigError(f"{path}: {where + name!r} must be a positive integer, got {value}.")
+    if value > MAX_CONFIG_INT:
+        raise ConfigError(
+            f"{path}: {where + name!r} is {len(str(value))} digits long; no model dimension is that large."
+        )
     return value
 
 
@@ -271,20 +282,27 @@ def load_hf_config(path: str | Path) -> MoEShape:
     a positive integer.
     """
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{p}: is a directory; pass the config.json inside it.")
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: no such file.") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{p}: is a directory; pass the config.json inside it.") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{p}: cannot be read: {exc}.") from None
+        # bounded, special files (/dev/zero, a FIFO) refused before a byte is read
+        raw = read_bytes(p, limit=MAX_CONFIG_BYTES, gunzip=False)
+    except InputError as exc:
+        raise ConfigError(f"{exc}.") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: cannot be read: not UTF-8 text (byte {exc.start}).") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(
             f"{p}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}."
         ) from None
+    except RecursionError:
+        raise ConfigError(f"{p}: JSON nested too deep to read (a model config is a few levels deep).") from None
+    except ValueError as exc:  # an integer of thousands of digits (int_max_str_digits)
+        raise ConfigError(f"{p}: a value is out of range: {exc}.") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a JSON object (a model config), got {type(data).__name__}.")
 

@@ -1,88 +1,290 @@
-"""Kernel adapters, parent side: the ``--kernel adapter:...`` syntax and which adapters exist.
+"""The one ``--kernel`` grammar: ``KernelRef.parse`` for every form, checked in the parent,
+resolved in the child, rendered into repro scripts, always from the same record.
 
 qmoe-doctor calls every kernel as ``fn(x, w, m_sizes) -> y`` (x (M, K) rows sorted by expert,
-w (E, N, K), m_sizes (E,) int32 rows per expert). A kernel with another signature plugs in
-through an *adapter*: a small object that turns the user's kernel into that callable and says
-what the kernel can take (dtypes, contiguous inputs only, CPU tensors or not). The protocol and
-its loading live on the child side, in ``qmoe_doctor.probes.adapters``; this module only parses
-references and reads package metadata, so the parent never imports an adapter (an adapter
-module imports the kernel library, which imports torch).
+w (E, N, K), m_sizes (E,) int32 rows per expert). The forms::
 
-``--kernel`` forms::
+    builtin                      our moe_grouped_gemm
+    torch:grouped_mm             torch._grouped_mm behind our signature (a control that should pass)
+    specimen:NAME                a deliberately faulty specimen (`qmoe-doctor specimens`)
+    module.path:function         imported with importlib (in the probe child)
+    path/to/file.py:function     loaded from the file (in the probe child)
+    adapter:NAME                 a kernel adapter's own default kernel (its ``default_target``)
+    adapter:NAME:TARGET          the adapter applied to TARGET, any form above but an adapter
 
-    adapter:NAME               the adapter's own default kernel (its ``default_target``)
-    adapter:NAME:TARGET        the adapter applied to TARGET, which is module:attr,
-                               path/to/file.py:attr, builtin or specimen:NAME
+An adapter turns a kernel of another signature into that callable; NAME is an entry point of the
+group ``qmoe_doctor.adapters`` (how a kernel library ships one) or the dotted ``module.attr``
+of an adapter object. The protocol and its loading live on the child side
+(``qmoe_doctor.probes.adapters``).
 
-NAME is an entry point in the group ``qmoe_doctor.core.kernel_ref`` (how a kernel library ships its
-adapter), or a dotted ``module.attr`` path to an adapter object (no packaging needed).
+Three stages, three places, one record:
+
+* ``KernelRef.parse(text)`` (anywhere): the form, or ``KernelRefError``. ``str(ref)`` gives the
+  canonical text back; it is what ``ProbeSpec.kernel`` carries across the process boundary.
+* ``ref.validate()`` (the parent, before any child starts): what can be known without importing
+  the kernel, whose package imports torch: the specimen exists, the file is a regular file, the
+  module's top-level package is installed (found by the import system's finders, nothing
+  executed), the adapter is an installed entry point or a dotted path.
+* ``qmoe_doctor.probes.loader.load_kernel`` (the child): imports and checks the signature.
+
+``source_path()`` finds the kernel's source file without importing it (what ``check`` lints) and
+``standalone()`` the plain reference a repro script can import without qmoe-doctor.
+
+Stdlib only; imports nothing of ours outside ``core``.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.metadata
+import importlib.util
+import os
 import re
-from dataclasses import dataclass
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 
-#: Entry-point group a kernel library registers its adapter under (pyproject.toml):
-#: ``[project.entry-points."qmoe_doctor.core.kernel_ref"]  mylib = "mylib.qmoe:ADAPTER"``
-ENTRY_POINT_GROUP = "qmoe_doctor.core.kernel_ref"
-ADAPTER_PREFIX = "adapter:"
-#: Kernel references the loader resolves by name (no module import needed to name them).
-NAMED_REFS = ("builtin", "torch:grouped_mm")
+from qmoe_doctor.core import knobs
+from qmoe_doctor.core.compat import StrEnum
+from qmoe_doctor.core.inputs import InputError, check_regular_file
+from qmoe_doctor.core.specimens import SPECIMEN_PACKAGE, get_specimen
 
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+#: Entry-point group a kernel library registers its adapter under (its pyproject.toml):
+#: ``[project.entry-points."qmoe_doctor.adapters"]  mylib = "mylib.qmoe:ADAPTER"``. Public: kernel
+#: libraries ship under this name, so it never follows the module's own path.
+ENTRY_POINT_GROUP = "qmoe_doctor.adapters"
 
-__all__ = [
-    "ADAPTER_PREFIX",
-    "ENTRY_POINT_GROUP",
-    "AdapterRef",
-    "installed_adapters",
-    "is_adapter_ref",
-    "parse_adapter_ref",
-    "validate_adapter_ref",
-]
+#: Every form, for help texts and error messages.
+FORMS = (
+    "builtin, torch:grouped_mm, specimen:NAME, module.path:function, path/to/file.py:function "
+    "or adapter:NAME[:TARGET]"
+)
+
+#: Where our own kernel lives once installed (kernels/grouped_gemm.py in the repository).
+BUILTIN_MODULE = "qmoe_doctor.kernels.grouped_gemm"
+BUILTIN_FUNCTION = "moe_grouped_gemm"
+#: The torch control's wrapper (child side): what a script imports for ``torch:grouped_mm``.
+TORCH_CONTROL = "qmoe_doctor.probes.loader:torch_grouped_mm"
+
+_ADAPTER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+_SPECIMEN_NAME = re.compile(r"[A-Za-z0-9_]+")
+
+
+class RefKind(StrEnum):
+    BUILTIN = "builtin"
+    TORCH = "torch"  # torch:grouped_mm
+    SPECIMEN = "specimen"
+    MODULE = "module"  # module.path:function
+    FILE = "file"  # path/to/file.py:function
+    ADAPTER = "adapter"  # adapter:NAME[:TARGET]
+
+
+class KernelRefError(ValueError):
+    """A kernel reference that is malformed or names nothing: one line, naming the reference."""
+
+    def __init__(self, text: str, problem: str) -> None:
+        super().__init__(f"--kernel {text!r}: {problem}")
+        self.text = text
+        self.problem = problem
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class AdapterRef:
-    """``adapter:NAME[:TARGET]`` taken apart."""
+class KernelRef:
+    """One ``--kernel`` reference taken apart. Build it with :meth:`parse`."""
 
-    name: str  # entry-point name, or module.attr of an adapter object
-    target: str | None  # the kernel reference the adapter wraps; None: its default_target
+    kind: RefKind
+    # specimen:NAME and adapter:NAME: the NAME; module refs: the dotted module; file refs: the
+    # path as given (the child resolves it from the same working directory)
+    name: str = ""
+    attr: str = ""  # module and file refs: the function (or, as an adapter's target, any object)
+    target: KernelRef | None = None  # adapter:NAME:TARGET; None: the adapter's default_target
+
+    # -- parsing and the canonical text ------------------------------------------------------
+
+    @classmethod
+    def parse(cls, text: str) -> KernelRef:
+        """The reference ``text`` names. Raises KernelRefError saying what is wrong."""
+        raw = text.strip()
+        if not raw:
+            raise KernelRefError(text, f"empty kernel reference; give one of {FORMS}")
+        if raw.startswith("adapter:"):
+            return cls._parse_adapter(text, raw)
+        return cls._parse_plain(text, raw)
+
+    @classmethod
+    def _parse_adapter(cls, text: str, raw: str) -> KernelRef:
+        name, colon, rest = raw.removeprefix("adapter:").partition(":")
+        if not _ADAPTER_NAME.fullmatch(name):
+            raise KernelRefError(
+                text,
+                "expected adapter:NAME or adapter:NAME:TARGET, NAME an installed adapter (entry point) "
+                "or the module.attr of an adapter object",
+            )
+        if not colon:
+            return cls(kind=RefKind.ADAPTER, name=name)
+        if not rest.strip():
+            raise KernelRefError(text, "the adapter's TARGET after 'adapter:NAME:' is empty")
+        if rest.startswith("adapter:"):
+            raise KernelRefError(text, "an adapter's TARGET cannot be another adapter")
+        try:
+            target = cls._parse_plain(rest, rest.strip())
+        except KernelRefError as exc:
+            raise KernelRefError(text, f"the adapter's TARGET {rest!r}: {exc.problem}") from None
+        return cls(kind=RefKind.ADAPTER, name=name, target=target)
+
+    @classmethod
+    def _parse_plain(cls, text: str, raw: str) -> KernelRef:
+        """Every form but an adapter."""
+        if raw == "builtin":
+            return cls(kind=RefKind.BUILTIN)
+        if raw == "torch:grouped_mm":
+            return cls(kind=RefKind.TORCH)
+        if ":" not in raw:
+            raise KernelRefError(
+                text, f"expected module:function or path/to/file.py:function (the forms: {FORMS})"
+            )
+        if raw.startswith("specimen:"):
+            name = raw.removeprefix("specimen:")
+            if not _SPECIMEN_NAME.fullmatch(name):
+                raise KernelRefError(text, "expected specimen:NAME; `qmoe-doctor specimens` lists them")
+            return cls(kind=RefKind.SPECIMEN, name=name)
+        # The last colon splits: a file path may hold colons (a Windows drive), a function not.
+        where, _, attr = raw.rpartition(":")
+        if not where:
+            raise KernelRefError(text, "nothing before ':'; expected module:function or path/to/file.py:function")
+        if not attr.isidentifier():
+            raise KernelRefError(
+                text,
+                f"{attr!r} after the last ':' is not a function name; expected module:function or "
+                "path/to/file.py:function",
+            )
+        if where.endswith(".py") or "/" in where or os.sep in where:
+            return cls(kind=RefKind.FILE, name=where, attr=attr)
+        if not all(part.isidentifier() for part in where.split(".")):
+            raise KernelRefError(
+                text,
+                f"{where!r} is neither a module path (dotted names) nor a .py file; expected "
+                "module:function or path/to/file.py:function",
+            )
+        return cls(kind=RefKind.MODULE, name=where, attr=attr)
+
+    def __str__(self) -> str:
+        match self.kind:
+            case RefKind.BUILTIN:
+                return "builtin"
+            case RefKind.TORCH:
+                return "torch:grouped_mm"
+            case RefKind.SPECIMEN:
+                return f"specimen:{self.name}"
+            case RefKind.ADAPTER:
+                return f"adapter:{self.name}" + (f":{self.target}" if self.target is not None else "")
+            case _:
+                return f"{self.name}:{self.attr}"
 
     @property
-    def dotted(self) -> bool:
-        """NAME may be a ``module.attr`` path (used when no entry point has that name)."""
-        return "." in self.name.strip(".")
+    def path(self) -> Path:
+        """A file reference's path, as given."""
+        return Path(self.name)
+
+    # -- the parent's check ------------------------------------------------------------------
+
+    def validate(self) -> KernelRef:
+        """What the parent can check without importing the kernel (the child checks the rest:
+        that it imports and has the signature). Returns ``self``; raises KernelRefError."""
+        self._validate()
+        return self
+
+    def _validate(self) -> None:
+        text = str(self)
+        match self.kind:
+            case RefKind.SPECIMEN:
+                try:
+                    get_specimen(self.name)
+                except KeyError as exc:
+                    raise KernelRefError(text, str(exc.args[0])) from None
+            case RefKind.FILE:
+                if not self.path.exists():
+                    raise KernelRefError(text, f"kernel file {self.name!r} does not exist")
+                try:
+                    check_regular_file(self.path)
+                except InputError as exc:
+                    raise KernelRefError(text, f"kernel file {exc}") from None
+            case RefKind.MODULE:
+                _check_findable(text, self.name, what="module")
+            case RefKind.ADAPTER:
+                if self.target is not None:
+                    try:
+                        self.target._validate()
+                    except KernelRefError as exc:
+                        raise KernelRefError(text, f"the adapter's TARGET: {exc.problem}") from None
+                installed = installed_adapters()
+                if self.name not in installed:
+                    module, dot, _ = self.name.strip(".").rpartition(".")
+                    if not dot:
+                        known = ", ".join(sorted(installed)) or "none installed"
+                        raise KernelRefError(
+                            text,
+                            f"no adapter named {self.name!r} in the entry-point group {ENTRY_POINT_GROUP!r} "
+                            f"(installed: {known}); give an installed adapter's name or the module.attr "
+                            "of an adapter object",
+                        )
+                    _check_findable(text, module, what="adapter module")
+            case RefKind.BUILTIN | RefKind.TORCH:
+                pass
+
+    # -- what check lints, what a script imports ---------------------------------------------
+
+    def source_path(self) -> Path | None:
+        """The kernel's Python source file, found without importing it or its packages (a
+        kernel package's ``__init__`` imports torch); None when there is none to find (the
+        torch control, an adapter's default target, a module that is not installed here)."""
+        match self.kind:
+            case RefKind.BUILTIN:
+                return module_source(BUILTIN_MODULE)
+            case RefKind.SPECIMEN:
+                try:
+                    info = get_specimen(self.name)
+                except KeyError:
+                    return None
+                return module_source(f"{SPECIMEN_PACKAGE}.{info.module}")
+            case RefKind.MODULE:
+                return module_source(self.name)
+            case RefKind.FILE:
+                return self.path if self.path.is_file() else None
+            case RefKind.ADAPTER:
+                return self.target.source_path() if self.target is not None else None
+            case _:
+                return None
+
+    def standalone(self) -> KernelRef | None:
+        """The plain ``module:function`` or absolute ``file.py:function`` a script imports
+        with no qmoe-doctor loader; None for an adapter (only the loader applies one)."""
+        match self.kind:
+            case RefKind.BUILTIN:
+                return KernelRef(kind=RefKind.MODULE, name=BUILTIN_MODULE, attr=BUILTIN_FUNCTION)
+            case RefKind.TORCH:
+                return KernelRef.parse(TORCH_CONTROL)
+            case RefKind.SPECIMEN:
+                return KernelRef.parse(get_specimen(self.name).ref)
+            case RefKind.ADAPTER:
+                return None
+            case _:
+                return self.absolute()
+
+    def absolute(self) -> KernelRef:
+        """The same reference with file paths made absolute (a script may run elsewhere)."""
+        if self.kind is RefKind.FILE:
+            return replace(self, name=str(self.path.resolve()))
+        if self.kind is RefKind.ADAPTER and self.target is not None:
+            return replace(self, target=self.target.absolute())
+        return self
 
 
-def is_adapter_ref(ref: str) -> bool:
-    return ref.startswith(ADAPTER_PREFIX)
-
-
-def parse_adapter_ref(ref: str) -> AdapterRef:
-    """Split ``adapter:NAME[:TARGET]``. Raises ValueError with the expected form."""
-    if not is_adapter_ref(ref):
-        raise ValueError(f"{ref!r} is not an adapter reference (adapter:NAME[:TARGET])")
-    name, sep, target = ref[len(ADAPTER_PREFIX) :].partition(":")
-    if not _NAME.fullmatch(name):
-        raise ValueError(
-            f"{ref!r}: expected adapter:NAME or adapter:NAME:TARGET, NAME an installed adapter "
-            "(entry point) or module.attr of an adapter object"
-        )
-    if not sep:
-        return AdapterRef(name=name, target=None)
-    if target in NAMED_REFS:
-        return AdapterRef(name=name, target=target)
-    where, colon, attr = target.rpartition(":")
-    if not colon or not where or not attr:
-        raise ValueError(
-            f"{ref!r}: the target {target!r} must be module:attr, path/to/file.py:attr, "
-            "builtin or specimen:NAME"
-        )
-    return AdapterRef(name=name, target=target)
+# ---------------------------------------------------------------------------------------------
+# Finding modules without importing them
+# ---------------------------------------------------------------------------------------------
 
 
 def installed_adapters() -> dict[str, str]:
@@ -91,27 +293,81 @@ def installed_adapters() -> dict[str, str]:
     return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def validate_adapter_ref(ref: str) -> AdapterRef:
-    """What the parent can check without importing the adapter (the child checks the rest):
-    the form, that NAME exists, that a file target exists. Raises ValueError."""
-    parsed = parse_adapter_ref(ref)
-    installed = installed_adapters()
-    if parsed.name not in installed and not parsed.dotted:
-        known = ", ".join(sorted(installed)) or "none installed"
-        raise ValueError(
-            f"{ref!r}: no adapter named {parsed.name!r} in the entry-point group {ENTRY_POINT_GROUP!r} "
-            f"({known}); give an installed adapter's name or the module.attr of an adapter object"
-        )
-    target = parsed.target
-    if target is not None and target not in NAMED_REFS:
-        where, _, name = target.rpartition(":")
-        if where == "specimen":
-            from qmoe_doctor.core.specimens import get_specimen
+def _child_paths() -> list[str]:
+    """Where the probe child also looks for modules beyond this process's ``sys.path``: its
+    working directory (``python -m`` puts it first) and PYTHONPATH as the child inherits it."""
+    extra = [os.getcwd()]
+    extra += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return [p for p in extra if p not in sys.path]
 
-            try:
-                get_specimen(name)
-            except KeyError as exc:
-                raise ValueError(str(exc.args[0])) from None
-        elif where.endswith(".py") and not Path(where).is_file():
-            raise ValueError(f"{ref!r}: kernel file {where!r} does not exist")
-    return parsed
+
+def _find_top_level(name: str) -> ModuleSpec | None:
+    """The spec of a top-level module: the import system's finders, nothing executed."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        spec = importlib.machinery.PathFinder.find_spec(name, _child_paths())
+    return spec
+
+
+def _find_submodule(fullname: str, locations: Sequence[str]) -> ModuleSpec | None:
+    """A submodule's spec from its parent's search locations, asking the meta-path finders as
+    the import system would but without importing the parent (an editable install maps
+    ``qmoe_doctor.kernels`` through a finder of its own)."""
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        if find is None:
+            continue
+        try:
+            spec = find(fullname, list(locations))
+        except Exception:  # a third-party finder that cannot answer for this name
+            continue
+        if spec is not None:
+            return spec  # type: ignore[no-any-return]
+    return None
+
+
+def module_source(module: str) -> Path | None:
+    """The source file of a dotted module (a package's ``__init__.py``), found without executing
+    it or any of its packages; None when it is not found or is not Python source."""
+    parts = module.split(".")
+    if not all(p.isidentifier() for p in parts):
+        return None
+    spec = _find_top_level(parts[0])
+    for i in range(1, len(parts)):
+        if spec is None or spec.submodule_search_locations is None:
+            return None
+        spec = _find_submodule(".".join(parts[: i + 1]), spec.submodule_search_locations)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    path = Path(spec.origin)
+    return path if path.is_file() else None
+
+
+def _check_findable(text: str, module: str, *, what: str) -> None:
+    """Refuse a module whose top-level package this Python cannot find. Skipped when the probe
+    children run another interpreter (QMOE_DOCTOR_CHILD_PYTHON): that one is the judge."""
+    if os.environ.get(knobs.QMOE_CHILD_PYTHON):
+        return
+    top = module.split(".")[0]
+    if _find_top_level(top) is None:
+        raise KernelRefError(
+            text,
+            f"cannot find the {what} {module!r}: no top-level {top!r} is installed in this Python, "
+            "in the working directory or on PYTHONPATH",
+        )
+
+
+__all__ = [
+    "BUILTIN_FUNCTION",
+    "BUILTIN_MODULE",
+    "ENTRY_POINT_GROUP",
+    "FORMS",
+    "KernelRef",
+    "KernelRefError",
+    "RefKind",
+    "installed_adapters",
+    "module_source",
+]

@@ -13,11 +13,9 @@ and one ``run(kernel)`` per condition. Nothing here imports torch.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from qmoe_doctor import __version__
+from qmoe_doctor.core.kernel_ref import KernelRef
 from qmoe_doctor.core.records import Condition, ProbeSpec
-from qmoe_doctor.core.specimens import get_specimen
 
 #: Conditions a script can be written for (the ones the repro shrink can end on, and a few more).
 PAIR_SCRIPT_CONDITIONS = frozenset(
@@ -54,19 +52,13 @@ class UnsupportedCondition(ValueError):
 
 def script_kernel_ref(kernel: str) -> tuple[str, bool]:
     """The reference the script imports, and whether it needs qmoe-doctor's own loader
-    (adapters and the torch control have no plain ``module:function`` of the user's)."""
-    if kernel == "builtin":
-        return "qmoe_doctor.kernels.grouped_gemm:moe_grouped_gemm", False
-    if kernel == "torch:grouped_mm":
-        return "qmoe_doctor.probes.loader:torch_grouped_mm", False
-    if kernel.startswith("adapter:"):
-        return kernel, True
-    where, _, name = kernel.rpartition(":")
-    if where == "specimen":
-        return get_specimen(name).ref, False
-    if where.endswith(".py") or "/" in where:
-        return f"{Path(where).resolve()}:{name}", False
-    return kernel, False
+    (an adapter has no plain ``module:function`` of the user's). File paths are made absolute:
+    the script may run from another folder."""
+    ref = KernelRef.parse(kernel)
+    plain = ref.standalone()
+    if plain is None:
+        return str(ref.absolute()), True
+    return str(plain), False
 
 
 def script_name(cause: str | None, condition: Condition) -> str:
@@ -175,10 +167,13 @@ _CONDITION_DOC = {
     Condition.SIZES_RACE: "as peer, with m_sizes still being written on B's stream (stale values)",
 }
 
-# The script's kernel loader (also the per-rank scripts', reproscript_parallel.py).
+# The script's kernel loader (also the per-rank scripts', parallel_script.py). A script stands
+# alone, so it carries its own few lines: KERNEL is always a plain reference rendered by
+# script_kernel_ref (module:function or an absolute file.py:function), or an adapter reference
+# handed to qmoe-doctor's loader.
 LOAD_KERNEL = '''
 def load_kernel(ref):
-    """``module:function`` or ``path/to/file.py:function``."""
+    """``module:function`` or ``/path/to/file.py:function``."""
     if USE_QMOE_LOADER:
         from qmoe_doctor.probes.loader import load_kernel as qmoe_load
 

@@ -14,7 +14,7 @@ reference:
 Data flows one way::
 
     BenchRequest --(JSON argument)--> python -m qmoe_doctor.probes.bench --> BenchReport (JSON file)
-    BenchReport --render_report--> terminal (rich) | JSON document (kind "bench") | PNG (bench_plot)
+    BenchReport --cli.render.bench--> terminal (rich) | JSON document (kind "bench") | PNG (reports.plot)
 
 The measuring happens in a child process (a fresh interpreter, pinned to the chosen GPUs by
 UUID); this module never imports torch. ``load_report`` also reads the single-shape JSON of the
@@ -26,24 +26,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import os
-import select
-import signal
-import subprocess
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-
 from qmoe_doctor.core import knobs
 from qmoe_doctor.core.records import SCHEMA_VERSION, from_jsonable, to_json
-from qmoe_doctor.isolate.worker_pool import child_env, child_python
+from qmoe_doctor.isolate.one_shot import ChildRun, stream_child
+from qmoe_doctor.isolate.process import SpawnError, child_env, child_python
 from qmoe_doctor.machine.inventory import GpuInfo, child_cuda_env
 
 KIND = "bench"
@@ -109,9 +101,6 @@ TINY_MAX_TOKENS = 256
 #: How long the whole measuring child may take. Escape hatch: --timeout (large presets with the
 #: per-expert-loop block at many tokens take minutes; a cold Triton cache adds compile time).
 DEFAULT_TIMEOUT_S = 1800.0
-TAIL_LINES = 40
-#: How long a timed-out child gets to dump its stacks (faulthandler on SIGUSR1) before SIGKILL.
-STACK_DUMP_WAIT_S = 0.5
 #: What `qmoe-doctor bench` writes under --out.
 BENCH_FILES: Mapping[str, str] = {"json": "bench.json", "plot": "bench.png", "log": "bench.log"}
 
@@ -361,14 +350,6 @@ def _from_legacy(doc: Mapping[str, Any]) -> BenchReport:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ChildRun:
-    returncode: int | None  # None: killed at the timeout
-    tail: str  # the last lines it wrote (stdout and stderr together)
-    wall_s: float
-    lines: list[str] = field(default_factory=list)
-
-
 def child_command(request: BenchRequest, python: str | None = None) -> list[str]:
     return [child_python(python), "-m", CHILD_MODULE, to_json(request)]
 
@@ -382,96 +363,6 @@ def child_environment(gpus: Sequence[GpuInfo], *, tiny: bool) -> dict[str, str]:
     else:
         extra[knobs.TRITON_INTERPRET] = "0"  # an inherited 1 would time the interpreter
     return child_env(extra)
-
-
-def stream_child(
-    argv: Sequence[str],
-    env: Mapping[str, str],
-    *,
-    timeout_s: float,
-    on_line: Callable[[str], None] | None = None,
-    log_path: Path | None = None,
-) -> ChildRun:
-    """Run argv in a session of its own, passing each line it writes (stdout and stderr
-    together) to ``on_line`` and to ``log_path``; at the timeout its process group is killed."""
-    t0 = time.monotonic()
-    log = open(log_path, "w", encoding="utf-8") if log_path is not None else None
-    lines: list[str] = []
-    try:
-        proc = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=dict(env),
-            start_new_session=True,  # a group of its own: a timeout kills it whole
-        )
-    except OSError as exc:
-        if log is not None:
-            log.close()
-        raise BenchError(f"cannot start {argv[0]}: {exc}") from exc
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    buffer = b""
-
-    def take(raw: bytes) -> None:
-        line = raw.decode("utf-8", "replace").rstrip("\r")
-        lines.append(line)
-        if log is not None:
-            log.write(line + "\n")
-            log.flush()
-        if on_line is not None:
-            on_line(line)
-
-    def pump(until: float) -> bool:
-        """Pass on what the child writes until EOF (True) or the deadline (False)."""
-        nonlocal buffer
-        while True:
-            remaining = until - time.monotonic()
-            if remaining <= 0:
-                return False
-            readable, _, _ = select.select([fd], [], [], min(remaining, 0.5))
-            if not readable:
-                continue
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                return True
-            buffer += chunk
-            *complete, buffer = buffer.split(b"\n")
-            for raw in complete:
-                take(raw)
-
-    try:
-        deadline = t0 + timeout_s
-        timed_out = not pump(deadline)
-        if not timed_out:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                timed_out = True  # it closed its output but did not exit
-        if timed_out:
-            with contextlib.suppress(OSError):
-                os.kill(proc.pid, signal.SIGUSR1)  # the child's faulthandler: its stacks to the log
-            pump(time.monotonic() + STACK_DUMP_WAIT_S)
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)  # the child leads its own group
-        if buffer:
-            take(buffer)
-        returncode = proc.wait()
-    finally:
-        if proc.returncode is None:
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        proc.stdout.close()
-        if log is not None:
-            log.close()
-    return ChildRun(
-        returncode=None if timed_out else returncode,
-        tail="\n".join(lines[-TAIL_LINES:]),
-        wall_s=time.monotonic() - t0,
-        lines=lines,
-    )
 
 
 def run_bench(
@@ -491,13 +382,16 @@ def run_bench(
     with contextlib.suppress(FileNotFoundError):
         result.unlink()
     request = dataclasses.replace(request, result_path=str(result.resolve()))
-    run = stream_child(
-        child_command(request, python),
-        child_environment(gpus, tiny=request.tiny),
-        timeout_s=timeout_s,
-        on_line=on_line,
-        log_path=workdir / BENCH_FILES["log"],
-    )
+    try:
+        run: ChildRun = stream_child(
+            child_command(request, python),
+            child_environment(gpus, tiny=request.tiny),
+            timeout_s=timeout_s,
+            on_line=on_line,
+            log_path=workdir / BENCH_FILES["log"],
+        )
+    except SpawnError as exc:
+        raise BenchError(str(exc)) from exc
     if run.returncode is None:
         raise BenchError(f"the benchmark child did not finish in {timeout_s:.0f} s (killed)", tail=run.tail)
     if run.returncode != 0:
@@ -533,137 +427,6 @@ def write_json(report: BenchReport, path: Path, files: Mapping[str, str | None] 
     )
 
 
-# --------------------------------------------------------------------------------------------
-# Rendering (rich)
-# --------------------------------------------------------------------------------------------
-
-
-def _fmt_tflops(r: BenchRow | None, timed: bool) -> Text:
-    if r is None:
-        return Text("-", style="dim")
-    if r.note and r.ms is None:
-        return Text("failed", style="red")
-    if not timed or r.tflops is None:
-        return Text("ran", style="green")
-    text = Text(f"{r.tflops:.1f}", style="bold" if r.impl in OURS else "")
-    if r.frac_dense is not None and r.impl != DENSE:
-        text.append(f" {r.frac_dense:.0%}", style="dim")
-    return text
-
-
-def _max_err(rows: Sequence[BenchRow]) -> str:
-    errs = [r.rel_err for r in rows if r.rel_err is not None and not math.isnan(r.rel_err)]
-    return f"{max(errs):.1e}" if errs else "-"
-
-
-def header_lines(report: BenchReport) -> list[str]:
-    s = report.shape
-    gpus = f" (GPU {', '.join(str(i) for i in report.gpus)})" if report.gpus else ""
-    lines = [
-        f"{report.device}{gpus} | torch {report.torch} | triton {report.triton} | {report.dtype} | "
-        f"preset {report.preset}: E={s.e} N={s.n} K={s.k} top_k={s.top_k} (block H={s.hidden} I={s.intermediate})"
-    ]
-    if report.routing != "random":
-        lines.append(
-            f"GEMM rows routed {report.routing}: every expert M/E rows (the block rows use the block's router)"
-        )
-    if report.timed:
-        lines.append(
-            f"TFLOP/s ({report.timing}); the dim % is the fraction of one dense GEMM of the same FLOPs"
-        )
-    else:
-        lines.append(
-            "CPU smoke run (Triton interpreter): nothing timed, no speed claims ('ran': it ran, and was compared where there is a reference)"
-        )
-    return lines
-
-
-def gemm_table(report: BenchReport) -> Table:
-    has_block = any(op in BLOCK_OPS for op in report.ops())
-    table = Table(title="Grouped GEMMs" + (" and the MoE block" if has_block else ""), title_justify="left")
-    table.add_column("op", no_wrap=True)
-    table.add_column("implementation", no_wrap=True)
-    for t in report.tokens:
-        m = next((r.m for r in report.rows if r.tokens == t), t * report.shape.top_k)
-        table.add_column(f"{t} tok\nM={m}", justify="right")
-    table.add_column("max rel err", justify="right")
-    for op in report.ops():
-        for i, impl in enumerate(report.impls(op)):
-            cells = [_fmt_tflops(report.row(op, impl, t), report.timed) for t in report.tokens]
-            rows = [r for r in report.rows if r.op == op and r.impl == impl]
-            table.add_row(
-                OP_LABEL[op] if i == 0 else "",
-                impl,
-                *cells,
-                _max_err(rows),
-                end_section=i == len(report.impls(op)) - 1,
-            )
-    return table
-
-
-def placement_table(report: BenchReport) -> Table:
-    a, b = "a = cuda:0", "b = cuda:1"
-    if len(report.gpus) >= 2:
-        a, b = f"{a} (GPU {report.gpus[0]})", f"{b} (GPU {report.gpus[1]})"
-    table = Table(title=f"Forward per placement: {a}, {b}; operands on b", title_justify="left")
-    for name, justify in (
-        ("tokens", "right"),
-        ("placement", "left"),
-        ("kernel", "left"),
-        ("current", "right"),
-        ("peer a->b", "left"),
-        ("ms", "right"),
-        ("TFLOP/s", "right"),
-        ("x guarded", "right"),
-        ("x guarded (scan)", "right"),
-        ("rel err", "right"),
-    ):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    for r in report.placement:
-        slow = Text("-", style="dim")
-        if r.slowdown_scan is not None:
-            flagged = r.slowdown_scan >= report.slow_factor
-            slow = Text(f"{r.slowdown_scan:.1f}x", style="yellow" if flagged else "green")
-        table.add_row(
-            str(r.tokens),
-            r.placement,
-            r.kernel,
-            f"cuda:{r.current}",
-            "on" if r.peer_enabled else "off",
-            f"{r.ms:.3f}"
-            if r.ms is not None
-            else Text("failed" if r.note else "-", style="red" if r.note else "dim"),
-            f"{r.tflops:.1f}" if r.tflops is not None else "-",
-            f"{r.slowdown:.1f}x" if r.slowdown is not None else "-",
-            slow,
-            f"{r.rel_err:.1e}" if r.rel_err is not None else "-",
-        )
-    return table
-
-
-def render_report(console: Console, report: BenchReport) -> None:
-    for line in header_lines(report):
-        console.print(line, style="dim" if line.startswith(("TFLOP", "CPU")) else "bold", soft_wrap=True)
-    console.print(gemm_table(report))
-    if report.placement:
-        console.print(placement_table(report))
-        console.print(
-            f"scan labels a correct cell 'slow' at {report.slow_factor:.1f}x its guarded baseline "
-            "(the 'x guarded (scan)' column is the same measure).",
-            style="dim",
-        )
-    for r in report.rows:
-        if r.note:
-            console.print(f"note: {r.op} {r.impl} at {r.tokens} tokens: {r.note}", style="yellow")
-    for p in report.placement:
-        if p.note:
-            console.print(
-                f"note: placement {p.placement} ({p.kernel}) at {p.tokens} tokens: {p.note}", style="yellow"
-            )
-    for note in report.notes:
-        console.print(f"note: {note}", style="dim")
-
-
 __all__ = [
     "BENCH_FILES",
     "BenchError",
@@ -683,7 +446,6 @@ __all__ = [
     "default_tokens",
     "load_report",
     "parse_tokens",
-    "render_report",
     "report_from_jsonable",
     "run_bench",
     "with_fractions",

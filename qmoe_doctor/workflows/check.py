@@ -26,7 +26,6 @@ No torch here: probes run in children (``qmoe_doctor.isolate.worker_pool``).
 from __future__ import annotations
 
 import datetime as _dt
-import importlib.util
 import re
 import tempfile
 import time
@@ -37,8 +36,9 @@ from typing import Any, Literal
 
 from qmoe_doctor import __version__
 from qmoe_doctor.core.conditions import DEFAULT_CONDITIONS
+from qmoe_doctor.core.events import Event
 from qmoe_doctor.core.exitcodes import ExitCode
-from qmoe_doctor.core.kernel_ref import NAMED_REFS, is_adapter_ref, parse_adapter_ref
+from qmoe_doctor.core.kernel_ref import KernelRef
 from qmoe_doctor.core.options import GPU_FAST_CONDITIONS, GPU_FAST_MAX_PAIRS, CheckOptions, ScanOptions
 from qmoe_doctor.core.records import (
     SCHEMA_VERSION,
@@ -51,9 +51,8 @@ from qmoe_doctor.core.records import (
     Status,
 )
 from qmoe_doctor.core.reports import ScanReport
-from qmoe_doctor.diagnose.scan_rules import Cell, cell_label, describe, group_of
-from qmoe_doctor.isolate.worker_pool import Event
-from qmoe_doctor.lint.rules import LintError, LintFinding, LintReport, lint_paths
+from qmoe_doctor.diagnose.matrix import Cell, cell_label, describe, group_of
+from qmoe_doctor.lint import LintError, LintFinding, LintReport, lint_paths
 from qmoe_doctor.plan.scan import PlannedGpu, ScanPlan, plan_scan
 from qmoe_doctor.reports.json import json_document
 from qmoe_doctor.workflows.scan import KernelRefError, all_spawn_failures, group_names, run_scan
@@ -210,48 +209,15 @@ def plan_check(
 # --------------------------------------------------------------------------------------------
 
 
-def module_source(module: str) -> Path | None:
-    """The source file of a dotted module, found without importing it or its packages (a
-    kernel package's ``__init__`` imports torch): the top-level package through the import
-    system's finders, the rest on the file system."""
-    parts = module.split(".")
-    if not all(p.isidentifier() for p in parts):
-        return None
-    try:
-        spec = importlib.util.find_spec(parts[0])  # a top-level name: nothing is executed
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    if len(parts) == 1:
-        origin = spec.origin
-        return Path(origin) if origin and origin.endswith(".py") else None
-    for base in spec.submodule_search_locations or ():
-        here = Path(base).joinpath(*parts[1:-1])
-        for candidate in (here / f"{parts[-1]}.py", here / parts[-1] / "__init__.py"):
-            if candidate.is_file():
-                return candidate
-    return None
-
-
 def default_lint_paths(ref: str) -> tuple[str, ...]:
-    """What ``check`` lints for a kernel when no ``--lint`` is given: its source file when the
-    reference is a path or a module (an adapter's target likewise), else nothing."""
-    if is_adapter_ref(ref):
-        try:
-            target = parse_adapter_ref(ref).target
-        except ValueError:
-            return ()
-        return default_lint_paths(target) if target else ()
-    if ref in NAMED_REFS or ":" not in ref:
+    """What ``check`` lints for a kernel when no ``--lint`` is given: its source file, found
+    without importing it (``KernelRef.source_path``: our kernel, a specimen, a file, a module
+    through the import system's finders, an adapter's target); () when it has none to find."""
+    try:
+        source = KernelRef.parse(ref).source_path()
+    except ValueError:  # a malformed reference (KernelRefError): the probes will say so
         return ()
-    where, _, _ = ref.rpartition(":")
-    if where == "specimen":
-        return ()
-    if where.endswith(".py") or "/" in where:
-        return (where,) if Path(where).is_file() else ()
-    found = module_source(where)
-    return (str(found),) if found is not None else ()
+    return (str(source),) if source is not None else ()
 
 
 # --------------------------------------------------------------------------------------------

@@ -34,17 +34,10 @@ rank's experts) explained rather than counted.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
-import json
-import os
-import re
-import signal
-import socket
-import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
@@ -52,7 +45,9 @@ from typing import Any, Literal, cast, get_args
 from qmoe_doctor import __version__
 from qmoe_doctor.core import knobs
 from qmoe_doctor.core.compat import StrEnum
-from qmoe_doctor.core.error_kind import classify_exit, describe_exit
+from qmoe_doctor.core.error_kind import describe_exit
+from qmoe_doctor.core.events import Event as ParallelEvent
+from qmoe_doctor.core.events import EventKind, OnEvent
 from qmoe_doctor.core.records import (
     SCHEMA_VERSION,
     Condition,
@@ -65,23 +60,28 @@ from qmoe_doctor.core.records import (
     ProbeSpec,
     Shape,
     Status,
-    from_json,
     to_json,
     to_jsonable,
 )
 from qmoe_doctor.core.shapes import PRESETS, get_preset
-from qmoe_doctor.diagnose.scan_rules import Classification, cell_label, classify
-from qmoe_doctor.isolate.worker_pool import child_env, child_python, read_tail
+from qmoe_doctor.diagnose.matrix import cell_label
+from qmoe_doctor.diagnose.scan_rules import Classification, classify
+from qmoe_doctor.isolate import torchrun
+from qmoe_doctor.isolate.process import child_env, child_python
+from qmoe_doctor.isolate.torchrun import (
+    RANK_MODULE,
+    TORCHRUN_MODULE,
+    Crumbs,
+    RankExit,
+    collect_run,
+    free_port,
+    parse_torchrun_failures,
+)
 from qmoe_doctor.plan.scan import PlannedGpu
 
-RANK_MODULE = "qmoe_doctor.probes.parallel.rank"
-TORCHRUN_MODULE = "torch.distributed.run"
 #: Seconds one launch may take, start-up and compilation included (a 30B-preset run on H200:
 #: import, NCCL set-up, compile from a warm cache, four passes: well under a minute).
 DEFAULT_RUN_TIMEOUT_S = 300.0
-#: How long ranks get to dump their stacks (faulthandler on SIGUSR1) before SIGKILL.
-STACK_DUMP_WAIT_S = 0.5
-_POLL_S = 0.1
 
 
 DType = Literal["bfloat16", "float16", "float32"]
@@ -219,10 +219,7 @@ def plan_parallel(
     env: dict[str, str] = (
         {knobs.TRITON_INTERPRET: "1", knobs.CUDA_VISIBLE_DEVICES: ""}
         if cpu
-        else {
-            knobs.CUDA_VISIBLE_DEVICES: ",".join(g.uuid for g in gpus[: o.nproc_per_node]),
-            knobs.CUDA_DEVICE_ORDER: "PCI_BUS_ID",
-        }
+        else knobs.pin_gpus(g.uuid for g in gpus[: o.nproc_per_node])
     )
     skipped: list[str] = []
     runs: list[PlannedRun] = []
@@ -318,13 +315,6 @@ def _does_not_fit(
 # ---------------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on now (the rendezvous binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def build_command(
     run: PlannedRun,
     spec_path: Path,
@@ -359,23 +349,6 @@ def build_command(
     ]
 
 
-class EventKind(StrEnum):
-    RUN_STARTED = "run-started"
-    RANK_DONE = "rank-done"  # a rank's result file appeared
-    RUN_FINISHED = "run-finished"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ParallelEvent:
-    kind: EventKind
-    mode: Mode
-    detail: str = ""
-    outcome: Outcome | None = None
-
-
-OnEvent = Callable[[ParallelEvent], None]
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LaunchRecord:
     """What happened to one launch, for the report and for reproducing it."""
@@ -396,371 +369,34 @@ def launch_run(
     python: str | None = None,
     on_event: OnEvent | None = None,
 ) -> tuple[LaunchRecord, list[Outcome]]:
-    """Start one launch, wait for it (at most ``opts.timeout_s``), and read every rank's Outcome."""
+    """Start one launch, wait for it (at most ``opts.timeout_s``), and read every rank's Outcome
+    (``isolate.torchrun``)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     spec_path = run_dir / "spec.json"
     spec_path.write_text(to_json(run.spec) + "\n")
     command = build_command(run, spec_path, run_dir, python=child_python(python), opts=opts)
-    env = child_env(run.env)  # os.environ + the run's + FORCED_ENV (NVLink multicast off)
     emit = on_event or (lambda event: None)
     emit(ParallelEvent(kind=EventKind.RUN_STARTED, mode=run.mode, detail=" ".join(command)))
-    start = time.monotonic()
-    with open(run_dir / "launcher.log", "wb") as log:
-        log.write(("# " + " ".join(command) + "\n").encode())
-        log.flush()
-        proc = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # a group of its own: the launcher is killed whole
-        )
-    deadline = start + opts.timeout_s
-    reported: set[str] = set()
-    timed_out = False
-    try:
-        while proc.poll() is None:
-            _report_new(run, run_dir, reported, emit)
-            if time.monotonic() >= deadline:
-                timed_out = True
-                kill_launch(proc, run_dir)
-                break
-            time.sleep(_POLL_S)
-    except BaseException:  # Ctrl-C, SIGTERM turned into SystemExit by the CLI: leave no rank behind
-        kill_launch(proc, run_dir)
-        proc.wait()
-        raise
-    exit_code = proc.wait()
-    if not timed_out:
-        _kill_leftovers(run_dir, proc.pid)  # a rank torchrun could not stop
-    _report_new(run, run_dir, reported, emit)
+    end = torchrun.launch(
+        command,
+        env=child_env(run.env),  # os.environ + the run's + FORCED_ENV (NVLink multicast off)
+        run_dir=run_dir,
+        timeout_s=opts.timeout_s,
+        on_result=lambda o: emit(ParallelEvent(kind=EventKind.RANK_DONE, mode=run.mode, outcome=o)),
+    )
     record = LaunchRecord(
         mode=run.mode,
         command=tuple(command),
         run_dir=str(run_dir),
-        exit_code=exit_code,
-        timed_out=timed_out,
-        wall_s=time.monotonic() - start,
+        exit_code=end.exit_code,
+        timed_out=end.timed_out,
+        wall_s=end.wall_s,
     )
-    outcomes = collect_run(run, run_dir, exit_code=exit_code, timed_out=timed_out, timeout_s=opts.timeout_s)
-    emit(ParallelEvent(kind=EventKind.RUN_FINISHED, mode=run.mode, detail=describe_exit(exit_code)))
+    outcomes = collect_run(
+        run, run_dir, exit_code=end.exit_code, timed_out=end.timed_out, timeout_s=opts.timeout_s
+    )
+    emit(ParallelEvent(kind=EventKind.RUN_FINISHED, mode=run.mode, detail=describe_exit(end.exit_code)))
     return record, outcomes
-
-
-def _report_new(run: PlannedRun, run_dir: Path, reported: set[str], emit: OnEvent) -> None:
-    for path in sorted(run_dir.glob("rank-*.json")):
-        if path.name in reported:
-            continue
-        reported.add(path.name)
-        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
-            emit(
-                ParallelEvent(
-                    kind=EventKind.RANK_DONE, mode=run.mode, outcome=from_json(Outcome, path.read_text())
-                )
-            )
-
-
-def kill_launch(proc: subprocess.Popen[bytes], run_dir: Path) -> None:
-    """Timeout: every rank's stacks to its log (SIGUSR1), then SIGKILL to each rank's process
-    group and to the launcher's. torchrun starts each rank in a session of its own, so killing
-    the launcher's group alone would leave the ranks running."""
-    ranks = _rank_pids(run_dir, proc.pid)
-    for pid in ranks:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGUSR1)
-    if ranks:
-        time.sleep(STACK_DUMP_WAIT_S)
-    for pid in ranks:
-        _kill_group_of(pid, proc.pid)
-    with contextlib.suppress(OSError):
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
-def _kill_leftovers(run_dir: Path, launcher_pid: int) -> None:
-    for pid in _rank_pids(run_dir, launcher_pid):
-        _kill_group_of(pid, launcher_pid)
-
-
-def _kill_group_of(pid: int, launcher_pid: int) -> None:
-    with contextlib.suppress(OSError):
-        pgid = os.getpgid(pid)
-        if pgid in (pid, launcher_pid):  # its own session (torchrun) or the launcher's (alone)
-            os.killpg(pgid, signal.SIGKILL)
-
-
-def _rank_pids(run_dir: Path, launcher_pid: int) -> list[int]:
-    """Live rank processes of this launch: the pids the ranks wrote in their crumbs, and the
-    launcher's children (a rank that died before writing any), each checked to be running our
-    rank module right now (a pid may have been reused). torchrun itself is not one of them."""
-    pids: set[int] = set(_children_of(launcher_pid))
-    for path in run_dir.glob("rank-*.crumbs"):
-        start = _read_crumbs(path).start
-        if isinstance(start.get("pid"), int):
-            pids.add(int(start["pid"]))
-    return sorted(p for p in pids if _is_rank_process(p))
-
-
-def _children_of(pid: int) -> list[int]:
-    """Processes whose parent is ``pid`` (Linux /proc; elsewhere none are found)."""
-    found: list[int] = []
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return found
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) > 2 and fields[1] == str(pid):
-            found.append(int(entry.name))
-    return found
-
-
-def _is_rank_process(pid: int) -> bool:
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        # no /proc (macOS): trust a live pid we were told about
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return False
-        return True
-    state = ""
-    with contextlib.suppress(OSError, IndexError):
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    args = cmdline.split(b"\0")
-    return RANK_MODULE.encode() in args and TORCHRUN_MODULE.encode() not in args and state not in ("Z", "X")
-
-
-# ---------------------------------------------------------------------------------------------
-# Collect
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Crumbs:
-    """What a rank's ``rank-R.crumbs`` says, read back."""
-
-    start: dict[str, Any] = field(default_factory=dict)
-    phase: Phase = Phase.SPAWN
-    stage: str = "start"
-    facts: dict[str, Any] = field(default_factory=dict)
-    notes: tuple[str, ...] = ()
-
-
-def _read_crumbs(path: Path) -> Crumbs:
-    start: dict[str, Any] = {}
-    phase = Phase.SPAWN
-    stage = "start"
-    facts: dict[str, Any] = {}
-    notes: list[str] = []
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return Crumbs()
-    for line in lines:
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            continue  # a line cut by a kill
-        if not isinstance(msg, dict):
-            continue
-        kind = msg.get("type")
-        if kind == "start":
-            start = msg
-        elif kind == "fact" and isinstance(msg.get("key"), str):
-            facts[msg["key"]] = msg.get("value")
-        elif kind == "note":
-            notes.append(str(msg.get("text", "")))
-        if kind in ("crumb", "stage"):
-            with contextlib.suppress(ValueError):
-                phase = Phase(str(msg.get("phase")))
-        if isinstance(msg.get("stage"), str):
-            stage = msg["stage"]
-    return Crumbs(start=start, phase=phase, stage=stage, facts=facts, notes=tuple(notes))
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RankExit:
-    """One entry of torchrun's failure summary."""
-
-    rank: int
-    local_rank: int
-    exit_code: int
-    root_cause: bool
-
-
-_FAILURE_ENTRY = re.compile(
-    r"rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local>\d+)\)\s*\n\s*exitcode\s*:\s*(?P<code>-?\d+)",
-    re.IGNORECASE,
-)
-_ROOT_CAUSE = "Root Cause (first observed failure):"
-
-
-def parse_torchrun_failures(text: str) -> dict[int, RankExit]:
-    """Global rank -> exit of each rank torchrun's ``ChildFailedError`` summary lists::
-
-    Failures:
-    [1]:
-      rank      : 0 (local_rank: 0)
-      exitcode  : -15 (pid: 31198)  (SIGTERM)
-    Root Cause (first observed failure):
-    [0]:
-      rank      : 1 (local_rank: 1)
-      exitcode  : 3 (pid: 31199)
-    """
-    head, _, root = text.rpartition(_ROOT_CAUSE) if _ROOT_CAUSE in text else (text, "", "")
-    found: dict[int, RankExit] = {}
-    for part, is_root in ((head, False), (root, True)):
-        for m in _FAILURE_ENTRY.finditer(part):
-            rank = int(m.group("rank"))
-            found[rank] = RankExit(
-                rank=rank,
-                local_rank=int(m.group("local")),
-                exit_code=int(m.group("code")),
-                root_cause=is_root,
-            )
-    return found
-
-
-def rank_probe_id(rank: int, condition: Condition, *, local: bool = False) -> str:
-    return f"{'local rank' if local else 'rank'} {rank}/{condition.value}"
-
-
-def collect_run(
-    run: PlannedRun, run_dir: Path, *, exit_code: int | None, timed_out: bool, timeout_s: float
-) -> list[Outcome]:
-    """One Outcome per rank of this node: the rank's own file, or one made from its exit status,
-    breadcrumbs and log for a rank that wrote none."""
-    launcher_text = ""
-    with contextlib.suppress(OSError):
-        launcher_text = (run_dir / "launcher.log").read_text(errors="replace")
-    failures = parse_torchrun_failures(launcher_text) if run.torchrun else {}
-    crumbs = {
-        int(p.name[5:-7]): _read_crumbs(p) for p in run_dir.glob("rank-*.crumbs") if p.name[5:-7].isdigit()
-    }
-    results: dict[int, Outcome] = {}
-    for path in run_dir.glob("rank-*.json"):
-        if not path.name[5:-5].isdigit():
-            continue
-        try:
-            results[int(path.name[5:-5])] = from_json(Outcome, path.read_text())
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            crumbs.setdefault(int(path.name[5:-5]), Crumbs(notes=(f"unreadable result file: {exc}",)))
-    ranks = set(results) | set(crumbs) | set(failures)
-    local_seen = {int(c.start.get("local_rank", r)) for r, c in crumbs.items()} | {
-        f.local_rank for f in failures.values()
-    }
-    if run.world_size == run.nproc:  # one node: global ranks are the local ones
-        ranks |= set(range(run.nproc))
-    root = next((f.rank for f in failures.values() if f.root_cause), None)
-    outcomes: list[Outcome] = []
-    for rank in sorted(ranks):
-        if rank in results:
-            outcome = results[rank]
-            if outcome.status is Status.ERROR and not outcome.stderr_tail:
-                outcome = replace(outcome, stderr_tail=read_tail(run_dir / f"rank-{rank}.log"))
-            if rank in failures and outcome.exit_code is None:
-                outcome = replace(outcome, exit_code=failures[rank].exit_code)
-            outcomes.append(outcome)
-            continue
-        outcomes.append(
-            _dead_rank(
-                run,
-                run_dir,
-                rank,
-                crumbs.get(rank, Crumbs()),
-                failures.get(rank),
-                root=root,
-                exit_code=exit_code,
-                timed_out=timed_out,
-                timeout_s=timeout_s,
-                launcher_text=launcher_text,
-            )
-        )
-    if run.world_size != run.nproc:  # several nodes: local ranks that left no trace at all
-        for local in sorted(set(range(run.nproc)) - local_seen):
-            outcomes.append(
-                _dead_rank(
-                    run,
-                    run_dir,
-                    local,
-                    Crumbs(),
-                    None,
-                    root=root,
-                    exit_code=exit_code,
-                    timed_out=timed_out,
-                    timeout_s=timeout_s,
-                    launcher_text=launcher_text,
-                    local=True,
-                )
-            )
-    return outcomes
-
-
-def _dead_rank(
-    run: PlannedRun,
-    run_dir: Path,
-    rank: int,
-    crumbs: Crumbs,
-    failure: RankExit | None,
-    *,
-    root: int | None,
-    exit_code: int | None,
-    timed_out: bool,
-    timeout_s: float,
-    launcher_text: str,
-    local: bool = False,
-) -> Outcome:
-    condition = run.spec.condition
-    local_rank = int(crumbs.start.get("local_rank", failure.local_rank if failure else rank))
-    devices = run.spec.params.get("devices") or [None]
-    ordinal = devices[local_rank] if 0 <= local_rank < len(devices) else None
-    spec = replace(
-        run.spec, probe_id=rank_probe_id(rank, condition, local=local), device=ordinal, current=ordinal
-    )
-    tail = read_tail(run_dir / f"rank-{rank}.log") if not local else ""
-    if not tail.strip():
-        tail = "\n".join(launcher_text.splitlines()[-60:])
-    facts: dict[str, Any] = {**crumbs.facts, "parallel.at": crumbs.stage}
-    code = failure.exit_code if failure else (exit_code if not run.torchrun else None)
-    where = f"{crumbs.stage} ({crumbs.phase.value} phase)"
-    if timed_out:
-        kind, error_type = ErrorKind.TIMEOUT, "timeout"
-        message = f"rank {rank} had no result after {timeout_s:.0f} s, at {where}; killed its process group"
-    elif code is not None:
-        kind = classify_exit(code, tail)
-        error_type = "signal" if code < 0 else "exit"
-        message = f"rank {rank} {describe_exit(code)} at {where}"
-        if code == -signal.SIGTERM and root is not None and root != rank:
-            facts["parallel.terminated_after"] = root
-            error_type = "terminated"
-            message += f": torchrun stopped it after rank {root} failed"
-    else:
-        kind, error_type = ErrorKind.OTHER, "exit"
-        message = (
-            f"rank {rank} wrote no result (the launcher {describe_exit(exit_code or 0)}), last at {where}"
-        )
-    if code is not None:
-        facts["parallel.exit_code"] = code
-    return Outcome(
-        probe_id=spec.probe_id,
-        spec=spec,
-        status=Status.ERROR,
-        phase=crumbs.phase,
-        error_kind=kind,
-        error_type=error_type,
-        error_message=message,
-        facts=facts,
-        notes=crumbs.notes,
-        stderr_tail=tail,
-        exit_code=code,
-    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -44,9 +44,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import os
-import signal
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -56,7 +53,9 @@ from typing import Any, Literal, Protocol
 
 from qmoe_doctor import __version__
 from qmoe_doctor.core import knobs
+from qmoe_doctor.core.allocator import AllocatorSnapshot, read_allocator_snapshot
 from qmoe_doctor.core.causes import get_cause
+from qmoe_doctor.core.events import Event, EventKind, OnEvent
 from qmoe_doctor.core.options import ScanOptions
 from qmoe_doctor.core.records import (
     SCHEMA_VERSION,
@@ -71,33 +70,31 @@ from qmoe_doctor.core.records import (
     Shape,
     Status,
     TensorInfo,
-    from_json,
-    to_json,
     to_jsonable,
 )
 from qmoe_doctor.core.shapes import get_preset
-from qmoe_doctor.diagnose.sanitizer_log import (
-    AllocatorSnapshot,
-    Attribution,
-    SanitizerInfo,
-    SanitizerReport,
-    attribute,
-    find_compute_sanitizer,
-    parse_sanitizer_log,
-    read_allocator_snapshot,
-    sanitizer_command,
+from qmoe_doctor.core.xid import XidReport
+from qmoe_doctor.diagnose.attribution import Attribution, attribute
+from qmoe_doctor.diagnose.matrix import build_matrix
+from qmoe_doctor.diagnose.sanitizer_log import SanitizerReport, parse_sanitizer_log
+from qmoe_doctor.diagnose.scan_rules import classify
+from qmoe_doctor.diagnose.xid import xid_evidence
+from qmoe_doctor.isolate.one_shot import (
+    CommandResult,
+    RunCommand,
+    outcome_from_stdout,
+    probe_command,
+    run_command,
 )
-from qmoe_doctor.diagnose.scan_rules import build_matrix, classify
-from qmoe_doctor.isolate.worker_pool import Event, EventKind, OnEvent, child_env, child_python, run_session
-from qmoe_doctor.machine.xid import XidReport, XidWatcher, xid_evidence
+from qmoe_doctor.isolate.process import child_env
+from qmoe_doctor.isolate.worker_pool import run_session
+from qmoe_doctor.machine.sanitizer import SanitizerInfo, find_compute_sanitizer, sanitizer_command
+from qmoe_doctor.machine.xid import XidWatcher
 from qmoe_doctor.plan.scan import PlannedGpu, plan_scan
 from qmoe_doctor.reports.repro_script import SCRIPT_CONDITIONS, render_script, script_name
 from qmoe_doctor.workflows.scan import KernelRefError
 
 PIPELINE_ID = "pipeline"
-#: The module the sanitizer runs (probes/run_one.py) and how its Outcome line starts.
-RUN_ONE_MODULE = "qmoe_doctor.probes.run_one"
-OUTCOME_PREFIX = "QMOE-OUTCOME "
 #: Pair cells run in the warm child before the pipeline (their preconditions do not survive it).
 BEFORE_PIPELINE = (Condition.GUARDED, Condition.NO_PEER, Condition.PEER)
 #: After the pipeline, in the same child: the races, then the operand GPU's stream and routing cells.
@@ -261,10 +258,7 @@ def plan_repro(kernel: str, gpus: Sequence[PlannedGpu], opts: ReproOptions | Non
     return ReproPlan(
         kernel=kernel,
         gpus=tuple(g.index for g in gpus),
-        env={
-            knobs.CUDA_VISIBLE_DEVICES: ",".join(g.uuid for g in gpus),
-            knobs.CUDA_DEVICE_ORDER: "PCI_BUS_ID",
-        },
+        env=knobs.pin_gpus(g.uuid for g in gpus),
         gpu_of_ordinal={i: g.index for i, g in enumerate(gpus)},
         pipeline=pipeline_spec(kernel, len(gpus), opts),
         ladder=ladder,
@@ -524,44 +518,6 @@ def _why_not_visible(o: Outcome) -> str:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CommandResult:
-    returncode: int | None  # None: killed at the timeout
-    stdout: str
-    stderr: str
-    wall_s: float
-
-
-RunCommand = Callable[[Sequence[str], Mapping[str, str], float], CommandResult]
-
-
-def run_command(argv: Sequence[str], env: Mapping[str, str], timeout_s: float) -> CommandResult:
-    """Run argv in a session of its own; at the timeout its whole process group is killed."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        list(argv),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=dict(env),
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-        code: int | None = proc.returncode
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        code = None
-    return CommandResult(
-        returncode=code,
-        stdout=out.decode("utf-8", "replace"),
-        stderr=err.decode("utf-8", "replace"),
-        wall_s=time.perf_counter() - t0,
-    )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class SanitizerConfirmation:
     status: SanitizerStatus
     reason: str
@@ -612,7 +568,7 @@ def confirm_with_sanitizer(
     spec = replace(target.spec, probe_id=f"{target.spec.probe_id}+memcheck", env={}, fresh_process=False)
     slug = target.spec.probe_id.replace("/", "_").replace(">", "").replace(" ", "_")
     log_path = Path(log_dir) / f"memcheck-{slug}.log"
-    argv = [child_python(python), "-m", RUN_ONE_MODULE, to_json(spec)]
+    argv = probe_command(spec, python)
     cmd = sanitizer_command(info, "memcheck", argv, log_path=log_path, print_limit=SANITIZER_PRINT_LIMIT)
     env = child_env(base_env, {**target.spec.env, knobs.PYTORCH_NO_CUDA_MEMORY_CACHING: "1"})
     xid: XidReport | None = None
@@ -622,7 +578,7 @@ def confirm_with_sanitizer(
         xid = watcher.report()
     else:
         result = runner(cmd, env, timeout_s)
-    sanitized = _outcome_from_stdout(result.stdout)
+    sanitized = outcome_from_stdout(result.stdout)
     snapshot = read_allocator_snapshot(sanitized.facts.get("allocator_snapshot")) if sanitized else None
     common: dict[str, Any] = {
         "probe_id": target.probe_id,
@@ -657,16 +613,6 @@ def confirm_with_sanitizer(
     return _confirmation(
         report, sanitized, gpu_of_ordinal, common, timed_out=result.returncode is None, snapshot=snapshot
     )
-
-
-def _outcome_from_stdout(stdout: str) -> Outcome | None:
-    for line in reversed(stdout.splitlines()):
-        if line.startswith(OUTCOME_PREFIX):
-            try:
-                return from_json(Outcome, line[len(OUTCOME_PREFIX) :])
-            except (TypeError, ValueError, KeyError):
-                return None
-    return None
 
 
 def tensor_tables(tensors: Sequence[TensorInfo]) -> dict[str, list[TensorInfo]]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from qmoe_doctor.core.audit import DEFAULT_TOKENS, audit_shape
+from qmoe_doctor.core.events import Event, EventKind
 from qmoe_doctor.core.options import ScanOptions
 from qmoe_doctor.core.records import (
     Condition,
@@ -25,8 +26,10 @@ from qmoe_doctor.core.records import (
 )
 from qmoe_doctor.core.reports import ScanReport, SessionInfo
 from qmoe_doctor.core.shapes import get_preset
+from qmoe_doctor.diagnose.matrix import Cell as Cell  # re-exported: the CLI draws the matrix
+from qmoe_doctor.diagnose.matrix import build_matrix as build_matrix
 from qmoe_doctor.diagnose.scan_rules import classify
-from qmoe_doctor.isolate.worker_pool import Event, EventKind, run_session
+from qmoe_doctor.isolate.worker_pool import run_session
 from qmoe_doctor.plan.scan import ScanPlan, debug_rerun, plan_scan
 
 

@@ -17,10 +17,10 @@ from typer.testing import CliRunner
 from qmoe_doctor.cli.app import app
 from qmoe_doctor.core.kernel_ref import (
     ENTRY_POINT_GROUP,
-    AdapterRef,
+    KernelRef,
+    KernelRefError,
+    RefKind,
     installed_adapters,
-    parse_adapter_ref,
-    validate_adapter_ref,
 )
 from qmoe_doctor.core.records import Condition, ProbeSpec, Shape
 from qmoe_doctor.probes import adapters as child
@@ -96,37 +96,50 @@ def _fake_distribution(monkeypatch: pytest.MonkeyPatch, **entries: str) -> None:
 # --- parent side: syntax and validation (nothing imported) --------------------------------------
 
 
+def _adapter(name: str, target: str | None = None) -> KernelRef:
+    return KernelRef(kind=RefKind.ADAPTER, name=name, target=KernelRef.parse(target) if target else None)
+
+
 @pytest.mark.parametrize(
     ("ref", "parsed"),
     [
-        ("adapter:mylib", AdapterRef(name="mylib", target=None)),
-        ("adapter:mylib:builtin", AdapterRef(name="mylib", target="builtin")),
-        ("adapter:mylib:specimen:unguarded", AdapterRef(name="mylib", target="specimen:unguarded")),
-        ("adapter:mylib:pkg.ops:grouped_mm", AdapterRef(name="mylib", target="pkg.ops:grouped_mm")),
-        ("adapter:my.adapters.X:path/to/k.py:fn", AdapterRef(name="my.adapters.X", target="path/to/k.py:fn")),
+        ("adapter:mylib", _adapter("mylib")),
+        ("adapter:mylib:builtin", _adapter("mylib", "builtin")),
+        ("adapter:mylib:specimen:unguarded", _adapter("mylib", "specimen:unguarded")),
+        ("adapter:mylib:pkg.ops:grouped_mm", _adapter("mylib", "pkg.ops:grouped_mm")),
+        ("adapter:my.adapters.X:path/to/k.py:fn", _adapter("my.adapters.X", "path/to/k.py:fn")),
     ],
 )
-def test_parse_adapter_ref(ref: str, parsed: AdapterRef) -> None:
-    assert parse_adapter_ref(ref) == parsed
+def test_parse_adapter_ref(ref: str, parsed: KernelRef) -> None:
+    assert KernelRef.parse(ref) == parsed
+    assert str(parsed) == ref
 
 
 @pytest.mark.parametrize("ref", ["adapter:", "adapter::x:y", "adapter:lib:justaname", "adapter:lib:mod:", "adapter:a b"])
 def test_malformed_adapter_refs(ref: str) -> None:
-    with pytest.raises(ValueError, match="adapter"):
-        parse_adapter_ref(ref)
+    with pytest.raises(KernelRefError, match="adapter"):
+        KernelRef.parse(ref)
+
+
+def test_entry_point_group_is_the_public_name() -> None:
+    """Kernel libraries register under this name in their pyproject.toml: it never follows a
+    module's path inside the package."""
+    assert ENTRY_POINT_GROUP == "qmoe_doctor.adapters"
 
 
 def test_validate_knows_installed_adapters_from_metadata_only(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_distribution(monkeypatch, fakelib="module_that_does_not_exist:ADAPTER")
     assert installed_adapters() == {"fakelib": "module_that_does_not_exist:ADAPTER"}
-    assert validate_adapter_ref("adapter:fakelib").name == "fakelib"  # not imported: no error
-    with pytest.raises(ValueError, match="no adapter named 'other'.*fakelib"):
-        validate_adapter_ref("adapter:other:mod:fn")
-    assert validate_adapter_ref("adapter:some.module.ADAPTER:mod:fn").dotted
-    with pytest.raises(ValueError, match="does not exist"):
-        validate_adapter_ref("adapter:fakelib:missing/kernel.py:fn")
-    with pytest.raises(ValueError, match="unknown specimen"):
-        validate_adapter_ref("adapter:fakelib:specimen:nope")
+    assert KernelRef.parse("adapter:fakelib").validate().name == "fakelib"  # not imported: no error
+    with pytest.raises(KernelRefError, match="no adapter named 'other'.*fakelib"):
+        KernelRef.parse("adapter:other:json:dumps").validate()
+    assert KernelRef.parse("adapter:json.ADAPTER:json:dumps").validate()  # a dotted path: findable
+    with pytest.raises(KernelRefError, match="cannot find the adapter module 'nosuchpkg_qd'"):
+        KernelRef.parse("adapter:nosuchpkg_qd.ADAPTER:json:dumps").validate()
+    with pytest.raises(KernelRefError, match="does not exist"):
+        KernelRef.parse("adapter:fakelib:missing/kernel.py:fn").validate()
+    with pytest.raises(KernelRefError, match="unknown specimen"):
+        KernelRef.parse("adapter:fakelib:specimen:nope").validate()
 
 
 # --- child side: resolution -------------------------------------------------------------------
@@ -268,7 +281,7 @@ def _check_e2e(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> t
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     out = tmp_path / "check.json"
     result = runner.invoke(
-        app, ["check", "--cpu", *args, "--json", str(out), "--log-dir", str(tmp_path / "logs")]
+        app, ["check", "--cpu", *args, "--save", str(out), "--log-dir", str(tmp_path / "logs")]
     )
     assert result.exception is None or isinstance(result.exception, SystemExit), result.output
     return result.exit_code, json.loads(out.read_text())

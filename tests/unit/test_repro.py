@@ -18,9 +18,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from qmoe_doctor.cli import devices
 from qmoe_doctor.cli.app import app
 from qmoe_doctor.cli.commands import repro as repro_cmd
 from qmoe_doctor.core import knobs
+from qmoe_doctor.core.events import Event, EventKind, OnEvent
 from qmoe_doctor.core.records import (
     Condition,
     ErrorKind,
@@ -33,9 +35,9 @@ from qmoe_doctor.core.records import (
     from_json,
     to_json,
 )
-from qmoe_doctor.diagnose.sanitizer_log import SanitizerInfo
-from qmoe_doctor.isolate.worker_pool import Event, EventKind, OnEvent, run_session
+from qmoe_doctor.isolate.worker_pool import run_session
 from qmoe_doctor.machine.inventory import GpuInfo, Inventory
+from qmoe_doctor.machine.sanitizer import SanitizerInfo
 from qmoe_doctor.reports.repro_script import (
     SCRIPT_CONDITIONS,
     UnsupportedCondition,
@@ -669,8 +671,9 @@ def _inventory(n: int) -> Inventory:
     [
         (0, [], "needs two CUDA GPUs"),
         (0, [], "scan --cpu"),
-        (1, [], "this machine has one"),
-        (2, ["--gpus", "1"], "--gpus 1 names one"),
+        (1, [], "1 GPU(s) visible to NVML"),
+        (1, [], "`qmoe-doctor scan` runs the single-GPU conditions"),
+        (2, ["--gpus", "1"], "1 GPU(s) selected by --gpus 1"),
         (2, ["--gpus", "0,x"], "not a GPU index"),
         (2, ["--gpus", "0,7"], "no GPU 7"),
         (2, ["--kernel", "specimen:nope"], "nope"),
@@ -680,11 +683,11 @@ def _inventory(n: int) -> Inventory:
     ],
 )
 def test_usage_errors_exit_2(n: int, args: list[str], needle: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(repro_cmd, "collect_inventory", lambda: _inventory(n))
+    monkeypatch.setattr(devices, "collect_inventory", lambda: _inventory(n))
     monkeypatch.setattr(repro_cmd, "run_repro", lambda *a, **k: pytest.fail("must not run"))
     result = runner.invoke(app, ["repro", *args])
     assert result.exit_code == 2, result.output
-    assert needle in result.output
+    assert needle in " ".join(result.output.split())
 
 
 @pytest.mark.parametrize(("table", "code"), [(UNGUARDED, 1), ({Condition.PIPELINE: pipeline_ok()}, 0)])
@@ -694,7 +697,7 @@ def test_command_renders_and_exits(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(repro_cmd, "collect_inventory", lambda: _inventory(4))
+    monkeypatch.setattr(devices, "collect_inventory", lambda: _inventory(4))
     real = run_repro
 
     def fake_run(plan: ReproPlan, opts: ReproOptions, gpus: Sequence[Any], **kw: Any) -> ReproReport:

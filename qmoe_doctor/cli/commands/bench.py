@@ -1,21 +1,35 @@
 """`qmoe-doctor bench`: kernel throughput side by side, in TFLOP/s and against a dense GEMM.
 
-The library (``qmoe_doctor.workflows.bench``) does the work in a child process; this module validates,
-calls, renders and writes the files under --out.
+The library (``qmoe_doctor.workflows.bench``) does the work in a child process; this module
+validates, calls, renders and writes the files under --out.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import shlex
+import tempfile
 from pathlib import Path
+from typing import Annotated, Literal, cast
 
 import typer
 
-from qmoe_doctor.cli.output import emit_json, stderr_console, stdout_console
+from qmoe_doctor.cli import options as opt
+from qmoe_doctor.cli.devices import Need, select_devices
+from qmoe_doctor.cli.errors import CliError
+from qmoe_doctor.cli.output import (
+    OutputPathError,
+    check_outputs,
+    emit_document,
+    note,
+    save_document,
+    stderr_console,
+    stdout_console,
+)
+from qmoe_doctor.cli.render.bench import render_report
 from qmoe_doctor.core.exitcodes import ExitCode
-from qmoe_doctor.core.shapes import PRESETS
-from qmoe_doctor.machine.inventory import GpuInfo, GpuSelectionError, collect_inventory, select_gpus
+from qmoe_doctor.machine.inventory import GpuInfo
+from qmoe_doctor.reports.plot import MISSING_MATPLOTLIB, plot_available, write_plot
 from qmoe_doctor.workflows.bench import (
     BENCH_FILES,
     DEFAULT_TIMEOUT_S,
@@ -27,173 +41,178 @@ from qmoe_doctor.workflows.bench import (
     BenchRequest,
     default_tokens,
     parse_tokens,
-    render_report,
     report_document,
     run_bench,
-    write_json,
 )
 
 _TOKENS_HELP = "; ".join(f"{p}: {','.join(map(str, t))}" for p, t in DEFAULT_TOKENS.items() if p != "tiny")
 _TOKENS_HELP += f"; --tiny: {','.join(map(str, DEFAULT_TOKENS['tiny']))}"
+DEFAULT_OUT = Path("qmoe-bench")
+ROUTING_HELP = (
+    "Rows per expert of the GEMM rows: 'random' (each token's top-k of uniform random scores, an "
+    "untrained router: many experts end in a partial row tile) or 'balanced' (every expert M/E rows: "
+    "the kernels without routing imbalance). The block rows use the block's own router."
+)
 
 
 def bench_command(
-    preset: str = typer.Option("qwen3-30b-a3b", "--preset", help=f"Shape preset: {', '.join(PRESETS)}."),
-    gpus: str | None = typer.Option(
-        None,
-        "--gpus",
-        help="NVML / nvidia-smi GPU indices (default: all). The first measures; --placement uses the first two.",
-    ),
-    tokens: str | None = typer.Option(
-        None,
-        "--tokens",
-        help=f"Token counts, comma-separated; rows M = tokens x top_k. Default per preset: {_TOKENS_HELP}.",
-    ),
-    placement: bool = typer.Option(
-        False,
-        "--placement",
-        help="Also time the forward per placement on 2 GPUs: guarded (ours) against remote execution "
-        "over peer access (specimen:unguarded), the reference for scan's 'slow' label.",
-    ),
-    block: bool = typer.Option(
-        True, "--block/--no-block", help="Also the whole MoE block, forward and backward."
-    ),
-    dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32 (ignored by --tiny: float32)."),
-    routing: str = typer.Option(
-        "random",
-        "--routing",
-        help="Rows per expert of the GEMM rows: 'random' (each token's top-k of uniform random scores, an "
-        "untrained router: many experts end in a partial row tile) or 'balanced' (every expert M/E rows: "
-        "the kernels without routing imbalance). The block rows use the block's own router.",
-    ),
-    out: Path = typer.Option(
-        Path("qmoe-bench"), "--out", help="Directory for bench.json, bench.png and bench.log."
-    ),
-    json_out: bool = typer.Option(
-        False, "--json", help="Write the versioned JSON report (kind 'bench') to stdout."
-    ),
-    plot: bool = typer.Option(
-        True, "--plot/--no-plot", help="Draw bench.png (needs matplotlib: the 'plot' extra)."
-    ),
-    tiny: bool = typer.Option(
-        False,
-        "--tiny",
-        help="Run on the CPU under the Triton interpreter at the tiny preset, to check that the benchmark "
-        "works: nothing is timed and no speed is claimed.",
-    ),
-    timeout: float = typer.Option(
-        DEFAULT_TIMEOUT_S, "--timeout", min=1.0, help="Seconds the measuring child may take."
-    ),
+    ctx: typer.Context,
+    preset: opt.PresetOpt = opt.DEFAULT_PRESET,
+    gpus: opt.GpusOpt = None,
+    tokens: Annotated[
+        str | None,
+        typer.Option(
+            "--tokens",
+            help=f"Token counts, comma-separated; rows M = tokens x top_k. Default per preset: {_TOKENS_HELP}.",
+        ),
+    ] = None,
+    placement: Annotated[
+        bool,
+        typer.Option(
+            "--placement",
+            help="Also time the forward per placement on 2 GPUs: guarded (ours) against remote execution over "
+            "peer access (specimen:unguarded), the reference for scan's 'slow' label.",
+        ),
+    ] = False,
+    block: Annotated[
+        bool, typer.Option("--block/--no-block", help="Also the whole MoE block, forward and backward.")
+    ] = True,
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="bf16, fp16 or fp32 (ignored by --tiny: float32).")
+    ] = "bf16",
+    routing: Annotated[str, typer.Option("--routing", help=ROUTING_HELP)] = "random",
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out",
+            help="Folder for bench.json, bench.png and bench.log (default ./qmoe-bench, or a temp folder when the working directory is read-only).",
+        ),
+    ] = DEFAULT_OUT,
+    json_out: opt.JsonOpt = False,
+    save: opt.SaveOpt = None,
+    plot: Annotated[
+        bool, typer.Option("--plot/--no-plot", help="Draw bench.png (needs matplotlib: the 'plot' extra).")
+    ] = True,
+    tiny: Annotated[
+        bool,
+        typer.Option(
+            "--tiny",
+            help="Run on the CPU under the Triton interpreter at the tiny preset, to check that the benchmark "
+            "works: nothing is timed and no speed is claimed.",
+        ),
+    ] = False,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=1.0, help="Seconds the measuring child may take.")
+    ] = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Measure our forward, dx and dw grouped GEMMs and the whole MoE block side by side with
     torch._grouped_mm, the per-expert loop and one dense GEMM of the same FLOPs, over a range of
     token counts, in a child process; print a table, write JSON and a PNG plot under --out.
+    --gpus: the first measures; --placement uses the first two.
 
     Exit codes: 0 measured (bench asserts no speed), 2 usage error (unknown preset, bad --gpus,
-    --tokens, --dtype or --routing, --tiny with --gpus or --placement), 3 too few GPUs (none without --tiny,
-    fewer than 2 for --placement), 4 the benchmark child failed (crash, timeout, no report).
+    --tokens, --dtype or --routing, --tiny with --gpus or --placement, an --out or --save that
+    cannot be written), 3 too few GPUs (none without --tiny, fewer than 2 for --placement), 4 the
+    benchmark child failed (crash, timeout, no report), 130 interrupted.
     """
-    err = stderr_console()
-    if preset not in PRESETS:
-        raise typer.BadParameter(
-            f"unknown preset {preset!r}; known: {', '.join(PRESETS)}", param_hint="--preset"
-        )
+    opt.preset(preset)
     if dtype not in ("bf16", "fp16", "fp32"):
-        raise typer.BadParameter(f"{dtype!r}: choose bf16, fp16 or fp32", param_hint="--dtype")
+        raise CliError(f"--dtype {dtype!r}: choose bf16, fp16 or fp32")
     if routing not in ROUTINGS:
-        raise typer.BadParameter(f"{routing!r}: choose {' or '.join(ROUTINGS)}", param_hint="--routing")
+        raise CliError(f"--routing {routing!r}: choose {' or '.join(ROUTINGS)}")
     try:
         counts = parse_tokens(tokens) if tokens else default_tokens(preset, tiny=tiny)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--tokens") from None
-    used: tuple[GpuInfo, ...] = ()
-    if tiny:
-        if gpus or placement:
-            what = "--gpus" if gpus else "--placement"
-            err.print(
-                f"[red]error:[/] --tiny runs on the CPU under the Triton interpreter; {what} needs GPUs"
-            )
-            raise typer.Exit(ExitCode.USAGE)
-        if max(counts) > TINY_MAX_TOKENS:
-            raise typer.BadParameter(
-                f"--tiny runs in the interpreter: at most {TINY_MAX_TOKENS} tokens", param_hint="--tokens"
-            )
-    else:
-        used = _select(gpus, need=2 if placement else 1)
+        raise CliError(f"--tokens: {exc}") from None
+    if tiny and (gpus is not None or placement):
+        raise CliError(
+            f"--tiny runs on the CPU under the Triton interpreter; {'--gpus' if gpus is not None else '--placement'} needs GPUs"
+        )
+    if tiny and max(counts) > TINY_MAX_TOKENS:
+        raise CliError(f"--tokens: --tiny runs in the interpreter: at most {TINY_MAX_TOKENS} tokens")
+    check_outputs(files={"--save": save})
+    out = _out_folder(out, given=opt.given(ctx, "out"))
+    need = Need(
+        count=2 if placement else 1,
+        code=ExitCode.TOO_FEW_GPUS,
+        why="--placement needs 2 GPUs" if placement else "bench measures GPU throughput",
+        hint="Run `qmoe-doctor bench --tiny` for a CPU check that it works.",
+    )
+    used: tuple[GpuInfo, ...] = () if tiny else select_devices(gpus, need=need).gpus[: need.count]
     request = BenchRequest(
         preset="tiny" if tiny else preset,
         tokens=counts,
-        dtype=dtype,  # type: ignore[arg-type]
+        dtype=cast(Literal["bf16", "fp16", "fp32"], dtype),
         tiny=tiny,
         block=block,
         placement=placement,
-        routing=routing,  # type: ignore[arg-type]
+        routing=cast(Literal["random", "balanced"], routing),
     )
     where = ", ".join(g.describe() for g in used) if used else "the CPU (Triton interpreter, nothing timed)"
-    err.print(f"bench {request.preset}, tokens {','.join(map(str, counts))} on {where}", style="dim")
+    err = stderr_console()
+    note(f"bench {request.preset}, tokens {','.join(map(str, counts))} on {where}", style="dim")
     try:
         report = run_bench(
-            request,
-            gpus=used,
-            workdir=out,
-            timeout_s=timeout,
-            on_line=lambda line: err.print(line, style="dim", markup=False, highlight=False),
+            request, gpus=used, workdir=out, timeout_s=timeout, on_line=lambda ln: err.print(ln, style="dim")
         )
-    except BenchError as exc:
-        err.print(f"[red]error:[/] {exc.message}; its output is in {out / BENCH_FILES['log']}")
-        if exc.tail:
-            err.print(exc.tail, markup=False, highlight=False)
-        raise typer.Exit(ExitCode.CHECK_BROKEN) from None
-    command = ["qmoe-doctor", "bench", "--preset", request.preset, "--tokens", ",".join(map(str, counts))]
-    command += ["--tiny"] if tiny else ["--gpus", ",".join(str(g.index) for g in used), "--dtype", dtype]
-    command += (["--placement"] if placement else []) + ([] if block else ["--no-block"])
-    command += ["--routing", routing] if routing != "random" else []
-    report = dataclasses.replace(report, command=shlex.join(command))
+    except BenchError as exc:  # its output streamed above; the log keeps it
+        raise CliError(
+            f"{exc.message}; its output is in {out / BENCH_FILES['log']}", code=ExitCode.CHECK_BROKEN
+        ) from None
+    report = dataclasses.replace(report, command=_command(request, used, dtype))
     files: dict[str, str | None] = {
         "json": str(out / BENCH_FILES["json"]),
         "plot": _plot(report, out / BENCH_FILES["plot"]) if plot else None,
         "log": str(out / BENCH_FILES["log"]),
     }
-    write_json(report, out / BENCH_FILES["json"], files)
+    doc = report_document(report, files)
+    files["json"] = str(save_document(out / BENCH_FILES["json"], doc, fallback_dir=out))
+    if save is not None:
+        save_document(save, doc, fallback_dir=out)
     if json_out:
-        emit_json("bench", report_document(report, files))
+        emit_document(doc)
     else:
         render_report(stdout_console(), report)
-    err.print(f"wrote {', '.join(p for p in files.values() if p)}", style="dim")
+    note(f"wrote {', '.join(p for p in files.values() if p)}", style="dim")
     raise typer.Exit(ExitCode.HEALTHY)
 
 
-def _select(spec: str | None, *, need: int) -> tuple[GpuInfo, ...]:
-    err = stderr_console()
-    inv = collect_inventory()
-    if not inv.gpus and not spec:
-        err.print(
-            f"[red]error:[/] no GPU found ({inv.nvml_error or 'NVML lists none'}): bench measures GPU "
-            "throughput. Run [bold]qmoe-doctor bench --tiny[/] for a CPU check that it works."
-        )
-        raise typer.Exit(ExitCode.TOO_FEW_GPUS)
+def _out_folder(out: Path, *, given: bool) -> Path:
+    """--out, checked before the child starts. The default in a read-only working directory
+    becomes a temp folder (said on stderr); a given --out that cannot be written is exit 2."""
     try:
-        chosen = select_gpus(inv, spec)
-    except GpuSelectionError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(ExitCode.USAGE) from None
-    if len(chosen) < need:
-        err.print(
-            f"[red]error:[/] --placement needs 2 GPUs; {len(chosen)} selected "
-            f"({', '.join(g.describe() for g in chosen)})"
-        )
-        raise typer.Exit(ExitCode.TOO_FEW_GPUS)
-    return chosen[:need]
+        check_outputs(dirs={"--out": out})
+        return out
+    except OutputPathError:
+        if given:
+            raise
+    spare = Path(tempfile.mkdtemp(prefix="qmoe-bench-"))
+    note(f"cannot write ./{DEFAULT_OUT} here; writing the bench files to {spare}")
+    return spare
+
+
+def _command(request: BenchRequest, used: tuple[GpuInfo, ...], dtype: str) -> str:
+    """The command line that reruns this measurement."""
+    command = [
+        "qmoe-doctor",
+        "bench",
+        "--preset",
+        request.preset,
+        "--tokens",
+        ",".join(map(str, request.tokens)),
+    ]
+    gpus = ",".join(str(g.index) for g in used)
+    command += ["--tiny"] if request.tiny else ["--gpus", gpus, "--dtype", dtype]
+    command += (["--placement"] if request.placement else []) + ([] if request.block else ["--no-block"])
+    command += ["--routing", request.routing] if request.routing != "random" else []
+    return shlex.join(command)
 
 
 def _plot(report: BenchReport, path: Path) -> str | None:
-    from qmoe_doctor.reports.plot import MISSING_MATPLOTLIB, plot_available, write_plot
-
-    err = stderr_console()
     if not report.timed:
-        err.print("no plot: a --tiny run times nothing", style="dim")
+        note("no plot: a --tiny run times nothing", style="dim")
         return None
     if not plot_available():
-        err.print(MISSING_MATPLOTLIB, style="yellow")
+        note(MISSING_MATPLOTLIB)
         return None
     return str(write_plot(report, path))

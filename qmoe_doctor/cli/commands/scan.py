@@ -2,165 +2,110 @@
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
+from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from qmoe_doctor.cli.output import emit_json, stderr_console, stdout_console
-from qmoe_doctor.cli.render.scan import render_report
-from qmoe_doctor.core import knobs
-from qmoe_doctor.core.conditions import DEFAULT_CONDITIONS
+from qmoe_doctor.cli import options as opt
+from qmoe_doctor.cli.devices import select_devices
+from qmoe_doctor.cli.errors import CliError, interrupt_code
+from qmoe_doctor.cli.output import (
+    check_outputs,
+    emit_document,
+    note,
+    save_document,
+    stdout_console,
+    warning,
+)
+from qmoe_doctor.cli.parallel_runs import run_and_report
+from qmoe_doctor.cli.render.progress import probe_bar
+from qmoe_doctor.cli.render.scan import could_not_run, render_report
 from qmoe_doctor.core.exitcodes import ExitCode
 from qmoe_doctor.core.launch_configs import parse_config
 from qmoe_doctor.core.options import ScanOptions
-from qmoe_doctor.core.records import Condition, to_jsonable
-from qmoe_doctor.core.shapes import PRESETS
-from qmoe_doctor.isolate.worker_pool import Event, EventKind
-from qmoe_doctor.machine.inventory import GpuSelectionError, Inventory, collect_inventory, select_gpus
-from qmoe_doctor.plan.scan import plan_scan
-from qmoe_doctor.workflows.scan import (
-    KernelRefError,
-    ScanReport,
-    all_spawn_failures,
-    nothing_ran,
-    report_json,
-    run_scan,
-)
+from qmoe_doctor.core.records import to_jsonable
+from qmoe_doctor.core.reports import ScanReport
+from qmoe_doctor.reports.json import json_document
+from qmoe_doctor.workflows.parallel import DEFAULT_RUN_TIMEOUT_S, ParallelOptions
+from qmoe_doctor.workflows.scan import plan_scan, report_json, run_scan
 
-KERNEL_HELP = (
-    "Kernel to scan, called as fn(x, w, m_sizes) -> y: 'builtin' (ours), 'specimen:NAME' "
-    "(see `qmoe-doctor specimens`), 'module.path:function' or 'path/to/file.py:function'."
-)
-
-
-def parse_conditions(text: str | None) -> frozenset[Condition]:
-    if not text:
-        return DEFAULT_CONDITIONS
-    chosen = set()
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            chosen.add(Condition(part))
-        except ValueError:
-            known = ", ".join(c.value for c in sorted(DEFAULT_CONDITIONS, key=lambda c: c.value))
-            raise typer.BadParameter(f"unknown condition {part!r}; known: {known}") from None
-    return frozenset(chosen)
-
-
-def check_kernel_ref(ref: str) -> None:
-    """What the parent can check without importing the kernel (the child checks the rest)."""
-    if ref in ("builtin", "torch:grouped_mm"):
-        return
-    if ":" not in ref:
-        raise typer.BadParameter(
-            f"{ref!r}: expected module:function or path/to/file.py:function", param_hint="--kernel"
-        )
-    where, _, name = ref.rpartition(":")
-    if where == "specimen":
-        from qmoe_doctor.core.specimens import get_specimen
-
-        try:
-            get_specimen(name)
-        except KeyError as exc:
-            raise typer.BadParameter(str(exc.args[0]), param_hint="--kernel") from None
-    elif where.endswith(".py") and not Path(where).is_file():
-        raise typer.BadParameter(f"kernel file {where!r} does not exist", param_hint="--kernel")
+#: What ``--parallel`` cannot honour: the scan's own cells (``qmoe-doctor parallel`` has the knobs).
+SCAN_ONLY = ("rows", "only", "sweeps", "configs")
 
 
 def scan_command(
     ctx: typer.Context,
-    kernel: str = typer.Option("builtin", "--kernel", "-k", help=KERNEL_HELP),
-    gpus: str | None = typer.Option(
-        None,
-        "--gpus",
-        help="NVML / nvidia-smi GPU indices, e.g. 0,1 (default: all). The report says which CUDA ordinal each became.",
-    ),
-    preset: str = typer.Option("qwen3-30b-a3b", "--preset", help=f"Shape preset: {', '.join(PRESETS)}."),
-    rows: int = typer.Option(4096, "--rows", min=1, help="Rows (tokens x top-k) of the main cells."),
-    only: str | None = typer.Option(None, "--only", help="Comma-separated conditions to run (default: all)."),
-    cpu: bool = typer.Option(
-        False, "--cpu", help="Run the CPU tier (Triton interpreter) even when GPUs exist."
-    ),
-    json_out: bool = typer.Option(False, "--json", help="Write the versioned JSON report to stdout."),
-    save: Path | None = typer.Option(None, "--save", help="Also write the JSON report to this file."),
-    log_dir: Path | None = typer.Option(
-        None, "--log-dir", help="Where probe workers write their logs (default: a temp dir)."
-    ),
-    timeout: float = typer.Option(
-        knobs.DEFAULT_PROBE_TIMEOUT_S, "--timeout", min=1.0, help="Seconds each probe may take."
-    ),
-    sweeps: bool = typer.Option(
-        True, "--sweeps/--no-sweeps", help="Offset/stride and launch-config sweeps on the first GPU."
-    ),
-    configs: str | None = typer.Option(
-        None,
-        "--configs",
-        help="Launch configs to pin, comma-separated BMxBNxBK-wW-sS (default: the kernel's own table).",
-    ),
-    parallel: str | None = typer.Option(
-        None,
-        "--parallel",
-        help="Instead, run the MoE block under these parallel modes (dp,pp,tp,ep), each rank against one GPU; `qmoe-doctor parallel --help` has every knob.",
-    ),
+    kernel: opt.KernelOpt = "builtin",
+    gpus: opt.GpusOpt = None,
+    preset: opt.PresetOpt = opt.DEFAULT_PRESET,
+    rows: opt.RowsOpt = 4096,
+    only: opt.OnlyOpt = None,
+    cpu: opt.CpuOpt = False,
+    json_out: opt.JsonOpt = False,
+    save: opt.SaveOpt = None,
+    log_dir: opt.LogDirOpt = None,
+    timeout: opt.TimeoutOpt = opt.DEFAULT_TIMEOUT_S,
+    sweeps: Annotated[
+        bool,
+        typer.Option("--sweeps/--no-sweeps", help="Offset/stride and launch-config sweeps on the first GPU."),
+    ] = True,
+    configs: Annotated[
+        str | None,
+        typer.Option(
+            "--configs",
+            help="Launch configs to pin, comma-separated BMxBNxBK-wW-sS (default: the kernel's own table).",
+        ),
+    ] = None,
+    parallel: Annotated[
+        str | None,
+        typer.Option(
+            "--parallel",
+            help="Instead, run the MoE block under these parallel modes (dp,pp,tp,ep), as `qmoe-doctor parallel "
+            "--modes` does with its defaults; refused with --rows, --only, --sweeps or --configs.",
+        ),
+    ] = None,
 ) -> None:
     """Run the kernel under controlled placements, peer-access states and stream orderings,
     each probe in an isolated process, and name the cause of every failure.
 
-    Exit codes: 0 healthy, 1 fault diagnosed, 2 usage error, 4 the scan could not run.
+    Exit codes: 0 healthy, 1 fault diagnosed, 2 usage error, 4 the scan could not run (nothing
+    ran, or no probe child could start), 130 interrupted (143 by SIGTERM).
     """
+    ref = opt.kernel_ref(kernel)
+    opt.preset(preset)
+    check_outputs(files={"--save": save}, dirs={"--log-dir": log_dir})
     if parallel is not None:
-        from qmoe_doctor.cli.commands.parallel import run_from_scan
-
-        run_from_scan(
-            ctx,
-            parallel=parallel,
-            kernel=kernel,
+        ignored = [f"--{name}" for name in SCAN_ONLY if opt.given(ctx, name)]
+        if ignored:
+            raise CliError(
+                f"--parallel runs the parallel modes, not the scan's cells: {', '.join(ignored)} would be ignored"
+            )
+        options = ParallelOptions(
+            preset=preset if opt.given(ctx, "preset") else None,
+            timeout_s=timeout if opt.given(ctx, "timeout") else DEFAULT_RUN_TIMEOUT_S,
+        )
+        run_and_report(
+            modes=parallel,
+            kernel=str(ref),
             gpus=gpus,
-            preset=preset,
             cpu=cpu,
+            options=options,
             json_out=json_out,
             save=save,
             log_dir=log_dir,
-            timeout=timeout,
         )
-    err = stderr_console()
-    if preset not in PRESETS:
-        raise typer.BadParameter(
-            f"unknown preset {preset!r}; known: {', '.join(PRESETS)}", param_hint="--preset"
-        )
-    check_kernel_ref(kernel)
-    conditions = parse_conditions(only)
-    inv: Inventory | None = None
-    selected: tuple[int, ...] = ()
-    planned = []
-    if not cpu:
-        inv = collect_inventory()
-        if inv.gpus:
-            try:
-                planned = list(select_gpus(inv, gpus))
-            except GpuSelectionError as exc:
-                err.print(f"[red]error:[/] {exc}")
-                raise typer.Exit(ExitCode.USAGE) from None
-            selected = tuple(g.index for g in planned)
-        elif gpus:
-            err.print(
-                f"[red]error:[/] --gpus {gpus} given but no GPU is visible ({inv.nvml_error or 'NVML found none'})"
-            )
-            raise typer.Exit(ExitCode.USAGE)
-        else:
-            err.print(
-                f"[yellow]no GPU found[/] ({inv.nvml_error or 'NVML lists none'}): running the CPU tier"
-            )
+    conditions = opt.conditions(only)
+    if cpu and opt.given(ctx, "rows"):
+        raise CliError("--rows sets the GPU cells' rows; --cpu runs the CPU tier's own small shape")
     try:
         pinned = tuple(parse_config(c) for c in configs.split(",") if c.strip()) if configs else ()
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--configs") from None
-    opts = ScanOptions(
+        raise CliError(f"--configs {configs!r}: {exc}") from None
+    devices = select_devices(gpus, cpu=cpu, cpu_fallback="running the CPU tier")
+    if devices.fallback and opt.given(ctx, "rows"):
+        warning("--rows is ignored: the CPU tier runs its own small shape")
+    scan_opts = ScanOptions(
         preset=preset,
         rows=rows,
         conditions=conditions,
@@ -168,79 +113,40 @@ def scan_command(
         sweeps=sweeps,
         launch_configs=pinned,
     )
-    plan = plan_scan(kernel, planned, opts)
-    total = len(plan.specs)
-    with Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-    ) as progress:
-        task = progress.add_task("starting probe workers", total=total)
+    plan = plan_scan(str(ref), devices.gpus, scan_opts)
+    so_far: list[ScanReport] = []
 
-        def on_event(event: Event) -> None:
-            if event.kind is EventKind.OUTCOME and event.outcome is not None:
-                progress.advance(task)
-                o = event.outcome
-                err.print(
-                    f"  {o.probe_id}: {o.status}" + (f" ({o.error_kind})" if o.error_kind else ""),
-                    style="dim",
-                )
-            elif event.kind in (EventKind.PROBE_STARTED, EventKind.CRUMB) and event.probe_id:
-                phase = f" [{event.phase}]" if event.phase else ""
-                progress.update(task, description=f"{event.probe_id}{phase}")
-            elif event.kind is EventKind.WORKER_RESTARTED:
-                err.print(f"  worker replaced: {event.detail}", style="yellow")
+    def on_progress(report: ScanReport) -> None:  # --save holds every finished session
+        so_far[:] = [report]
+        if save is not None:
+            save_document(save, json_document("scan", report_json(report)), fallback_dir=Path(report.log_dir))
 
-        partial: list[ScanReport] = []
-
-        def on_progress(so_far: ScanReport) -> None:
-            partial[:] = [so_far]
-            if save is not None:
-                _write_report(save, so_far)
-
-        try:
+    try:
+        with probe_bar(len(plan.specs)) as on_event:
             report = run_scan(
                 plan,
-                gpus=selected,
+                gpus=devices.indices,
                 log_dir=log_dir,
                 on_event=on_event,
-                inventory=to_jsonable(inv) if inv is not None else None,
-                audit_presets=(preset, opts.boundary_preset),
                 on_progress=on_progress,
+                inventory=to_jsonable(devices.inventory) if devices.inventory else None,
+                audit_presets=(preset, scan_opts.boundary_preset),
             )
-        except KeyboardInterrupt:
-            progress.stop()
-            where = (
-                f"the report so far ({len(partial[0].outcomes)} probes, complete: false) is in {save}"
-                if save is not None and partial
-                else "nothing was saved (--save writes the report after every session)"
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM from a job's time limit (core.events.Interrupted)
+        if save is not None and so_far:
+            note(
+                f"interrupted: the report so far ({len(so_far[0].outcomes)} probes, complete: false) is in {save}"
             )
-            err.print(f"[yellow]interrupted[/]: {where}")
-            raise typer.Exit(ExitCode.CHECK_BROKEN) from None
-        except KernelRefError as exc:
-            err.print(
-                f"[red]error:[/] the kernel {kernel!r} could not be used: {exc}\n"
-                "qmoe-doctor calls kernels as fn(x, w, m_sizes) -> y with x (M, K) rows sorted by "
-                "expert, w (E, N, K) and m_sizes (E,); pass --kernel module:function or "
-                "path/to/file.py:function naming such a callable."
-            )
-            raise typer.Exit(ExitCode.USAGE) from None
+        else:
+            note("interrupted: nothing was saved (--save keeps the report of every finished session)")
+        raise typer.Exit(interrupt_code(exc)) from None
+    doc = json_document("scan", report_json(report))
     if save is not None:
-        _write_report(save, report)
+        save_document(save, doc, fallback_dir=Path(report.log_dir))
     if json_out:
-        emit_json("scan", report_json(report))
+        emit_document(doc)
     else:
         render_report(stdout_console(), report)
-    if all_spawn_failures(report) or nothing_ran(report):
+    if could_not_run(report) is not None:
         raise typer.Exit(ExitCode.CHECK_BROKEN)
     raise typer.Exit(ExitCode.HEALTHY if report.healthy else ExitCode.FAULT)
-
-
-def _write_report(path: Path, report: ScanReport) -> None:
-    """Write the JSON report whole or not at all (a scan killed mid-write keeps the last one)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(report_json(report), indent=2, allow_nan=True) + "\n")
-    os.replace(tmp, path)

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import typer
-from rich import box
-from rich.table import Table
-
+from qmoe_doctor.cli import options as opt
 from qmoe_doctor.cli.output import emit_json, stdout_console
+from qmoe_doctor.cli.render.specimens import render_specimens
 from qmoe_doctor.core.causes import get_cause
 from qmoe_doctor.core.specimens import SPECIMENS, SpecimenInfo
 
@@ -26,25 +24,13 @@ def _as_dict(spec: SpecimenInfo) -> dict[str, Any]:
     }
 
 
-def specimens_command(
-    json_output: bool = typer.Option(False, "--json", help="Write one JSON document to stdout."),
-) -> None:
+def specimens_command(json_out: opt.JsonOpt = False) -> None:
     """List the specimens: deliberately faulty kernels, one per cause, that calibrate the doctor.
 
     Scan one with [bold]qmoe-doctor scan --kernel specimen:NAME[/bold]: the doctor must name its
-    cause and no other.
+    cause and no other. A catalogue, not a report: no --save.
     """
-    if json_output:
+    if json_out:
         emit_json("specimens", {"specimens": [_as_dict(s) for s in SPECIMENS]})
         return
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    table.add_column("--kernel", no_wrap=True, style="bold")
-    table.add_column("cause", no_wrap=True)
-    table.add_column("what it does wrong / when it misbehaves")
-    for spec in SPECIMENS:
-        table.add_row(spec.kernel_option, spec.cause, f"{spec.summary}\n[dim]when: {spec.trigger}[/dim]")
-    console = stdout_console()
-    console.print(table)
-    console.print(
-        "Each is qmoe_doctor.kernels.specimens.<name>:moe_grouped_gemm; docs: docs/causes/<cause>.md"
-    )
+    render_specimens(stdout_console(), SPECIMENS)

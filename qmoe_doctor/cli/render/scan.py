@@ -10,9 +10,9 @@ from rich.text import Text
 
 from qmoe_doctor.core.causes import get_cause
 from qmoe_doctor.core.conditions import PAIR_ORDER, SINGLE_ORDER, SWEEP_CONDITIONS
-from qmoe_doctor.core.records import Condition, Diagnosis
+from qmoe_doctor.core.records import Condition, Diagnosis, Phase, Status
 from qmoe_doctor.core.reports import ScanReport
-from qmoe_doctor.diagnose.scan_rules import Cell, build_matrix
+from qmoe_doctor.workflows.scan import Cell, all_spawn_failures, build_matrix, nothing_ran
 
 #: Colour of a cell label; error kinds not listed are red.
 STYLE = {"pass": "green", "rejected": "green", "slow": "yellow", "wrong": "bold red", "skipped": "dim"}
@@ -114,7 +114,8 @@ def diagnosis_panel(d: Diagnosis) -> Panel:
     ]
     if d.repro:
         body.append(Text.assemble(("repro: ", "dim"), (d.repro, "bold")))
-    return Panel(Group(*body), title=f"[bold red]{d.cause}[/] - {cause.title}", title_align="left")
+    title = Text.assemble((d.cause, "bold red"), f" - {cause.title}")
+    return Panel(Group(*body), title=title, title_align="left")
 
 
 def render_report(console: Console, report: ScanReport) -> None:
@@ -165,15 +166,47 @@ def render_report(console: Console, report: ScanReport) -> None:
             console.print(Text.assemble("  ", (e.probe_id, "cyan"), " ", (e.label, "red"), ": ", e.detail))
     for note in report.skipped:
         console.print(Text.assemble(("skipped: ", "dim"), note))
-    if report.healthy:
-        console.print(Text("healthy: every cell passed; no cause diagnosed", style="bold green"))
-    else:
-        n = len(report.diagnoses)
-        console.print(
-            Text(
-                f"{n} cause{'s' if n != 1 else ''} diagnosed"
-                + (f", {len(report.unexplained)} unexplained failing cell(s)" if report.unexplained else ""),
-                style="bold red",
-            )
-        )
+    console.print(verdict_line(report))
     console.print(Text(f"logs: {report.log_dir}", style="dim"))
+
+
+def could_not_run(report: ScanReport) -> str | None:
+    """Why the scan asserted nothing (exit 4), or None when probes of the kernel ran."""
+    if not report.outcomes:
+        return "no probe was planned for these options"
+    if all_spawn_failures(report):
+        return f"no probe child could start: {_first_line(report.outcomes[0].error_message)}"
+    if not nothing_ran(report):
+        return None
+    env = next((o for o in report.outcomes if o.spec.condition is Condition.INTERPRETER_CHECK), None)
+    if env is not None and env.status is Status.ERROR and env.phase is Phase.SPAWN:
+        return f"no probe child could start: {_first_line(env.error_message)}"
+    if env is not None and env.failed:
+        return f"the Triton interpreter cannot run here: {_first_line(env.error_message)}"
+    notes = sorted({n for o in report.outcomes if o.status is Status.SKIPPED for n in o.notes})
+    return "every probe was skipped" + (f": {notes[0]}" if notes else "")
+
+
+def verdict_line(report: ScanReport) -> Text:
+    """The last word: healthy only when probes of the kernel ran and every one passed."""
+    broken = could_not_run(report)
+    if broken is not None:
+        return Text(f"could not run: {broken}; nothing about the kernel was checked", style="bold yellow")
+    if report.healthy:
+        return Text("healthy: every cell passed; no cause diagnosed", style="bold green")
+    if not report.diagnoses and not report.unexplained:
+        return Text(
+            "incomplete: every cell that ran passed; sessions not run: " + ", ".join(report.not_run),
+            style="bold yellow",
+        )
+    n = len(report.diagnoses)
+    return Text(
+        f"{n} cause{'s' if n != 1 else ''} diagnosed"
+        + (f", {len(report.unexplained)} unexplained failing cell(s)" if report.unexplained else ""),
+        style="bold red",
+    )
+
+
+def _first_line(text: str | None) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    return lines[0][:300] if lines else "no message"

@@ -1,0 +1,85 @@
+"""Rendering of check reports for the terminal: per kernel, its tiers, diagnoses, lint, the verdict."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.text import Text
+
+from qmoe_doctor.core.causes import CAUSES
+from qmoe_doctor.core.exitcodes import ExitCode
+from qmoe_doctor.workflows.check import CheckReport, KernelCheck, LintResult
+
+_STATUS = {
+    ExitCode.HEALTHY: ("healthy", "bold green"),
+    ExitCode.FAULT: ("FAULT", "bold red"),
+    ExitCode.USAGE: ("USAGE ERROR", "bold red"),
+    ExitCode.CHECK_BROKEN: ("COULD NOT CHECK", "bold yellow"),
+}
+
+
+def _render_lint(lint: LintResult, indent: str) -> list[Text]:
+    lines = [Text(f"{indent}lint: {len(lint.files)} file(s), {len(lint.findings)} finding(s)", style="dim")]
+    for f in lint.findings:
+        lines.append(Text.assemble(indent, "  ", (f.as_line(), "red")))
+    for e in lint.errors:
+        lines.append(Text.assemble(indent, "  ", (f"error: {e.as_line()}", "red")))
+    return lines
+
+
+def _render_kernel(k: KernelCheck) -> list[Text]:
+    word, style = _STATUS.get(ExitCode(k.exit_code), ("?", "bold"))
+    head = Text.assemble((k.kernel, "bold"), "  ", (word, style), (f"  ({k.wall_s:.1f} s)", "dim"))
+    lines = [head]
+    for t in k.tiers:
+        c = t.counts
+        where = "CPU tier" if t.tier == "cpu" else "GPU subset (GPUs " + ", ".join(map(str, t.gpus)) + ")"
+        lines.append(
+            Text(
+                f"  {where}: {c['pass']} passed, {c['fail']} failed, {c['skip']} skipped"
+                + (f", {c['error']} could not run" if c["error"] else "")
+                + f"  ({t.wall_s:.1f} s; logs {t.log_dir})",
+                style="dim",
+            )
+        )
+    if k.problem:
+        lines.append(Text(f"  {k.problem}", style="red"))
+    for d in k.diagnoses:
+        docs = CAUSES[d.cause].docs if d.cause in CAUSES else ""
+        lines.append(
+            Text.assemble("  ", (d.cause, "bold red"), f": {d.summary}", (f"  [{d.confidence}]", "dim"))
+        )
+        if d.where:
+            lines.append(Text(f"    where: {', '.join(d.where)}", style="dim"))
+        if d.repro:
+            lines.append(Text.assemble(("    repro: ", "dim"), (d.repro, "bold")))
+        if docs:
+            lines.append(Text(f"    docs: {docs}", style="dim"))
+    for e in k.unexplained:
+        lines.append(
+            Text.assemble("  ", ("unexplained ", "bold red"), (e.probe_id, "cyan"), f" {e.label}: {e.detail}")
+        )
+    for note in k.explanations:
+        lines.append(Text.assemble(("  note: ", "yellow"), note))
+    if k.lint is not None:
+        lines += _render_lint(k.lint, "  ")
+    reasons = sorted({c.detail for c in k.cells if c.verdict == "skip"})
+    for r in reasons:
+        lines.append(Text(f"  skipped: {r}", style="dim"))
+    for t in k.tiers:
+        for s in t.skipped:
+            lines.append(Text(f"  not run: {s}", style="dim"))
+    return lines
+
+
+def render_check(out: Console, report: CheckReport) -> None:
+    for k in report.kernels:
+        for line in _render_kernel(k):
+            out.print(line, soft_wrap=True)
+    if report.lint is not None:
+        for line in _render_lint(report.lint, ""):
+            out.print(line, soft_wrap=True)
+    for note in report.notes:
+        out.print(Text(f"note: {note}", style="yellow"), soft_wrap=True)
+    code = ExitCode(report.exit_code)
+    word, style = _STATUS.get(code, ("?", "bold"))
+    out.print(Text.assemble(("check: ", "bold"), (word, style), f" (exit {int(code)})"), soft_wrap=True)

@@ -1,0 +1,45 @@
+"""Rendering of lint reports: a table per file, or one line per finding (``--plain``)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from qmoe_doctor.workflows.lint import LintReport
+
+
+def _summary(report: LintReport) -> str:
+    n_files = len(report.files)
+    files = f"{n_files} file{'s' if n_files != 1 else ''}"
+    if not report.findings:
+        return f"No findings in {files} ({len(report.rules)} rules)."
+    per_rule = ", ".join(f"{rule} {n}" for rule, n in report.counts().items())
+    n = len(report.findings)
+    return f"{n} finding{'s' if n != 1 else ''} in {len(report.by_file())} of {files} ({per_rule})."
+
+
+def render_plain(out: Console, report: LintReport) -> None:
+    for finding in report.findings:
+        out.print(Text(finding.as_line()), soft_wrap=True)
+    out.print(Text(_summary(report)), soft_wrap=True)
+
+
+def render_table(out: Console, report: LintReport) -> None:
+    for path, findings in report.by_file().items():
+        table = Table(title=Text(path, style="bold"), title_justify="left", show_lines=True, expand=False)
+        table.add_column("Line", justify="right", no_wrap=True)
+        table.add_column("Rule / cause", no_wrap=True)
+        table.add_column("Finding and fix")
+        for f in findings:
+            rule = Text(f.rule.value, style="bold yellow")
+            rule.append(f"\n{f.cause}", style="dim")
+            body = Text(f.message)
+            body.append("\nfix: ", style="bold green")
+            body.append(f.fix, style="green")
+            table.add_row(f"{f.line}:{f.col}", rule, body)
+        out.print(table)
+    if report.findings:
+        docs = sorted({f"docs/causes/{f.cause}.md" for f in report.findings})
+        out.print(Text("More on each cause: " + ", ".join(docs), style="dim"), soft_wrap=True)
+    out.print(Text(_summary(report), style="bold" if report.findings else "green"), soft_wrap=True)

@@ -1,0 +1,27 @@
+"""Rendering of the specimen catalogue (``qmoe-doctor specimens``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from qmoe_doctor.core.specimens import SpecimenInfo
+
+
+def render_specimens(console: Console, specimens: Sequence[SpecimenInfo]) -> None:
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    table.add_column("--kernel", no_wrap=True, style="bold")
+    table.add_column("cause", no_wrap=True)
+    table.add_column("what it does wrong / when it misbehaves")
+    for spec in specimens:
+        what = Text(spec.summary)
+        what.append(f"\nwhen: {spec.trigger}", style="dim")
+        table.add_row(spec.kernel_option, spec.cause, what)
+    console.print(table)
+    console.print(
+        "Each is qmoe_doctor.kernels.specimens.<name>:moe_grouped_gemm; docs: docs/causes/<cause>.md"
+    )
