@@ -18,7 +18,8 @@ optionally weights) the rows of each segment in float32 and writes each output r
   rows' gradients back to their source rows.
 
 ``order`` must be a permutation of the rows (every row in exactly one segment). Slow, obvious
-twins: ``segment_sum_torch``. Kernels run on the rows' device inside its device guard.
+twins: ``segment_sum_torch``. Kernels run on the rows' device inside its device guard; they are
+in ``kernels/_details/combine_kernels.py``.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from typing import Any
 
 import torch
 import triton
-import triton.language as tl
 
+from qmoe_doctor.kernels._details.combine_kernels import _combine_backward_kernel, _segment_sum_kernel
 from qmoe_doctor.kernels.grouped_gemm import device_guard
 
 __all__ = [
@@ -43,68 +44,6 @@ __all__ = [
 ]
 
 BLOCK_H = 256
-
-
-@triton.jit
-def _segment_sum_kernel(
-    rows_ptr,
-    order_ptr,
-    starts_ptr,
-    w_ptr,
-    out_ptr,
-    H,
-    stride_r,
-    stride_o,
-    HAS_W: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-):
-    seg = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    mask = cols < H
-    lo = tl.load(starts_ptr + seg)
-    hi = tl.load(starts_ptr + seg + 1)
-    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    for j in range(lo, hi):
-        row = tl.cast(tl.load(order_ptr + j), tl.int64)  # row * stride passes 2**31 for R*H > 2**31
-        x = tl.load(rows_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
-        if HAS_W:
-            x = x * tl.load(w_ptr + j).to(tl.float32)
-        acc += x
-    tl.store(out_ptr + tl.cast(seg, tl.int64) * stride_o + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _combine_backward_kernel(
-    grad_ptr,  # (S, H) gradient of the segment sums
-    rows_ptr,  # (R, H) the forward's rows (for the weights' gradient)
-    order_ptr,
-    starts_ptr,
-    w_ptr,
-    grad_rows_ptr,  # (R, H) out: w[j] * grad[segment of j] at row order[j]
-    grad_w_ptr,  # (L,) out: dot(rows[order[j]], grad[segment of j])
-    H,
-    stride_g,
-    stride_r,
-    BLOCK_H: tl.constexpr,
-):
-    seg = tl.program_id(0)
-    lo = tl.load(starts_ptr + seg)
-    hi = tl.load(starts_ptr + seg + 1)
-    g_row = grad_ptr + tl.cast(seg, tl.int64) * stride_g
-    for j in range(lo, hi):
-        row = tl.cast(tl.load(order_ptr + j), tl.int64)
-        w = tl.load(w_ptr + j).to(tl.float32)
-        dot = tl.zeros((BLOCK_H,), dtype=tl.float32)
-        for h0 in range(0, H, BLOCK_H):
-            cols = h0 + tl.arange(0, BLOCK_H)
-            mask = cols < H
-            g = tl.load(g_row + cols, mask=mask, other=0.0).to(tl.float32)
-            x = tl.load(rows_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
-            tl.store(
-                grad_rows_ptr + row * stride_r + cols, (w * g).to(grad_rows_ptr.dtype.element_ty), mask=mask
-            )
-            dot += x * g
-        tl.store(grad_w_ptr + j, tl.sum(dot, 0).to(grad_w_ptr.dtype.element_ty))
 
 
 def segment_starts(counts: torch.Tensor) -> torch.Tensor:
@@ -173,14 +112,14 @@ def segment_sum_torch(
 
 class CombineRows(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, rows: torch.Tensor, order: torch.Tensor, starts: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
         ctx.save_for_backward(rows, order, starts, weights)
         return segment_sum(rows, order, starts, weights)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         rows, order, starts, weights = ctx.saved_tensors
         rows_c = rows if rows.stride(1) == 1 and rows.is_contiguous() else rows.contiguous()
         grad = grad.contiguous()
@@ -210,28 +149,28 @@ class CombineRows(torch.autograd.Function):
 
 class GatherRows(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, src: torch.Tensor, index: torch.Tensor, order: torch.Tensor, starts: torch.Tensor
     ) -> torch.Tensor:
         ctx.save_for_backward(order, starts)
         return src.index_select(0, index)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         order, starts = ctx.saved_tensors
         return segment_sum(grad, order, starts), None, None, None
 
 
 class SumRows(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, rows: torch.Tensor, index: torch.Tensor, order: torch.Tensor, starts: torch.Tensor
     ) -> torch.Tensor:
         ctx.save_for_backward(index)
         return segment_sum(rows, order, starts)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         (index,) = ctx.saved_tensors
         return grad.index_select(0, index), None, None, None
 
@@ -242,7 +181,7 @@ def sum_rows(
     """Differentiable unweighted segment sum: row i belongs to segment ``index[i]`` (its
     backward is the gather ``grad[index]``); ``order``/``starts`` list the rows per segment."""
     _check(rows, order, starts, None)
-    out: torch.Tensor = SumRows.apply(rows, index, order, starts)
+    out: torch.Tensor = SumRows.apply(rows, index, order, starts)  # type: ignore[no-untyped-call]  # torch leaves Function.apply untyped
     return out
 
 
@@ -268,7 +207,7 @@ def combine_rows(
 ) -> torch.Tensor:
     """Differentiable weighted segment sum (in rows and weights); see the module docstring."""
     _check(rows, order, starts, weights)
-    out: torch.Tensor = CombineRows.apply(rows, order, starts, weights)
+    out: torch.Tensor = CombineRows.apply(rows, order, starts, weights)  # type: ignore[no-untyped-call]  # torch leaves Function.apply untyped
     return out
 
 
@@ -277,5 +216,5 @@ def gather_rows(
 ) -> torch.Tensor:
     """``src[index]`` whose backward sums each source row's gradients without atomics: segment s
     (source row s) holds the gathered rows ``order[starts[s]:starts[s+1]]``."""
-    out: torch.Tensor = GatherRows.apply(src, index, order, starts)
+    out: torch.Tensor = GatherRows.apply(src, index, order, starts)  # type: ignore[no-untyped-call]  # torch leaves Function.apply untyped
     return out

@@ -19,6 +19,8 @@ What makes it right under every placement (each item is a cause in ``qmoe_doctor
   write outside x or y (``invalid-routing``). Rows that ``m_sizes`` does not cover are zero.
 
 ``moe_grouped_gemm_torch`` is the slow, obvious twin with the same signature and semantics.
+This module is the host side (checks, config choice, launchers); the Triton kernels themselves
+are in ``kernels/_details/grouped_gemm_kernels.py``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,13 @@ from typing import Any
 
 import torch
 import triton
-import triton.language as tl
+
+from qmoe_doctor.core.launch_configs import GEMM_CONFIGS, TileConfig, gemm_fallback
+from qmoe_doctor.kernels._details.grouped_gemm_kernels import (
+    _grouped_gemm_flat_kernel,
+    _grouped_gemm_kernel,
+    _grouped_gemm_tma_kernel,
+)
 
 __all__ = [
     "GemmConfig",
@@ -84,9 +92,19 @@ class GemmConfig:
     resident_x: bool = False
     overlap: int = 0
 
+    @classmethod
+    def from_tile(cls, tile: TileConfig) -> GemmConfig:
+        """The plain kernel of a fallback table entry (``qmoe_doctor.core.launch_configs``)."""
+        return cls(*tile)
+
+    @property
+    def tile(self) -> TileConfig:
+        """The five numbers every launch takes (the variant switches left out)."""
+        return TileConfig(self.block_m, self.block_n, self.block_k, self.num_warps, self.num_stages)
+
     @property
     def name(self) -> str:
-        text = f"{self.block_m}x{self.block_n}x{self.block_k}-w{self.num_warps}-s{self.num_stages}"
+        text = self.tile.name
         if self.programs_per_sm != 1:
             text += f"-p{self.programs_per_sm}"
         text += ("-tma" if self.tma else "") + ("-flat" if self.flat else "")
@@ -95,7 +113,7 @@ class GemmConfig:
 
     def smem_bytes(self, itemsize: int) -> int:
         """Shared memory the software pipeline asks for: one x tile and one w tile per stage."""
-        return (self.block_m + self.block_n) * self.block_k * itemsize * self.num_stages
+        return self.tile.smem_bytes(itemsize)
 
 
 # --------------------------------------------------------------------------------------------
@@ -213,8 +231,9 @@ def check_routing_sizes(m_sizes: torch.Tensor, m: int) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Config choice: a small table, pruned against the device's shared memory (no autotune at run
-# time: a 1000-config autotune took 49 s for one shape on an H200).
+# Config choice: the measured table (kernels/tuning.py), else the fallback table
+# (qmoe_doctor.core.launch_configs), pruned against the device's shared memory (no autotune at
+# run time: a 1000-config autotune took 49 s for one shape on an H200).
 # --------------------------------------------------------------------------------------------
 
 
@@ -222,10 +241,11 @@ def pick_config(
     m: int, n: int, k: int, e: int, device: torch.device, dtype: torch.dtype, *, op: str = "forward"
 ) -> GemmConfig:
     """The launch config of one call: the measured table (``kernels/tuning.py``) on the
-    devices it was measured for, a small built-in rule elsewhere; pruned to the device's
-    shared memory either way. ``op`` is "forward" or "dx" (the forward kernel on w.T)."""
+    devices it was measured for, the fallback table (``core.launch_configs``) elsewhere;
+    pruned to the device's shared memory either way. ``op`` is "forward" or "dx" (the forward
+    kernel on w.T)."""
     if device.type != "cuda":
-        return GemmConfig(32, 32, 32, num_warps=4, num_stages=1)  # interpreter: small and quick
+        return GemmConfig.from_tile(GEMM_CONFIGS["interpreter"])
     index = device.index if device.index is not None else torch.cuda.current_device()
     return _pick_config(m, n, k, e, index, dtype, op)
 
@@ -240,12 +260,7 @@ def _pick_config(m: int, n: int, k: int, e: int, index: int, dtype: torch.dtype,
     device = torch.device("cuda", index)
     cfg = tuning.lookup(op, m / max(1, e), n, k, capability(index))
     if cfg is None:
-        if avg_rows <= 64:
-            cfg = GemmConfig(64, 128, 64, num_warps=4, num_stages=4)
-        elif n >= 256:
-            cfg = GemmConfig(128, 256, 64, num_warps=8, num_stages=3)
-        else:
-            cfg = GemmConfig(128, 128, 64, num_warps=8, num_stages=3)
+        cfg = GemmConfig.from_tile(gemm_fallback(avg_rows, n))
     return fit_config(cfg, device, dtype)
 
 
@@ -261,96 +276,8 @@ def fit_config(cfg: GemmConfig, device: torch.device, dtype: torch.dtype) -> Gem
 
 
 # --------------------------------------------------------------------------------------------
-# The kernel.
+# Launchers (the kernels: kernels/_details/grouped_gemm_kernels.py).
 # --------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _grouped_gemm_kernel(
-    x_ptr,  # (M, K) rows sorted by expert
-    w_ptr,  # (E, N, K) expert weights, any strides
-    y_ptr,  # (M, N) output
-    m_sizes_ptr,  # (E,) int32/int64 rows per expert; trusted only as far as M allows
-    M,
-    N,
-    K,
-    E,
-    stride_xm,
-    stride_xk,
-    stride_we,
-    stride_wn,
-    stride_wk,
-    stride_ym,
-    stride_yn,
-    NUM_PROGRAMS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """Persistent grid: program p takes tiles p, p + NUM_PROGRAMS, ... of the expert-major
-    tile sequence; after the experts, rows no expert covers are written as zeros."""
-    pid = tl.program_id(0)
-    num_n_tiles = tl.cdiv(N, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-
-    tiles_before = 0  # tiles of the experts already walked (same count in every program)
-    row_start = 0  # first row of the current expert
-    for expert in range(E + 1):
-        if expert < E:
-            m_size = tl.load(m_sizes_ptr + expert)
-            # mask by M: negative counts become 0, counts past the last row stop at M. Clamp
-            # in the loaded width, then narrow: an int64 count past 2**31 (a stale value in a
-            # recycled block) would otherwise truncate to an arbitrary int32.
-            m_size = tl.minimum(tl.maximum(m_size, 0), tl.maximum(M - row_start, 0)).to(tl.int32)
-        else:
-            m_size = tl.maximum(M - row_start, 0)  # rows no expert covers: written as zeros
-        num_tiles = tl.cdiv(m_size, BLOCK_M) * num_n_tiles
-        # first tile of this expert that belongs to this program
-        tile = tiles_before + (pid - tiles_before % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
-        while tile < tiles_before + num_tiles:
-            local = tile - tiles_before
-            tile_m = local // num_n_tiles
-            tile_n = local % num_n_tiles
-            first_row = row_start + tile_m * BLOCK_M
-            row_mask = (first_row + offs_m) < (row_start + m_size)
-            cols = tile_n * BLOCK_N + offs_n
-            col_mask = cols < N
-            # first_row * stride_ym passes 2**31 for M*N > 2**31 (1M tokens x 2048): int64 here
-            y_tile = y_ptr + tl.cast(first_row, tl.int64) * stride_ym
-            y_ptrs = y_tile + offs_m[:, None] * stride_ym + cols[None, :] * stride_yn
-            out_mask = row_mask[:, None] & col_mask[None, :]
-            if expert < E:
-                # first_row * stride_xm passes 2**31 for M*K > 2**31
-                x_ptrs = (
-                    x_ptr
-                    + tl.cast(first_row, tl.int64) * stride_xm
-                    + offs_m[:, None] * stride_xm
-                    + offs_k[None, :] * stride_xk
-                )
-                # expert * stride_we passes 2**31 at expert 69 for 160 experts of 5120x6144
-                w_ptrs = (
-                    w_ptr
-                    + tl.cast(expert, tl.int64) * stride_we
-                    + cols[None, :] * stride_wn
-                    + offs_k[:, None] * stride_wk
-                )
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for k0 in range(0, K, BLOCK_K):
-                    k_mask = (k0 + offs_k) < K
-                    a = tl.load(x_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-                    b = tl.load(w_ptrs, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
-                    acc = tl.dot(a, b, acc)
-                    x_ptrs += BLOCK_K * stride_xk
-                    w_ptrs += BLOCK_K * stride_wk
-                tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
-            else:
-                zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                tl.store(y_ptrs, zeros.to(y_ptr.dtype.element_ty), mask=out_mask)
-            tile += NUM_PROGRAMS
-        tiles_before += num_tiles
-        row_start += m_size
 
 
 def launch_grouped_gemm(
@@ -392,95 +319,6 @@ def launch_grouped_gemm(
 # --------------------------------------------------------------------------------------------
 # The Hopper path: the same tile walk, tiles loaded by the bulk tensor copy engine (TMA).
 # --------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _store_rows(
-    y_ptr, out, first_row, n0, row_end, N, stride_ym, stride_yn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
-):
-    """Masked store of an output tile: rows below row_end, columns below N."""
-    offs_m = tl.arange(0, BLOCK_M)
-    cols = n0 + tl.arange(0, BLOCK_N)
-    y_ptrs = (
-        y_ptr
-        + tl.cast(first_row, tl.int64) * stride_ym
-        + offs_m[:, None] * stride_ym
-        + cols[None, :] * stride_yn
-    )
-    mask = ((first_row + offs_m) < row_end)[:, None] & (cols < N)[None, :]
-    tl.store(y_ptrs, out, mask=mask)
-
-
-@triton.jit
-def _grouped_gemm_tma_kernel(
-    x_desc,  # (M, K) block (BLOCK_M, BLOCK_K); rows past M read as zeros
-    w_desc,  # 2-D view of w: (E * N, K) block (BLOCK_N, BLOCK_K), or W_KN: (E * K, N) block (BLOCK_K, BLOCK_N)
-    y_ptr,
-    y_desc,  # (M, N) block (BLOCK_M, BLOCK_N) when Y_TMA: full row tiles are stored through it
-    m_sizes_ptr,
-    M,
-    N,
-    K,
-    E,
-    W_ROWS,  # rows of one expert in the 2-D view of w (N, or K for W_KN)
-    stride_ym,
-    stride_yn,
-    NUM_PROGRAMS,  # runtime: one compiled kernel serves every grid size
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    W_KN: tl.constexpr,
-    Y_TMA: tl.constexpr,
-):
-    """``_grouped_gemm_kernel``'s tile walk with descriptor loads. Descriptor coordinates are
-    element indices (the copy engine forms the 64-bit address), so nothing here can wrap.
-    x rows past the expert's last row are read (they belong to the next expert) but only feed
-    output rows that are never stored; a w tile past the expert's N rows only feeds masked
-    columns; in the W_KN view the host allows only K % BLOCK_K == 0, so no tile crosses an
-    expert along the reduction."""
-    pid = tl.program_id(0)
-    num_n_tiles = tl.cdiv(N, BLOCK_N)
-
-    tiles_before = 0
-    row_start = 0
-    for expert in range(E + 1):
-        if expert < E:
-            m_size = tl.load(m_sizes_ptr + expert)
-            m_size = tl.minimum(tl.maximum(m_size, 0), tl.maximum(M - row_start, 0)).to(tl.int32)
-        else:
-            m_size = tl.maximum(M - row_start, 0)  # rows no expert covers: written as zeros
-        num_tiles = tl.cdiv(m_size, BLOCK_M) * num_n_tiles
-        tile = tiles_before + (pid - tiles_before % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
-        while tile < tiles_before + num_tiles:
-            local = tile - tiles_before
-            tile_m = local // num_n_tiles
-            tile_n = local % num_n_tiles
-            first_row = row_start + tile_m * BLOCK_M
-            n0 = tile_n * BLOCK_N
-            if expert < E:
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for k0 in range(0, K, BLOCK_K):
-                    a = x_desc.load([first_row, k0])
-                    if W_KN:
-                        b = w_desc.load([expert * W_ROWS + k0, n0])
-                        acc = tl.dot(a, b, acc)
-                    else:
-                        b = w_desc.load([expert * W_ROWS + n0, k0])
-                        acc = tl.dot(a, b.T, acc)
-                out = acc.to(y_ptr.dtype.element_ty)
-            else:
-                out = tl.zeros((BLOCK_M, BLOCK_N), dtype=y_ptr.dtype.element_ty)
-            row_end = row_start + m_size
-            if Y_TMA:
-                if first_row + BLOCK_M <= row_end:
-                    y_desc.store([first_row, n0], out)  # a full row tile; columns past N are clipped
-                else:
-                    _store_rows(y_ptr, out, first_row, n0, row_end, N, stride_ym, stride_yn, BLOCK_M, BLOCK_N)
-            else:
-                _store_rows(y_ptr, out, first_row, n0, row_end, N, stride_ym, stride_yn, BLOCK_M, BLOCK_N)
-            tile += NUM_PROGRAMS
-        tiles_before += num_tiles
-        row_start += m_size
 
 
 #: (x_desc, w_desc, y_desc or None, W_ROWS, W_KN)
@@ -580,124 +418,6 @@ def launch_grouped_gemm_tma(
     )
 
 
-@triton.jit
-def _grouped_gemm_flat_kernel(
-    x_ptr,
-    w_ptr,
-    y_ptr,
-    m_sizes_ptr,
-    x_desc,  # USE_TMA: as in _grouped_gemm_tma_kernel; otherwise unused
-    w_desc,
-    M,
-    N,
-    K,
-    E,
-    W_ROWS,
-    stride_xm,
-    stride_xk,
-    stride_we,
-    stride_wn,
-    stride_wk,
-    stride_ym,
-    stride_yn,
-    NUM_PROGRAMS,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    E_POW2: tl.constexpr,  # a power of two > E: one slot per expert and one for uncovered rows
-    USE_TMA: tl.constexpr,
-    W_KN: tl.constexpr,
-):
-    """The same tiles as ``_grouped_gemm_kernel`` (expert-major, round-robin over programs), walked
-    as ONE loop over this program's (tile, k-step) pairs. Expert row bounds come from a
-    vector prefix sum of the clamped counts (negative counts are 0, nothing passes M: the
-    bounds of the sequential walk); slot E holds the rows no expert covers, written as zeros
-    (its w loads are masked off, or past the last expert where the descriptor reads zeros)."""
-    pid = tl.program_id(0)
-    num_n_tiles = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    offs_e = tl.arange(0, E_POW2)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-
-    sizes = tl.load(m_sizes_ptr + offs_e, mask=offs_e < E, other=0)
-    sizes = tl.minimum(tl.maximum(sizes, 0), M).to(tl.int64)  # clamp in the loaded width first
-    incl = tl.cumsum(sizes, 0)
-    ends = tl.minimum(incl, M).to(tl.int32)
-    starts = tl.minimum(incl - sizes, M).to(tl.int32)
-    covered = tl.max(ends, 0)
-    starts = tl.where(offs_e == E, covered, starts)
-    ends = tl.where(offs_e == E, M, ends)
-    rows = tl.where(offs_e <= E, ends - starts, 0)
-    tiles = tl.cdiv(rows, BLOCK_M) * num_n_tiles
-    tile_incl = tl.cumsum(tiles, 0)
-    tile_excl = tile_incl - tiles
-    total_tiles = tl.sum(tiles, 0)
-    my_tiles = (tl.maximum(total_tiles - pid, 0) + NUM_PROGRAMS - 1) // NUM_PROGRAMS
-
-    tile = pid - NUM_PROGRAMS
-    ki = k_tiles - 1
-    expert = 0
-    first_row = 0
-    row_end = 0
-    n0 = 0
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for _ in range(0, my_tiles * k_tiles):
-        ki = tl.where(ki == k_tiles - 1, 0, ki + 1)
-        if ki == 0:
-            tile += NUM_PROGRAMS
-            expert = tl.sum((tile_incl <= tile).to(tl.int32), 0)
-            here = offs_e == expert
-            local = tile - tl.sum(tl.where(here, tile_excl, 0), 0)
-            first_row = tl.sum(tl.where(here, starts, 0), 0) + (local // num_n_tiles) * BLOCK_M
-            row_end = tl.sum(tl.where(here, ends, 0), 0)
-            n0 = (local % num_n_tiles) * BLOCK_N
-        k0 = ki * BLOCK_K
-        if USE_TMA:
-            a = x_desc.load([first_row, k0])
-            if W_KN:
-                b = w_desc.load([expert * W_ROWS + k0, n0])
-                acc = tl.dot(a, b, acc)
-            else:
-                b = w_desc.load([expert * W_ROWS + n0, k0])
-                acc = tl.dot(a, b.T, acc)
-        else:
-            ks = k0 + offs_k
-            k_mask = ks < K
-            cols = n0 + offs_n
-            x_ptrs = (
-                x_ptr
-                + tl.cast(first_row, tl.int64) * stride_xm  # passes 2**31 for M*K > 2**31
-                + offs_m[:, None] * stride_xm
-                + ks[None, :] * stride_xk
-            )
-            w_ptrs = (
-                w_ptr
-                + tl.cast(expert, tl.int64) * stride_we  # passes 2**31 for large stacks
-                + cols[None, :] * stride_wn
-                + ks[:, None] * stride_wk
-            )
-            a = tl.load(x_ptrs, mask=((first_row + offs_m) < row_end)[:, None] & k_mask[None, :], other=0.0)
-            col_ok = (cols < N) & (tl.zeros((BLOCK_N,), dtype=tl.int32) + expert < E)  # slot E: no w
-            b = tl.load(w_ptrs, mask=k_mask[:, None] & col_ok[None, :], other=0.0)
-            acc = tl.dot(a, b, acc)
-        if ki == k_tiles - 1:
-            _store_rows(
-                y_ptr,
-                acc.to(y_ptr.dtype.element_ty),
-                first_row,
-                n0,
-                row_end,
-                N,
-                stride_ym,
-                stride_yn,
-                BLOCK_M,
-                BLOCK_N,
-            )
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-
-
 def launch_grouped_gemm_flat(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -751,7 +471,7 @@ def kernel_path(x: torch.Tensor, w: torch.Tensor, cfg: GemmConfig) -> str:
 def grid_size(m: int, n: int, e: int, cfg: GemmConfig, device: torch.device) -> int:
     """Programs of the persistent grid: at most one per SM of *this* device, never more than
     the tiles there can be (each expert may add one partial row tile)."""
-    max_tiles = (triton.cdiv(m, cfg.block_m) + e + 1) * triton.cdiv(n, cfg.block_n)
+    max_tiles = int((triton.cdiv(m, cfg.block_m) + e + 1) * triton.cdiv(n, cfg.block_n))
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         return max(1, min(persistent_sms(index) * max(1, cfg.programs_per_sm), max_tiles))

@@ -31,7 +31,7 @@ from qmoe_doctor.kernels.combine import combine_rows, gather_rows
 from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm
 from qmoe_doctor.kernels.routing import sort_by_expert
 
-__all__ = ["MoEBlock", "MoEBlockTorch", "resolve_shape"]
+__all__ = ["MoEBlock", "MoEBlockTorch", "resolve_shape", "route_tokens"]
 
 
 def resolve_shape(
@@ -69,6 +69,23 @@ def resolve_shape(
     if shape.top_k > shape.num_experts:
         raise ValueError(f"top_k={shape.top_k} is more than num_experts={shape.num_experts}")
     return shape
+
+
+def route_tokens(
+    gate: nn.Linear, shape: MoEShape, hidden_states: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The router: ``gate`` (Linear(H, E)), softmax in float32, top-k, the k weights renormalized
+    when ``shape.norm_topk_prob``, cast back to the hidden dtype. hidden_states (T, H) ->
+    router_logits (T, E), topk_weights (T, k), topk_ids (T, k). The block, its twin and the
+    expert-parallel block of ``probes/parallel`` all route through it."""
+    if hidden_states.dim() != 2 or hidden_states.shape[1] != shape.hidden:
+        raise ValueError(f"hidden_states must be (T, {shape.hidden}), got shape {tuple(hidden_states.shape)}")
+    router_logits = gate(hidden_states)
+    probs = F.softmax(router_logits, dim=1, dtype=torch.float32)
+    topk_weights, topk_ids = torch.topk(probs, shape.top_k, dim=-1)
+    if shape.norm_topk_prob:
+        topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+    return router_logits, topk_weights.to(hidden_states.dtype), topk_ids
 
 
 class _SparseMoEBase(nn.Module):
@@ -121,16 +138,7 @@ class _SparseMoEBase(nn.Module):
 
     def route(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> router_logits (T, E), topk_weights (T, k) in the hidden dtype, topk_ids (T, k)."""
-        if hidden_states.dim() != 2 or hidden_states.shape[1] != self.shape.hidden:
-            raise ValueError(
-                f"hidden_states must be (T, {self.shape.hidden}), got shape {tuple(hidden_states.shape)}"
-            )
-        router_logits = self.gate(hidden_states)
-        probs = F.softmax(router_logits, dim=1, dtype=torch.float32)
-        topk_weights, topk_ids = torch.topk(probs, self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
-        return router_logits, topk_weights.to(hidden_states.dtype), topk_ids
+        return route_tokens(self.gate, self.shape, hidden_states)
 
     def extra_repr(self) -> str:
         s = self.shape

@@ -14,6 +14,12 @@ Nothing synchronizes unless ``check=True``, which reads the ids on the host and 
 ValueError naming the bad ones (``invalid-routing``).
 
 ``sort_by_expert_torch`` is the slow, obvious twin: a Python loop over experts and rows.
+
+``routing_sizes(pattern, m, e, seed=...)`` gives the rows per expert of a named routing pattern
+(``Shape.routing`` of ``qmoe_doctor.core.records``: uniform, hot-expert, last-expert, expert:<i>,
+empty-experts, random): the m_sizes every probe, benchmark and repro script builds its operands
+from. The repro scripts (``qmoe_doctor/reports/repro_script.py``) carry a copy as text, so that
+they run without qmoe-doctor installed; ``tests/unit/test_repro.py`` checks the two agree.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Routing", "check_expert_ids", "sort_by_expert", "sort_by_expert_torch"]
+__all__ = ["Routing", "check_expert_ids", "routing_sizes", "sort_by_expert", "sort_by_expert_torch"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,3 +114,33 @@ def sort_by_expert_torch(topk_ids: torch.Tensor, num_experts: int, *, check: boo
         perm=perm,
         inv_perm=torch.tensor(inverse, dtype=torch.int64, device=device),
     )
+
+
+def routing_sizes(pattern: str, m: int, e: int, *, seed: int = 0) -> list[int]:
+    """Rows per expert (E,) summing to M for a routing pattern, deterministic from ``seed``:
+
+    * "uniform": M // E each, the remainder one each to the first experts;
+    * "hot-expert": every row on expert E // 2; "last-expert": on expert E - 1; "expert:<i>": on i;
+    * "empty-experts": every other expert gets no rows, the rest drawn at random;
+    * anything else ("random"): drawn from skewed weights (w**2 + 0.01), like real routers.
+    """
+    if pattern == "uniform":
+        sizes = [m // e] * e
+        for i in range(m - sum(sizes)):
+            sizes[i] += 1
+        return sizes
+    if pattern == "hot-expert":
+        return [m if i == e // 2 else 0 for i in range(e)]
+    if pattern == "last-expert":
+        return [0] * (e - 1) + [m]
+    if pattern.startswith("expert:"):
+        hot = int(pattern.split(":", 1)[1])
+        return [m if i == hot else 0 for i in range(e)]
+    gen = torch.Generator().manual_seed(seed + 7)
+    if pattern == "empty-experts":  # every other expert empty
+        weights = torch.tensor([0.0 if i % 2 else 1.0 for i in range(e)])
+    else:  # "random": skewed like real routers
+        weights = torch.rand(e, generator=gen) ** 2 + 0.01
+    ids = torch.multinomial(weights, m, replacement=True, generator=gen)
+    sizes_list: list[int] = torch.bincount(ids, minlength=e).tolist()
+    return sizes_list

@@ -22,10 +22,13 @@ from typing import Any
 
 import torch
 
+from qmoe_doctor.core.launch_configs import TileConfig
 from qmoe_doctor.core.records import Condition, Phase, ProbeSpec, Status
 from qmoe_doctor.core.tolerances import tolerance
+from qmoe_doctor.kernels.routing import routing_sizes
 from qmoe_doctor.probes.adapters import not_applicable
-from qmoe_doctor.probes.loader import load_kernel
+from qmoe_doctor.probes.context import ProbeContext
+from qmoe_doctor.probes.loader import KernelFn, load_kernel
 
 # Peer access torch has enabled in this process, as (accessor, owner) ordinal pairs. Peer
 # access is enabled per direction by the first copy and never disabled, so it is tracked.
@@ -45,13 +48,17 @@ TIMING_REPEATS = 10
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
+#: How ``run_probe`` gets the kernel under test. ``run_one`` wraps it, for the one probe its
+#: process runs, to register every tensor the kernel returns.
+kernel_loader: Callable[[str], KernelFn] = load_kernel
 
-def run_probe(ctx: Any) -> dict[str, Any]:
+
+def run_probe(ctx: ProbeContext) -> dict[str, Any]:
     spec: ProbeSpec = ctx.spec
     ctx.crumb(Phase.IMPORT)
     if spec.condition is Condition.INTERPRETER_CHECK:
         return _interpreter_check(ctx)
-    kernel = load_kernel(spec.kernel)
+    kernel = kernel_loader(spec.kernel)
     reason = not_applicable(kernel, spec)  # an adapter's declared dtypes / layout / CPU support
     if reason is not None:
         return _skip(ctx, reason)
@@ -76,30 +83,6 @@ def _device(ordinal: int | None) -> torch.device:
     return torch.device("cpu") if ordinal is None else torch.device("cuda", ordinal)
 
 
-def routing_sizes(spec: ProbeSpec) -> list[int]:
-    """Rows per expert for the shape's routing pattern (deterministic from the seed)."""
-    m, e, pattern = spec.shape.m, spec.shape.e, spec.shape.routing
-    if pattern == "uniform":
-        sizes = [m // e] * e
-        for i in range(m - sum(sizes)):
-            sizes[i] += 1
-        return sizes
-    if pattern == "hot-expert":
-        return [m if i == e // 2 else 0 for i in range(e)]
-    if pattern == "last-expert":
-        return [0] * (e - 1) + [m]
-    if pattern.startswith("expert:"):
-        hot = int(pattern.split(":", 1)[1])
-        return [m if i == hot else 0 for i in range(e)]
-    gen = torch.Generator().manual_seed(spec.seed + 7)
-    if pattern == "empty-experts":  # every other expert empty
-        weights = torch.tensor([0.0 if i % 2 else 1.0 for i in range(e)])
-    else:  # "random": skewed like real routers
-        weights = torch.rand(e, generator=gen) ** 2 + 0.01
-    ids = torch.multinomial(weights, m, replacement=True, generator=gen)
-    return torch.bincount(ids, minlength=e).tolist()
-
-
 def make_operands(spec: ProbeSpec, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x (M, K), w (E, N, K), m_sizes (E,) int32, generated on ``device`` only (no copies)."""
     s = spec.shape
@@ -109,7 +92,8 @@ def make_operands(spec: ProbeSpec, device: torch.device) -> tuple[torch.Tensor, 
     w = (torch.randn((s.e, s.n, s.k), device=device, dtype=torch.float32, generator=gen) / math.sqrt(s.k)).to(
         dtype
     )
-    m_sizes = torch.tensor(routing_sizes(spec), dtype=torch.int32, device=device)
+    sizes = routing_sizes(s.routing, s.m, s.e, seed=spec.seed)
+    m_sizes = torch.tensor(sizes, dtype=torch.int32, device=device)
     return x, w, m_sizes
 
 
@@ -126,7 +110,7 @@ def _guard(device: torch.device) -> Any:
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def compare(ctx: Any, y: Any, ref: torch.Tensor, operand_device: torch.device) -> dict[str, Any]:
+def compare(ctx: ProbeContext, y: Any, ref: torch.Tensor, operand_device: torch.device) -> dict[str, Any]:
     """Judge y against the twin: placement, unwritten (poison) elements, relative error."""
     ctx.crumb(Phase.COMPARE)
     fields: dict[str, Any] = {}
@@ -207,7 +191,7 @@ class OutputTrap:
         del spare
         del hole  # back to the pool, NaN inside
 
-    def report(self, ctx: Any, y: Any) -> list[str]:
+    def report(self, ctx: ProbeContext, y: Any) -> list[str]:
         if self.device.type != "cuda":
             return []
         got_block = isinstance(y, torch.Tensor) and y.data_ptr() == self.hole_ptr
@@ -237,8 +221,8 @@ def _time_calls(fn: Callable[[], Any], repeats: int = TIMING_REPEATS) -> float:
 
 
 def _call_and_check(
-    ctx: Any,
-    kernel: Callable[..., Any],
+    ctx: ProbeContext,
+    kernel: KernelFn,
     x: torch.Tensor,
     w: torch.Tensor,
     m_sizes: torch.Tensor,
@@ -277,8 +261,8 @@ def _call_and_check(
 
 
 def _with_baseline(
-    ctx: Any,
-    kernel: Callable[..., Any],
+    ctx: ProbeContext,
+    kernel: KernelFn,
     x: torch.Tensor,
     w: torch.Tensor,
     m_valid: torch.Tensor,
@@ -306,12 +290,12 @@ def _with_baseline(
     return fields
 
 
-def _skip(ctx: Any, reason: str) -> dict[str, Any]:
+def _skip(ctx: ProbeContext, reason: str) -> dict[str, Any]:
     ctx.note(reason)
     return {"status": Status.SKIPPED}
 
 
-def _register(ctx: Any, x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor) -> None:
+def _register(ctx: ProbeContext, x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor) -> None:
     for name, t in (("x", x), ("w", w), ("m_sizes", m_sizes)):
         ctx.add_tensor(name, t)
 
@@ -325,7 +309,7 @@ def _out_nbytes(spec: ProbeSpec) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def _single(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+def _single(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
     spec = ctx.spec
     dev = _device(spec.device)
     ctx.crumb(Phase.SETUP)
@@ -339,7 +323,7 @@ def _single(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
     return fields
 
 
-def _side_stream(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+def _side_stream(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
     """Caller works on a side stream of b; x's producer is still queued there at the call."""
     spec = ctx.spec
     if spec.device is None:
@@ -362,7 +346,7 @@ def _side_stream(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
     return fields
 
 
-def _over_routed(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+def _over_routed(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
     """m_sizes sums past M (the last expert claims extra rows); x sits in a larger buffer."""
     spec = ctx.spec
     dev = _device(spec.device)
@@ -386,7 +370,7 @@ def _over_routed(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
     return _with_baseline(ctx, kernel, x, w, m_sizes, variant)
 
 
-def _negative_sizes(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+def _negative_sizes(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
     """A -1 sentinel in m_sizes (dropped tokens, padding): its rows moved to the next expert,
     so the counts still sum to M + 1. A kernel that masks treats -1 as 0; one that trusts
     m_sizes walks its row cursor backwards and shifts every later expert's rows."""
@@ -412,7 +396,7 @@ def _negative_sizes(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
     return _with_baseline(ctx, kernel, x, w, m_valid, variant)
 
 
-def _interpreter_check(ctx: Any) -> dict[str, Any]:
+def _interpreter_check(ctx: ProbeContext) -> dict[str, Any]:
     """Run a trivial Triton kernel of ours, with loops bounded by scalar arguments as every
     grouped GEMM has, on the CPU interpreter. If this fails, no kernel can be judged here.
 
@@ -456,7 +440,7 @@ def _view_into(t: torch.Tensor, offset: int) -> torch.Tensor:
     return view
 
 
-def _offsets(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+def _offsets(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
     spec = ctx.spec
     variant = str(spec.params.get("variant", ""))
     if variant not in OFFSET_VARIANTS:
@@ -483,7 +467,7 @@ def _offsets(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
     return _call_and_check(ctx, kernel, x, w, m_sizes, ref, trap=trap)
 
 
-def _launch_config(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+def _launch_config(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
     """The kernel with one pinned launch config (kernels that take ``config=GemmConfig``)."""
     import inspect
 
@@ -496,10 +480,7 @@ def _launch_config(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
         return _skip(ctx, "the kernel takes no config= argument: its launch configs cannot be pinned")
     from qmoe_doctor.kernels.grouped_gemm import GemmConfig
 
-    p = spec.params
-    cfg = GemmConfig(
-        int(p["block_m"]), int(p["block_n"]), int(p["block_k"]), int(p["num_warps"]), int(p["num_stages"])
-    )
+    cfg = GemmConfig.from_tile(TileConfig(*(int(spec.params[name]) for name in TileConfig._fields)))
     dev = _device(spec.device)
     ctx.crumb(Phase.SETUP)
     itemsize = torch.empty((), dtype=_DTYPES[spec.shape.dtype]).element_size()
@@ -515,7 +496,7 @@ def _launch_config(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
     return _call_and_check(ctx, lambda a, b, c: kernel(a, b, c, config=cfg), x, w, m_sizes, ref)
 
 
-def _repeat_call(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+def _repeat_call(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
     """First and second call of the process on identical inputs (autotuners run on the first)."""
     spec = ctx.spec
     if spec.kernel in _CALLED:
@@ -537,7 +518,7 @@ def _repeat_call(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
     return fields
 
 
-def _int32_boundary(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+def _int32_boundary(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
     """Rows routed to the first expert whose base offset e * N * K passes 2**31 - 1."""
     spec = ctx.spec
     if spec.device is None:
@@ -588,7 +569,7 @@ def _pair_devices(spec: ProbeSpec) -> tuple[int, int]:
     return spec.current, spec.device
 
 
-def _guarded(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+def _guarded(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
     a, b = _pair_devices(ctx.spec)
     ctx.crumb(Phase.SETUP)
     x, w, m_sizes = make_operands(ctx.spec, _device(b))
@@ -601,7 +582,7 @@ def _guarded(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
     return fields
 
 
-def _untouched(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+def _untouched(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
     """Current device a (the process default, ordinal 0) with no context ever created on it."""
     a, b = _pair_devices(ctx.spec)
     if a != 0:
@@ -633,7 +614,7 @@ def _enable_peer(a: int, b: int) -> None:
     _PEER_ENABLED.add((a, b))
 
 
-def _no_peer(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+def _no_peer(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
     a, b = _pair_devices(ctx.spec)
     if (a, b) in _PEER_ENABLED:
         return _skip(ctx, f"peer access {a}->{b} was already enabled in this process")
@@ -646,7 +627,7 @@ def _no_peer(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
     return _call_and_check(ctx, kernel, x, w, m_sizes, ref, watch_alloc_on=a)
 
 
-def _peer(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+def _peer(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
     a, b = _pair_devices(ctx.spec)
     ctx.crumb(Phase.SETUP)
     x, w, m_sizes = make_operands(ctx.spec, _device(b))
@@ -662,7 +643,7 @@ def _peer(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
     return fields
 
 
-def _producer_race(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+def _producer_race(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
     """PEER, and x is still being written on b's current stream when the kernel is called."""
     a, b = _pair_devices(ctx.spec)
     ctx.crumb(Phase.SETUP)
@@ -683,7 +664,7 @@ def _producer_race(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
     return _call_and_check(ctx, kernel, x, w, m_sizes, ref)
 
 
-def _sizes_race(ctx: Any, kernel: Callable[..., Any]) -> dict[str, Any]:
+def _sizes_race(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
     """PEER, and m_sizes is still being written on b's stream into a recycled block that
     holds large stale values."""
     a, b = _pair_devices(ctx.spec)
@@ -712,7 +693,7 @@ _PAIR_RUNNERS_OWN_DEVICE = frozenset(
     {Condition.UNTOUCHED, Condition.NO_PEER, Condition.PEER, Condition.PRODUCER_RACE, Condition.SIZES_RACE}
 )
 
-_RUNNERS: dict[Condition, Callable[[Any, Callable[..., Any]], dict[str, Any]]] = {
+_RUNNERS: dict[Condition, Callable[[ProbeContext, KernelFn], dict[str, Any]]] = {
     Condition.SINGLE: _single,
     Condition.SIDE_STREAM: _side_stream,
     Condition.OVER_ROUTED: _over_routed,

@@ -20,7 +20,7 @@ teacher-forced: for each layer the twin gets the layer's weights, the input the 
 and the gradient that really reached its output. An error then shows in the layer that made it,
 does not spread to later layers, and no router decision flips because an earlier layer drifted.
 Compared: the layer's output, its input gradient and its parameter gradients, each as
-``||out - ref|| / ||ref||`` against ``tolerance(dtype) * BLOCK_FACTOR``.
+``||out - ref|| / ||ref||`` against the block tolerance of ``core.tolerances``.
 
 ``params``: ``layers``, ``steps``, ``devices`` (CUDA ordinals in pipeline order; ``None`` entries
 mean the CPU, for tests under the Triton interpreter), ``preset``, ``tokens``, ``busy_cycles``,
@@ -45,15 +45,14 @@ from typing import Any
 
 import torch
 
-from qmoe_doctor.core.records import Phase, ProbeSpec, Status
+from qmoe_doctor.core.records import Phase, Status
 from qmoe_doctor.core.shapes import PRESETS, MoEShape, get_preset
 from qmoe_doctor.core.tolerances import tolerance
+from qmoe_doctor.kernels.backward import GroupedGemm
 from qmoe_doctor.kernels.moe_block import MoEBlock, MoEBlockTorch
+from qmoe_doctor.probes.context import ProbeContext
 from qmoe_doctor.probes.loader import load_kernel
 
-#: A block chains two grouped GEMMs, an activation and a weighted sum: its error is about twice
-#: one GEMM's (the block tolerance of tests/unit/test_kernels_forward.py is 2x the GEMM one).
-BLOCK_FACTOR = 2.0
 #: ~10 ms of queued work per layer at 1.98 GHz (H200): far longer than the launch latency of
 #: the routing ops behind it, far shorter than a probe's budget (layers x steps of it).
 BUSY_CYCLES = 20_000_000
@@ -79,7 +78,8 @@ def layer_placement(layers: int, n_devices: int) -> list[int]:
 
 
 def block_tolerance(dtype_name: str) -> float:
-    return tolerance(dtype_name) * BLOCK_FACTOR
+    """The MoE block's tolerance (``core.tolerances``: two GEMMs, an activation and a weighted sum)."""
+    return tolerance(dtype_name, "block")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -210,7 +210,7 @@ def _sync_all() -> None:
             torch.cuda.synchronize(i)
 
 
-def make_block(shape: MoEShape, kernel: Any, device: torch.device, dtype: torch.dtype, seed: int) -> MoEBlock:
+def make_block(shape: MoEShape, kernel: GroupedGemm, device: torch.device, dtype: torch.dtype, seed: int) -> MoEBlock:
     """A block on ``device`` whose weights come from ``seed`` alone (std = fan_in ** -0.5, as
     ``MoEBlock.reset_parameters`` draws them). Built on the meta device first, so a real preset
     never fills its weights twice."""
@@ -235,7 +235,7 @@ def _busy(device: torch.device, cycles: int) -> None:
 class _Where:
     """Keeps ``pipeline.at`` current so a crash is placed (step, layer, stage, device)."""
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: ProbeContext) -> None:
         self.ctx = ctx
 
     def __call__(self, step: int, layer: int | None, stage: str, device: torch.device | None = None) -> None:
@@ -245,8 +245,8 @@ class _Where:
         )
 
 
-def run_probe(ctx: Any) -> dict[str, Any]:
-    spec: ProbeSpec = ctx.spec
+def run_probe(ctx: ProbeContext) -> dict[str, Any]:
+    spec = ctx.spec
     p = PipelineParams.from_params(spec.params)
     ctx.crumb(Phase.IMPORT)
     kernel = load_kernel(spec.kernel)
@@ -369,7 +369,6 @@ def _check_layer(
 
 
 __all__ = [
-    "BLOCK_FACTOR",
     "BUSY_CYCLES",
     "LayerCheck",
     "PipelineParams",

@@ -58,18 +58,18 @@ def run_outcome(spec: ProbeSpec) -> Outcome:
     outputs: list[TensorInfo] = []
     if not spec.condition.is_selftest:
         from qmoe_doctor.probes import conditions  # imports torch and triton
-        from qmoe_doctor.probes.loader import load_kernel
+        from qmoe_doctor.probes.loader import KernelFn, load_kernel
 
-        real = conditions.load_kernel
+        real = conditions.kernel_loader
 
-        def load_recording(ref: str) -> Callable[..., Any]:
+        def load_recording(ref: str) -> KernelFn:
             return _recording(load_kernel(ref), spec, outputs)
 
-        conditions.load_kernel = load_recording  # this process runs this one probe only
+        conditions.kernel_loader = load_recording  # this process runs this one probe only
         try:
             outcome, _ = execute(spec)
         finally:
-            conditions.load_kernel = real
+            conditions.kernel_loader = real
     else:
         outcome, _ = execute(spec)
     if outputs:

@@ -177,14 +177,14 @@ class _Unpack(torch.autograd.Function):
     once (rows, weights, zeros for the ids) instead of one zero-filled copy per view."""
 
     @staticmethod
-    def forward(ctx: Any, buf: torch.Tensor, hidden: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+    def forward(ctx: Any, buf: torch.Tensor, hidden: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.shape = (hidden, k)
         return buf[:, :hidden], buf[:, hidden : hidden + k]
 
     @staticmethod
     def backward(
         ctx: Any, g_rows: torch.Tensor | None, g_w: torch.Tensor | None
-    ) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    ) -> tuple[torch.Tensor | None, ...]:
         hidden, k = ctx.shape
         ref = g_rows if g_rows is not None else g_w
         assert ref is not None
@@ -204,7 +204,7 @@ def unpack_pairs(buf: torch.Tensor, hidden: int, k: int) -> tuple[torch.Tensor, 
     id_dtype = _ID_DTYPES[buf.element_size()]
     ids = buf.detach()[:, hidden + k :].contiguous().view(id_dtype).to(torch.int64)
     if buf.requires_grad:
-        rows, weights = _Unpack.apply(buf, hidden, k)
+        rows, weights = _Unpack.apply(buf, hidden, k)  # type: ignore[no-untyped-call]  # torch leaves Function.apply untyped
     else:
         rows, weights = buf[:, :hidden], buf[:, hidden : hidden + k]
     return rows, weights, ids
@@ -272,7 +272,7 @@ class _AllToAll(torch.autograd.Function):
     """Rows out by ``send``, rows in by ``recv``; the backward sends gradients the other way."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, x: torch.Tensor, recv: tuple[int, ...], send: tuple[int, ...], group: Any
     ) -> torch.Tensor:
         ctx.recv, ctx.send, ctx.group = recv, send, group
@@ -281,7 +281,7 @@ class _AllToAll(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         back = grad.new_empty((sum(ctx.send), *grad.shape[1:]))
         dist.all_to_all_single(back, grad.contiguous(), list(ctx.send), list(ctx.recv), group=ctx.group)
         return back, None, None, None
@@ -290,7 +290,7 @@ class _AllToAll(torch.autograd.Function):
 def all_to_all(x: torch.Tensor, recv: Sequence[int], send: Sequence[int], group: Any = None) -> torch.Tensor:
     """Differentiable ``all_to_all_single``: x holds ``send[r]`` rows for each rank r, in rank
     order; returns ``recv[s]`` rows from each rank s, in rank order."""
-    out: torch.Tensor = _AllToAll.apply(x, tuple(recv), tuple(send), group)
+    out: torch.Tensor = _AllToAll.apply(x, tuple(recv), tuple(send), group)  # type: ignore[no-untyped-call]  # torch leaves Function.apply untyped
     return out
 
 

@@ -351,7 +351,7 @@ class GatherExperts(torch.autograd.Function):
     every rank's experts; gradients for x and the weights (and, directly, the expert stacks)."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, layer: Any, transport: Any, grad: bool
     ) -> torch.Tensor:
         out, saved = gather_forward(layer, transport, x, w, ids, grad)
@@ -359,7 +359,7 @@ class GatherExperts(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         if ctx.saved is None:
             raise RuntimeError("the gather dispatch ran without gradients; nothing to differentiate")
         gx, gw = gather_backward(ctx.layer, ctx.transport, ctx.saved, g)

@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -54,7 +54,7 @@ from torch import nn
 
 from qmoe_doctor.core.records import Condition, Phase, ProbeSpec, Status
 from qmoe_doctor.core.shapes import PRESETS, MoEShape, get_preset
-from qmoe_doctor.kernels.backward import moe_fused_linear
+from qmoe_doctor.kernels.backward import GroupedGemm, moe_fused_linear
 from qmoe_doctor.kernels.combine import (
     combine_rows,
     gather_rows,
@@ -64,13 +64,16 @@ from qmoe_doctor.kernels.combine import (
     sum_rows,
 )
 from qmoe_doctor.kernels.grouped_gemm import reserved_sms
-from qmoe_doctor.kernels.moe_block import MoEBlock, MoEBlockTorch, resolve_shape
+from qmoe_doctor.kernels.moe_block import MoEBlock, MoEBlockTorch, resolve_shape, route_tokens
 from qmoe_doctor.kernels.routing import sort_by_expert
 from qmoe_doctor.probes.parallel import ep as ep_ops
 from qmoe_doctor.probes.parallel import ep_gather
 from qmoe_doctor.probes.parallel import tp as tp_ops
 from qmoe_doctor.probes.parallel.hooks import LOCAL_IDS_HOOK, RankHooks
 from qmoe_doctor.probes.pipeline import block_tolerance, layer_placement, make_block, rel_error
+
+if TYPE_CHECKING:  # rank imports this module when it runs a mode
+    from qmoe_doctor.probes.parallel.rank import RankContext
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 #: Salt of the input generator, so inputs and weights never share a seed.
@@ -280,7 +283,7 @@ class KernelSpy:
 
 @dataclass
 class Setup:
-    ctx: Any  # rank.RankContext
+    ctx: RankContext
     p: RunParams
     world: World
     shape: MoEShape
@@ -302,32 +305,34 @@ def make_inputs(s: Setup, device: torch.device) -> tuple[torch.Tensor, torch.Ten
     return x, upstream
 
 
-def pinned_route(twin: MoEBlockTorch, topk_ids: torch.Tensor) -> Callable[[torch.Tensor], Any]:
-    """The twin's router with the expert *choice* pinned to ``topk_ids`` (the weights still come
-    from its own softmax, so the router's gradient is compared too). Teacher-forced routing: in
-    bf16 a near-tie between the k-th and (k+1)-th logit can flip on a rounding, and one flipped
-    choice is an O(1) difference on that token that says nothing about the kernels."""
+class PinnedTwin(MoEBlockTorch):
+    """The twin with its expert *choice* pinned to ``topk_ids`` (the weights still come from its
+    own softmax, so the router's gradient is compared too). Teacher-forced routing: in bf16 a
+    near-tie between the k-th and (k+1)-th logit can flip on a rounding, and one flipped choice
+    is an O(1) difference on that token that says nothing about the kernels."""
 
-    def route(hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        router_logits = twin.gate(hidden_states)
+    topk_ids: torch.Tensor | None = None  # None: the twin's own choice
+
+    def route(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.topk_ids is None:
+            return super().route(hidden_states)
+        router_logits = self.gate(hidden_states)
         probs = F.softmax(router_logits, dim=1, dtype=torch.float32)
-        weights = probs.gather(1, topk_ids)
-        if twin.norm_topk_prob:
+        weights = probs.gather(1, self.topk_ids)
+        if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        return router_logits, weights.to(hidden_states.dtype), topk_ids
-
-    return route
+        return router_logits, weights.to(hidden_states.dtype), self.topk_ids
 
 
 def twin_checks(s: Setup, block: MoEBlock, x: torch.Tensor, upstream: torch.Tensor, ref: Pass) -> list[Check]:
     """The single-device run against the stock per-expert loop in float32 (the block's weights
-    and inputs upcast, exactly), with the block's own expert choice pinned (``pinned_route``)."""
+    and inputs upcast, exactly), with the block's own expert choice pinned (``PinnedTwin``)."""
     device = block.gate_up_proj.device
     with torch.no_grad(), device_guard(device):
         _, _, topk_ids = block.route(x)
-    twin = MoEBlockTorch(block.shape, device="meta", dtype=torch.float32).to_empty(device=device)
+    twin = PinnedTwin(block.shape, device="meta", dtype=torch.float32).to_empty(device=device)
     twin.load_state_dict(block.state_dict())  # copy_ upcasts: the same weights, exactly
-    twin.route = pinned_route(twin, topk_ids)  # type: ignore[method-assign]
+    twin.topk_ids = topk_ids
     with device_guard(device):
         tw = run_block(twin, x.float(), upstream)
     checks = [compare("out", ref.out, tw.out, s.tol), compare("dx", ref.dx, tw.dx, s.tol)]
@@ -522,7 +527,7 @@ def run_dp(s: Setup) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-def tp_block(full: MoEBlock, kernel: Any, rank: int, world: int, dtype: torch.dtype) -> MoEBlock:
+def tp_block(full: MoEBlock, kernel: GroupedGemm, rank: int, world: int, dtype: torch.dtype) -> MoEBlock:
     """This rank's slice of ``full``: a block of intermediate I / W whose forward is the partial
     output (see tp.py); the router is copied whole."""
     mine = tp_ops.tp_slice(full.shape.intermediate, rank, world)
@@ -605,8 +610,9 @@ class ExpertParallelBlock(nn.Module):
     op's stream, in reverse creation order) overlaps the backward the same way.
     ``reserve_sms`` SMs are left free by our persistent GEMMs meanwhile, for NCCL's kernels."""
 
-    # the block's own router code: softmax in float32, top-k, renormalize, cast back
-    route = MoEBlock.route
+    def route(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The block's own router: softmax in float32, top-k, renormalize, cast back."""
+        return route_tokens(self.gate, self.shape, hidden_states)
 
     def __init__(
         self,
@@ -614,7 +620,7 @@ class ExpertParallelBlock(nn.Module):
         *,
         rank: int,
         world: int,
-        kernel: Any,
+        kernel: GroupedGemm,
         hooks: RankHooks,
         group: Any = None,
         micro_batches: int = 1,
@@ -718,7 +724,7 @@ class ExpertParallelBlock(nn.Module):
         if self.dispatch == "gather":
             grad = torch.is_grad_enabled() and (hidden_states.requires_grad or topk_weights.requires_grad)
             transport = self.transport(hidden_states.device)
-            out = ep_gather.GatherExperts.apply(hidden_states, topk_weights, topk_ids, self, transport, grad)
+            out = ep_gather.GatherExperts.apply(hidden_states, topk_weights, topk_ids, self, transport, grad)  # type: ignore[no-untyped-call]  # torch leaves Function.apply untyped
             return out, router_logits
         tokens, hidden = hidden_states.shape
         k = self.top_k
@@ -729,7 +735,7 @@ class ExpertParallelBlock(nn.Module):
         packed = ep_ops.pack_tokens(hidden_states, topk_weights, topk_ids)  # (T, H + 2k)
         streams = self._side_streams(hidden_states.device, len(plans))
         here = torch.cuda.current_stream(hidden_states.device) if streams else None
-        if streams:
+        if streams and here is not None:
             for m, st in enumerate(streams):
                 st.wait_stream(here)
                 # made on this stream, read on st (also by the backward): not reused before st is done
@@ -764,7 +770,7 @@ class ExpertParallelBlock(nn.Module):
                 lo, hi = plan.span
                 order, starts = grouping(plan.tokens - lo, hi - lo)
                 outs.append(sum_rows(back, plan.tokens - lo, order, starts))  # (hi - lo, H)
-        if streams:
+        if streams and here is not None:
             for st in streams:
                 here.wait_stream(st)
             for t in outs:
@@ -1050,7 +1056,7 @@ RUNNERS: dict[str, Callable[[Setup], dict[str, Any]]] = {
 }
 
 
-def setup(ctx: Any, spec: ProbeSpec, p: RunParams, world: World, kernel: Any, hooks: RankHooks) -> Setup:
+def setup(ctx: RankContext, spec: ProbeSpec, p: RunParams, world: World, kernel: GroupedGemm, hooks: RankHooks) -> Setup:
     shape = get_preset(p.preset)
     dtype_name = spec.shape.dtype
     return Setup(

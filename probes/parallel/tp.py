@@ -62,12 +62,12 @@ def gather_down(shards: Sequence[torch.Tensor]) -> torch.Tensor:
 
 class _CopyToParallel(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
         ctx.group = group
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         total = grad.clone()
         dist.all_reduce(total, group=ctx.group)
         return total, None
@@ -75,25 +75,25 @@ class _CopyToParallel(torch.autograd.Function):
 
 class _ReduceFromParallel(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
         total = x.clone()
         dist.all_reduce(total, group=group)
         return total
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         return grad, None
 
 
 def copy_to_tensor_parallel(x: torch.Tensor, group: Any = None) -> torch.Tensor:
     """Identity forward; the backward all-reduces (sums) the input gradient over the ranks."""
-    out: torch.Tensor = _CopyToParallel.apply(x, group)
+    out: torch.Tensor = _CopyToParallel.apply(x, group)  # type: ignore[no-untyped-call]  # torch leaves Function.apply untyped
     return out
 
 
 def reduce_from_tensor_parallel(x: torch.Tensor, group: Any = None) -> torch.Tensor:
     """All-reduce (sum) of the ranks' partial outputs; identity backward."""
-    out: torch.Tensor = _ReduceFromParallel.apply(x, group)
+    out: torch.Tensor = _ReduceFromParallel.apply(x, group)  # type: ignore[no-untyped-call]  # torch leaves Function.apply untyped
     return out
 
 

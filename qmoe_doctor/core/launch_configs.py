@@ -1,5 +1,8 @@
-"""Launch-config table of the built-in grouped GEMM (pure data: the planner reads it without
-importing torch; kernels/grouped_gemm.py picks from it).
+"""Launch configs of the built-in kernels where no measured table covers the device: the one
+fallback table (pure data). The planner reads it without importing torch (the scan's
+launch-config sweep); ``kernels/grouped_gemm.py`` and ``kernels/backward.py`` pick from it
+(``GemmConfig.from_tile``), after the measured table of ``kernels/tuning.py`` on the devices it
+was measured for, and prune the pick against the device's shared memory.
 
 A small pinned table per shape class instead of an autotune at run time: the public kernel's
 1000-config autotune took 49 s for one shape on an H200 (shared/FINDINGS.md).
@@ -26,13 +29,37 @@ class TileConfig(NamedTuple):
         return (self.block_m + self.block_n) * self.block_k * itemsize * self.num_stages
 
 
-#: shape class -> config (see grouped_gemm.pick_config for when each applies)
+#: forward and dx (the forward kernel on w.T): shape class -> config (``gemm_fallback`` says
+#: when each applies). The scan's launch-config sweep runs every entry: "interpreter" on the
+#: CPU tier, the others on a GPU.
 GEMM_CONFIGS: dict[str, TileConfig] = {
     "few-rows": TileConfig(64, 128, 64, 4, 4),  # <= 64 rows per expert on average
     "wide-n": TileConfig(128, 256, 64, 8, 3),  # N >= 256
     "default": TileConfig(128, 128, 64, 8, 3),
-    "interpreter": TileConfig(32, 32, 32, 4, 1),  # CPU tier: small and quick
+    "interpreter": TileConfig(32, 32, 32, 4, 1),  # CPU tier: small and quick (dw too)
 }
+
+#: dw (block_n x block_k of dw, block_m rows of the reduction per step): shape class -> config
+#: (``dw_fallback`` says when each applies).
+DW_CONFIGS: dict[str, TileConfig] = {
+    "wide": TileConfig(64, 128, 128, 8, 3),  # N >= 128 and K >= 128
+    "narrow": TileConfig(64, 64, 64, 4, 3),
+}
+
+
+def gemm_fallback(avg_rows: int, n: int) -> TileConfig:
+    """The forward / dx config on a GPU the measured table does not cover: ``avg_rows`` is
+    M // E (rows per expert, at least 1), ``n`` the output's columns."""
+    if avg_rows <= 64:
+        return GEMM_CONFIGS["few-rows"]
+    if n >= 256:
+        return GEMM_CONFIGS["wide-n"]
+    return GEMM_CONFIGS["default"]
+
+
+def dw_fallback(n: int, k: int) -> TileConfig:
+    """The dw config on a GPU the measured table does not cover (dw is (E, N, K))."""
+    return DW_CONFIGS["wide" if n >= 128 and k >= 128 else "narrow"]
 
 
 def parse_config(text: str) -> TileConfig:

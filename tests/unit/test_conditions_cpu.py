@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 
 from qmoe_doctor.core.records import Condition, ProbeSpec, Shape, Status
+from qmoe_doctor.core.tolerances import tolerance
+from qmoe_doctor.kernels.routing import routing_sizes
 from qmoe_doctor.probes import conditions
 from qmoe_doctor.probes.context import ProbeContext
 
@@ -29,21 +31,33 @@ def run(kernel: str, cond: Condition, shape: Shape = SHAPE, **params: Any) -> tu
     ],
 )
 def test_routing_patterns(pattern: str, expect: list[int]) -> None:
-    spec = ProbeSpec(probe_id="p", kernel="builtin", condition=Condition.SINGLE, shape=Shape(m=40, e=4, n=8, k=8, routing=pattern))
-    assert conditions.routing_sizes(spec) == expect
+    assert routing_sizes(pattern, 40, 4) == expect
 
 
-def test_random_routing_is_deterministic_and_sums_to_m() -> None:
-    spec = ProbeSpec(probe_id="p", kernel="builtin", condition=Condition.SINGLE, shape=SHAPE, seed=3)
-    a, b = conditions.routing_sizes(spec), conditions.routing_sizes(spec)
+@pytest.mark.parametrize("pattern", ["random", "empty-experts"])
+def test_random_routing_is_deterministic_and_sums_to_m(pattern: str) -> None:
+    a, b = routing_sizes(pattern, SHAPE.m, SHAPE.e, seed=3), routing_sizes(pattern, SHAPE.m, SHAPE.e, seed=3)
     assert a == b and sum(a) == SHAPE.m
+    assert routing_sizes(pattern, 400, 8, seed=3) != routing_sizes(pattern, 400, 8, seed=4)  # the seed matters
+    if pattern == "empty-experts":
+        assert a[1::2] == [0] * (SHAPE.e // 2)
+
+
+def test_probe_operands_take_the_shapes_routing() -> None:
+    import torch
+
+    shape = Shape(m=40, e=4, n=8, k=8, routing="hot-expert")
+    spec = ProbeSpec(probe_id="p", kernel="builtin", condition=Condition.SINGLE, shape=shape, seed=3)
+    x, w, m_sizes = conditions.make_operands(spec, torch.device("cpu"))
+    assert (x.shape, w.shape) == ((40, 8), (4, 8, 8))
+    assert m_sizes.dtype == torch.int32 and m_sizes.tolist() == routing_sizes("hot-expert", 40, 4, seed=3)
 
 
 @pytest.mark.parametrize("cond", [Condition.SINGLE, Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES])
 def test_builtin_passes_every_cpu_condition(cond: Condition) -> None:
     fields, ctx = run("builtin", cond)
     assert fields["status"] is Status.PASS, (fields, ctx.notes)
-    assert fields["rel_error"] < 2e-3
+    assert fields["rel_error"] < tolerance(SHAPE.dtype)
     assert {t.name for t in ctx.tensors} == {"x", "w", "m_sizes"}
 
 

@@ -1,28 +1,15 @@
 """Backward kernels (``tri``) against their twins in float64 (``ref``), one row per edge.
 
-dx reuses the forward case table (the 2-D operand is dy). dw has its own table: its operands
-are dy (M, N) and x (M, K), and its output (E, N, K) is poisoned with NaN inside a CANARY buffer,
-so every element must be written (empty experts give zeros, never stale memory).
+dx reuses the forward case table (the 2-D operand is dy). dw has its own table
+(``kernels.testing.DW_CASES``): its operands are dy (M, N) and x (M, K), and its output
+(E, N, K) is poisoned with NaN inside a CANARY buffer, so every element must be written (empty
+experts give zeros, never stale memory).
 """
 
 from __future__ import annotations
 
-import zlib
-from dataclasses import dataclass
-
 import pytest
 import torch
-from test_kernels_forward import (
-    CASES,
-    GemmCase,
-    assert_canary_intact,
-    assert_close,
-    balanced_sizes,
-    case_id,
-    make_operands,
-    make_view,
-    poisoned_output,
-)
 
 from qmoe_doctor.kernels.backward import (
     deferred_weight_grads,
@@ -37,73 +24,38 @@ from qmoe_doctor.kernels.backward import (
     row_bounds,
     row_bounds_torch,
 )
-from qmoe_doctor.kernels.grouped_gemm import GemmConfig, moe_grouped_gemm, moe_grouped_gemm_torch
+from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm, moe_grouped_gemm_torch
+from qmoe_doctor.kernels.testing import (
+    DW_CASES,
+    GEMM_CASES,
+    DwCase,
+    GemmCase,
+    assert_canary_intact,
+    assert_close,
+    case_id,
+    dw_operands,
+    gemm_operands,
+    poisoned_output,
+)
 
 # --------------------------------------------------------------------------------------------
 # dx: the forward table, dy in the 2-D operand's layout.
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("case", GEMM_CASES, ids=case_id)
 def test_dx_matches_reference(case: GemmCase) -> None:
-    dy, w, m_sizes = make_operands(case, torch.float32, n_first=True)
+    dy, w, m_sizes = gemm_operands(case, torch.float32, n_first=True)
     tri = moe_grouped_gemm_dx(dy, w, m_sizes, config=case.config)
     ref = moe_grouped_gemm_dx_torch(dy.double(), w.double(), m_sizes)
     assert tri.shape == (case.m, case.k)
-    assert_close(tri, ref, torch.float32)
+    assert_close(ref, tri, torch.float32)
     assert (tri[case.covered_rows() :] == 0).all(), "rows no expert covers must be zeros"
 
 
 # --------------------------------------------------------------------------------------------
 # dw: its own table.
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DwCase:
-    edge: str
-    m: int
-    e: int
-    n: int
-    k: int
-    sizes: tuple[int, ...] | None = None
-    dy_view: str = "contiguous"
-    x_view: str = "contiguous"
-    sizes_dtype: torch.dtype = torch.int32
-    config: GemmConfig | None = None
-
-    def m_sizes(self) -> torch.Tensor:
-        sizes = self.sizes if self.sizes is not None else balanced_sizes(self.m, self.e)
-        assert len(sizes) == self.e
-        return torch.tensor(sizes, dtype=self.sizes_dtype)
-
-
-DW_CASES: tuple[DwCase, ...] = (
-    DwCase(edge="balanced", m=64, e=4, n=32, k=48),
-    DwCase(edge="empty-experts-give-zero-dw", m=64, e=5, n=32, k=48, sizes=(0, 20, 0, 44, 0)),
-    DwCase(edge="one-hot-expert", m=64, e=4, n=32, k=48, sizes=(0, 0, 64, 0)),
-    DwCase(edge="all-rows-in-last-expert", m=64, e=4, n=32, k=48, sizes=(0, 0, 0, 64)),
-    DwCase(edge="prime-mnk", m=37, e=3, n=29, k=31, sizes=(11, 0, 26)),
-    DwCase(edge="m-under-one-tile", m=5, e=3, n=33, k=35, sizes=(2, 0, 3)),
-    DwCase(edge="many-row-chunks", m=70, e=3, n=20, k=36, sizes=(33, 1, 36), config=GemmConfig(16, 16, 16, num_warps=4, num_stages=1)),
-    DwCase(edge="dy-transposed", m=40, e=3, n=24, k=40, dy_view="transposed"),
-    DwCase(edge="x-transposed", m=40, e=3, n=24, k=40, x_view="transposed"),
-    DwCase(edge="dy-storage-offset-nan-around", m=40, e=3, n=24, k=40, dy_view="offset"),
-    DwCase(edge="x-storage-offset-nan-around", m=40, e=3, n=24, k=40, x_view="offset"),
-    DwCase(edge="dy-and-x-sliced", m=40, e=3, n=24, k=40, dy_view="sliced", x_view="sliced"),
-    DwCase(edge="int64-sizes", m=40, e=3, n=24, k=40, sizes=(9, 30, 1), sizes_dtype=torch.int64),
-    DwCase(edge="sizes-sum-under-m", m=40, e=3, n=24, k=40, sizes=(10, 0, 17)),
-    DwCase(edge="sizes-sum-past-m-nan-after-rows", m=40, e=3, n=24, k=40, sizes=(30, 30, 1000), dy_view="offset", x_view="offset"),
-    DwCase(edge="negative-sizes", m=40, e=4, n=24, k=40, sizes=(-5, 25, -1, 15), dy_view="offset", x_view="offset"),
-    DwCase(edge="int64-sizes-past-2**31", m=40, e=2, n=24, k=40, sizes=(2**40, 5), sizes_dtype=torch.int64, x_view="offset"),
-)
-
-
-def dw_operands(case: DwCase, dtype: torch.dtype):
-    gen = torch.Generator().manual_seed(zlib.crc32(case.edge.encode()))
-    dy = torch.randn(case.m, case.n, generator=gen).to(dtype)
-    x = torch.randn(case.m, case.k, generator=gen).to(dtype)
-    return make_view(dy, case.dy_view), make_view(x, case.x_view), case.m_sizes()
 
 
 def dw_ref(dy: torch.Tensor, x: torch.Tensor, m_sizes: torch.Tensor) -> torch.Tensor:
@@ -116,7 +68,7 @@ def test_dw_matches_reference(case: DwCase) -> None:
     tri = moe_grouped_gemm_dw(dy, x, m_sizes, config=case.config)
     assert tri.shape == (case.e, case.n, case.k)
     ref = dw_ref(dy, x, m_sizes)
-    assert_close(tri, ref, torch.float32)
+    assert_close(ref, tri, torch.float32)
     empty = (ref == 0).flatten(1).all(dim=1)  # experts with no rows
     assert (tri[empty] == 0).all(), "experts with no rows must get zero dw"
 
@@ -128,7 +80,7 @@ def test_dw_writes_every_element_and_nothing_else(case: DwCase) -> None:
     cfg = case.config or pick_dw_config(case.n, case.k, x.device, x.dtype)
     bounds = row_bounds(m_sizes, case.m)
     launch_grouped_gemm_dw(dy, x, dw, bounds, cfg, dw_grid_size(case.e, case.n, case.k, cfg, x.device))
-    assert_close(dw, dw_ref(dy, x, m_sizes), torch.float32)
+    assert_close(dw_ref(dy, x, m_sizes), dw, torch.float32)
     assert_canary_intact(buf, inside)
 
 
@@ -152,7 +104,7 @@ def test_dw_resident_matches_reference(case: DwCase, name: str) -> None:
     if case.dy_view == case.x_view == "contiguous" and aligned:  # else the pointer kernel serves
         assert dw_tma_plan(dy, x, dw, cfg) is not None, "this case should take the resident kernel"
     tri = moe_grouped_gemm_dw(dy, x, m_sizes, config=cfg)
-    assert_close(tri, dw_ref(dy, x, m_sizes), torch.float16)
+    assert_close(dw_ref(dy, x, m_sizes), tri, torch.float16)
     empty = (dw_ref(dy, x, m_sizes) == 0).flatten(1).all(dim=1)
     assert (tri[empty] == 0).all(), "experts with no rows must get zero dw"
 
@@ -170,7 +122,7 @@ def test_dw_resident_never_reads_unrouted_rows(name: str) -> None:
     dy[45:] = float("nan")
     x[45:] = float("nan")
     tri = moe_grouped_gemm_dw(dy, x, sizes, config=config_from_name(name))
-    assert_close(tri, dw_ref(dy[:45], x[:45], sizes), torch.float16)
+    assert_close(dw_ref(dy[:45], x[:45], sizes), tri, torch.float16)
 
 
 @pytest.mark.parametrize("edge", ["prime-mnk", "dy-and-x-sliced"])
@@ -179,7 +131,7 @@ def test_dw_float16(edge: str) -> None:
     dy, x, m_sizes = dw_operands(case, torch.float16)
     tri = moe_grouped_gemm_dw(dy, x, m_sizes)
     assert tri.dtype == torch.float16
-    assert_close(tri, dw_ref(dy, x, m_sizes), torch.float16)
+    assert_close(dw_ref(dy, x, m_sizes), tri, torch.float16)
 
 
 @pytest.mark.parametrize(
@@ -228,12 +180,12 @@ def test_dw_is_deterministic() -> None:
 # Autograd: moe_fused_linear against autograd through the twin, float64.
 # --------------------------------------------------------------------------------------------
 
-AUTOGRAD_CASES = [c for c in CASES if c.edge in ("balanced", "empty-experts", "prime-mnk", "sizes-sum-under-m", "w-transposed")]
+AUTOGRAD_CASES = [c for c in GEMM_CASES if c.edge in ("balanced", "empty-experts", "prime-mnk", "sizes-sum-under-m", "w-transposed")]
 
 
 @pytest.mark.parametrize("case", AUTOGRAD_CASES, ids=case_id)
 def test_fused_linear_grads_match_twin_autograd(case: GemmCase) -> None:
-    x, w, m_sizes = make_operands(case, torch.float32)
+    x, w, m_sizes = gemm_operands(case, torch.float32)
     x.requires_grad_(True)
     w.requires_grad_(True)
     x64 = x.detach().double().requires_grad_(True)
@@ -245,16 +197,16 @@ def test_fused_linear_grads_match_twin_autograd(case: GemmCase) -> None:
     y64 = moe_grouped_gemm_torch(x64, w64, m_sizes)
     y64.backward(dy.double())
 
-    assert_close(y, y64, torch.float32)
+    assert_close(y64, y, torch.float32)
     assert x.grad is not None and w.grad is not None
-    assert_close(x.grad, x64.grad, torch.float32)
-    assert_close(w.grad, w64.grad, torch.float32)
+    assert_close(x64.grad, x.grad, torch.float32)
+    assert_close(w64.grad, w.grad, torch.float32)
 
 
 def test_fused_linear_takes_another_forward_kernel() -> None:
     """kernel= swaps the forward only; backward stays ours."""
-    case = CASES[0]
-    x, w, m_sizes = make_operands(case, torch.float32)
+    case = GEMM_CASES[0]
+    x, w, m_sizes = gemm_operands(case, torch.float32)
     x.requires_grad_(True)
     w.requires_grad_(True)
     calls: list[str] = []
@@ -266,15 +218,15 @@ def test_fused_linear_takes_another_forward_kernel() -> None:
     y = moe_fused_linear(x, w, m_sizes, kernel=twin)
     y.sum().backward()
     assert calls == ["twin"]
-    assert_close(y, moe_grouped_gemm(x.detach(), w.detach(), m_sizes), torch.float32)
+    assert_close(moe_grouped_gemm(x.detach(), w.detach(), m_sizes), y, torch.float32)
     assert w.grad is not None
     ones = torch.ones(case.m, case.n)
-    assert_close(w.grad, moe_grouped_gemm_dw_torch(ones.double(), x.detach().double(), m_sizes), torch.float32)
+    assert_close(moe_grouped_gemm_dw_torch(ones.double(), x.detach().double(), m_sizes), w.grad, torch.float32)
 
 
 def test_fused_linear_no_grad_for_m_sizes_and_only_needed_grads() -> None:
-    case = CASES[0]
-    x, w, m_sizes = make_operands(case, torch.float32)
+    case = GEMM_CASES[0]
+    x, w, m_sizes = gemm_operands(case, torch.float32)
     w.requires_grad_(True)  # x needs no grad: dx is skipped
     moe_fused_linear(x, w, m_sizes).sum().backward()
     assert x.grad is None and w.grad is not None and m_sizes.grad is None
@@ -284,8 +236,8 @@ def test_deferred_weight_grads_leave_dw_for_the_caller() -> None:
     """Inside ``deferred_weight_grads`` the backward gives dx at once and no weight gradient; the
     closures it leaves return (the weight itself, the dw the plain backward gives). Nested lists
     collect only their own; outside them the plain backward is back."""
-    case = CASES[0]
-    x, w, m_sizes = make_operands(case, torch.float32)
+    case = GEMM_CASES[0]
+    x, w, m_sizes = gemm_operands(case, torch.float32)
     x.requires_grad_(True)
     w.requires_grad_(True)
     plain_x, plain_w = torch.autograd.grad(moe_fused_linear(x, w, m_sizes).sum(), (x, w))
@@ -294,10 +246,10 @@ def test_deferred_weight_grads_leave_dw_for_the_caller() -> None:
         with deferred_weight_grads() as inner:
             y.sum().backward()
     assert w.grad is None and outer == [] and len(inner) == 1
-    assert_close(x.grad, plain_x, torch.float32)
+    assert_close(plain_x, x.grad, torch.float32)
     weight, dw = inner[0]()
     assert weight is w
-    assert_close(dw, plain_w, torch.float32)
+    assert_close(plain_w, dw, torch.float32)
     x.grad = None
     moe_fused_linear(x, w, m_sizes).sum().backward()
     assert w.grad is not None

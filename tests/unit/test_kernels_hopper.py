@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from qmoe_doctor.core.tolerances import tolerance
 from qmoe_doctor.kernels import tuning
 from qmoe_doctor.kernels.backward import (
     dw_tma_plan,
@@ -32,6 +33,7 @@ from qmoe_doctor.kernels.combine import (
     sum_rows,
 )
 from qmoe_doctor.kernels.grouped_gemm import GemmConfig, kernel_path, moe_grouped_gemm, moe_grouped_gemm_torch
+from qmoe_doctor.kernels.testing import rel_err
 
 # (M, m_sizes, N, K): aligned for TMA (16-byte rows in fp16), with empty, partial, negative and
 # over-long counts, uncovered rows, K tails
@@ -48,15 +50,7 @@ CONFIGS = [
     GemmConfig(32, 32, 32, 4, 1, tma=True, flat=True),
     GemmConfig(16, 32, 16, 4, 1, programs_per_sm=2, tma=True, flat=True),
 ]
-TOL = 2e-3
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    b64 = b.double()
-    denom = b64.norm().item()
-    if denom == 0:
-        return a.double().abs().max().item()
-    return (a.double() - b64).norm().item() / denom
+TOL = tolerance("float16")  # every operand here is float16: tensor descriptors take 16-bit data
 
 
 def _ops(
@@ -77,9 +71,9 @@ def test_forward_and_dx_paths(cfg: GemmConfig, case: tuple[int, list[int], int, 
     assert kernel_path(x, w, cfg).startswith("tma" if cfg.tma else "pointer")
     y = moe_grouped_gemm(x, w, m_sizes, config=cfg)
     assert not torch.isnan(y).any()
-    assert _rel(y, moe_grouped_gemm_torch(x.double(), w.double(), m_sizes)) < TOL
+    assert rel_err(moe_grouped_gemm_torch(x.double(), w.double(), m_sizes), y) < TOL
     dx = moe_grouped_gemm_dx(dy, w, m_sizes, config=cfg)
-    assert _rel(dx, moe_grouped_gemm_dx_torch(dy.double(), w.double(), m_sizes)) < TOL
+    assert rel_err(moe_grouped_gemm_dx_torch(dy.double(), w.double(), m_sizes), dx) < TOL
 
 
 @pytest.mark.parametrize(
@@ -96,7 +90,7 @@ def test_dw_paths(cfg: GemmConfig, case: tuple[int, list[int], int, int]) -> Non
     m, sizes, n, k = case
     x, _, dy, m_sizes = _ops(m, sizes, n, k)
     dw = moe_grouped_gemm_dw(dy, x, m_sizes, config=cfg)
-    assert _rel(dw, moe_grouped_gemm_dw_torch(dy.double(), x.double(), m_sizes)) < TOL
+    assert rel_err(moe_grouped_gemm_dw_torch(dy.double(), x.double(), m_sizes), dw) < TOL
 
 
 @pytest.mark.parametrize(
@@ -113,7 +107,7 @@ def test_dw_partial_chunks_never_read_the_rows_after_the_expert(cfg: GemmConfig)
     dy[35:] = float("nan")
     dw = moe_grouped_gemm_dw(dy, x, m_sizes, config=cfg)
     assert torch.isfinite(dw).all()
-    assert _rel(dw, moe_grouped_gemm_dw_torch(dy[:35].double(), x[:35].double(), m_sizes)) < TOL
+    assert rel_err(moe_grouped_gemm_dw_torch(dy[:35].double(), x[:35].double(), m_sizes), dw) < TOL
 
 
 def test_unaligned_operands_take_the_pointer_kernel_and_stay_right() -> None:
@@ -124,7 +118,7 @@ def test_unaligned_operands_take_the_pointer_kernel_and_stay_right() -> None:
     m_sizes = torch.tensor([10, 20, 10])
     assert kernel_path(x, w, cfg) == "pointer+flat"
     y = moe_grouped_gemm(x, w, m_sizes, config=cfg)
-    assert _rel(y, moe_grouped_gemm_torch(x.double(), w.double(), m_sizes)) < TOL
+    assert rel_err(moe_grouped_gemm_torch(x.double(), w.double(), m_sizes), y) < TOL
     dw = torch.empty(3, 24, 48).half()
     assert dw_tma_plan(torch.randn(40, 24).half(), x, dw, cfg) is None
 
@@ -194,6 +188,33 @@ def test_lookup_picks_the_nearest_shape_and_only_on_hopper(
     assert tuning.lookup("dw", 20, 1536, 2048, (9, 0)).name == "32x128x128-w4-s4-p2-tma"
     assert tuning.lookup("dx", 128, 1536, 2048, (9, 0)) is None  # no dx entry: the built-in rule
     assert tuning.lookup("forward", 128, 1536, 2048, (8, 0)) is None  # not measured on Ampere
+
+
+def test_off_the_table_the_kernels_pick_from_the_one_fallback_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where no measured table covers the device (compute capability 8.0 here), pick_config and
+    pick_dw_config take core.launch_configs' entry for the shape class, pruned to the device's
+    shared memory; on the CPU (the interpreter) its "interpreter" entry."""
+    from qmoe_doctor.core.launch_configs import DW_CONFIGS, GEMM_CONFIGS
+    from qmoe_doctor.kernels import backward as bw
+    from qmoe_doctor.kernels import grouped_gemm as gg
+
+    for module in (gg, bw):
+        monkeypatch.setattr(module, "capability", lambda index: (8, 0))
+        monkeypatch.setattr(module, "smem_limit", lambda index: 10**9)
+    pick, pick_dw = gg._pick_config.__wrapped__, bw._pick_dw_config.__wrapped__  # past the caches
+    f32 = torch.float32
+    assert pick(64 * 8, 1024, 512, 8, 0, f32, "forward").tile == GEMM_CONFIGS["few-rows"]
+    assert pick(65 * 8, 256, 512, 8, 0, f32, "forward").tile == GEMM_CONFIGS["wide-n"]
+    assert pick(65 * 8, 255, 512, 8, 0, f32, "dx").tile == GEMM_CONFIGS["default"]
+    assert pick_dw(128, 128, 0, f32, 128.0).tile == DW_CONFIGS["wide"]
+    assert pick_dw(127, 4096, 0, f32, 128.0).tile == DW_CONFIGS["narrow"]
+    default = GEMM_CONFIGS["default"]
+    monkeypatch.setattr(gg, "smem_limit", lambda index: default.smem_bytes(4) - 1)
+    pruned = pick(65 * 8, 255, 512, 8, 0, f32, "forward")
+    assert pruned.tile == default._replace(num_stages=default.num_stages - 1)
+    cpu = torch.device("cpu")
+    assert gg.pick_config(64, 32, 32, 4, cpu, f32).tile == GEMM_CONFIGS["interpreter"]
+    assert bw.pick_dw_config(32, 32, cpu, f32).tile == GEMM_CONFIGS["interpreter"]
 
 
 def test_a_broken_table_is_an_error_naming_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

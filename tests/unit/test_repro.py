@@ -601,7 +601,10 @@ def test_script_renders_compiles_and_its_cpu_parts_run(cond: Condition, tmp_path
     from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm_torch
     from qmoe_doctor.probes import conditions
 
-    assert namespace["SIZES"] == conditions.routing_sizes(spec)  # same rows as the probe
+    from qmoe_doctor.kernels.routing import routing_sizes
+
+    probe_rows = routing_sizes(spec.shape.routing, spec.shape.m, spec.shape.e, seed=spec.seed)
+    assert namespace["SIZES"] == probe_rows  # same rows as the probe
     x, w, m_sizes = namespace["make_operands"](torch.device("cpu"))
     ref = namespace["reference"](x, w, namespace["SIZES"])
     assert torch.allclose(ref, moe_grouped_gemm_torch(x, w, m_sizes, out_dtype=torch.float32))

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from test_kernels_forward import assert_close
 
-from qmoe_doctor.core.shapes import PRESETS, MoEShape
+from qmoe_doctor.core.shapes import PRESETS
 from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm_torch
 from qmoe_doctor.kernels.moe_block import MoEBlock, MoEBlockTorch, resolve_shape
 from qmoe_doctor.kernels.routing import Routing, sort_by_expert, sort_by_expert_torch
+from qmoe_doctor.kernels.testing import BLOCK_CASES, BlockCase, assert_close, make_block_inputs, twin_of
 
 # --------------------------------------------------------------------------------------------
 # Routing.
@@ -101,60 +101,6 @@ def test_sort_by_expert_check_names_bad_ids() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BlockCase:
-    edge: str
-    shape: MoEShape
-    tokens: int
-    dtype: torch.dtype = torch.float32
-    hot_expert: int | None = None  # steer every token's top-1 to this expert
-
-
-def _shape(e: int, k: int, h: int, i: int, norm: bool = True) -> MoEShape:
-    return MoEShape(name="test", num_experts=e, top_k=k, hidden=h, intermediate=i, norm_topk_prob=norm)
-
-
-BLOCK_CASES: tuple[BlockCase, ...] = (
-    BlockCase(edge="tiny-preset", shape=PRESETS["tiny"], tokens=24),
-    BlockCase(edge="prime-sizes-top3", shape=_shape(5, 3, 37, 19), tokens=13),
-    BlockCase(edge="top1-no-renormalize", shape=_shape(4, 1, 32, 16, norm=False), tokens=16),
-    BlockCase(edge="more-experts-than-rows", shape=_shape(16, 2, 32, 16), tokens=3),
-    BlockCase(edge="single-token", shape=PRESETS["tiny"], tokens=1),
-    BlockCase(edge="one-hot-expert", shape=PRESETS["tiny"], tokens=16, hot_expert=5),
-    BlockCase(edge="float16", shape=PRESETS["tiny"], tokens=16, dtype=torch.float16),
-)
-
-ROUTING_MARGIN = 0.05  # logit gap kept between the k-th and (k+1)-th expert of every token
-
-
-def make_block_inputs(case: BlockCase, device: torch.device | str = "cpu") -> tuple[MoEBlock, torch.Tensor]:
-    """A block in case.dtype and hidden states whose top-k choice is the same in every dtype:
-    tokens whose k-th and (k+1)-th router logits (exact, from the case.dtype values) are
-    closer than ROUTING_MARGIN are dropped."""
-    torch.manual_seed(0)
-    block = MoEBlock(case.shape, device=device, dtype=torch.float32)
-    s = case.shape
-    cand = torch.randn(8 * case.tokens + 32, s.hidden, device=device)
-    if case.hot_expert is not None:
-        direction = torch.ones(s.hidden, device=device) / s.hidden**0.5
-        with torch.no_grad():
-            block.gate.weight[case.hot_expert] += 4 * direction
-        cand += direction
-    block = block.to(case.dtype)
-    cand = cand.to(case.dtype)
-    logits = (cand.double() @ block.gate.weight.double().T).sort(dim=-1, descending=True).values
-    if s.top_k < s.num_experts:
-        cand = cand[(logits[:, s.top_k - 1] - logits[:, s.top_k]) > ROUTING_MARGIN]
-    assert cand.shape[0] >= case.tokens
-    return block, cand[: case.tokens]
-
-
-def twin_of(block: MoEBlock, dtype: torch.dtype = torch.float64) -> MoEBlockTorch:
-    twin = MoEBlockTorch(block.shape, device=block.gate_up_proj.device, dtype=dtype)
-    twin.load_state_dict(block.state_dict())  # same names, same shapes; copy_ converts dtype
-    return twin
-
-
 @pytest.mark.parametrize("case", BLOCK_CASES, ids=lambda c: c.edge)
 def test_block_forward_and_grads_match_twin(case: BlockCase) -> None:
     block, hidden = make_block_inputs(case)
@@ -165,20 +111,20 @@ def test_block_forward_and_grads_match_twin(case: BlockCase) -> None:
     out, logits = block(x)
     ref, ref_logits = twin(x64)
     assert out.dtype == case.dtype and logits.shape == (case.tokens, case.shape.num_experts)
-    assert_close(out, ref, case.dtype, kind="block")
-    assert_close(logits, ref_logits, case.dtype, kind="block")
+    assert_close(ref, out, case.dtype, kind="block")
+    assert_close(ref_logits, logits, case.dtype, kind="block")
 
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
     (out.float() * grad).sum().backward()
     (ref * grad.double()).sum().backward()
     assert x.grad is not None and x64.grad is not None
-    assert_close(x.grad, x64.grad, case.dtype, kind="block")
+    assert_close(x64.grad, x.grad, case.dtype, kind="block")
     ref_params = dict(twin.named_parameters())
     for name, p in block.named_parameters():
         assert p.grad is not None, name
         ref_grad = ref_params[name].grad
         assert ref_grad is not None, name
-        assert_close(p.grad, ref_grad, case.dtype, kind="block")
+        assert_close(ref_grad, p.grad, case.dtype, kind="block")
 
 
 def test_block_runs_another_kernel() -> None:
@@ -194,14 +140,14 @@ def test_block_runs_another_kernel() -> None:
     other.load_state_dict(block.state_dict())
     out, _ = other(hidden)
     assert calls == [case.tokens * case.shape.top_k] * 2  # gate_up and down
-    assert_close(out, block(hidden)[0], torch.float32, kind="block")
+    assert_close(block(hidden)[0], out, torch.float32, kind="block")
 
 
 def test_block_non_contiguous_hidden_states() -> None:
     block, hidden = make_block_inputs(BLOCK_CASES[0])
     strided = hidden.T.contiguous().T
     assert not strided.is_contiguous()
-    assert_close(block(strided)[0], twin_of(block)(hidden.double())[0], torch.float32, kind="block")
+    assert_close(twin_of(block)(hidden.double())[0], block(strided)[0], torch.float32, kind="block")
 
 
 def test_state_dict_round_trips_both_ways() -> None:

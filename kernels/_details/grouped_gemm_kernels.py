@@ -1,0 +1,303 @@
+"""The grouped GEMM's kernels (launched by ``kernels/grouped_gemm.py``, which says what each
+guarantees): the pointer kernel, the Hopper kernel (tiles loaded by the bulk tensor copy engine,
+TMA) and the flattened kernel (one loop over each program's (tile, k-step) pairs)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _grouped_gemm_kernel(
+    x_ptr,  # (M, K) rows sorted by expert
+    w_ptr,  # (E, N, K) expert weights, any strides
+    y_ptr,  # (M, N) output
+    m_sizes_ptr,  # (E,) int32/int64 rows per expert; trusted only as far as M allows
+    M,
+    N,
+    K,
+    E,
+    stride_xm,
+    stride_xk,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_ym,
+    stride_yn,
+    NUM_PROGRAMS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Persistent grid: program p takes tiles p, p + NUM_PROGRAMS, ... of the expert-major
+    tile sequence; after the experts, rows no expert covers are written as zeros."""
+    pid = tl.program_id(0)
+    num_n_tiles = tl.cdiv(N, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+
+    tiles_before = 0  # tiles of the experts already walked (same count in every program)
+    row_start = 0  # first row of the current expert
+    for expert in range(E + 1):
+        if expert < E:
+            m_size = tl.load(m_sizes_ptr + expert)
+            # mask by M: negative counts become 0, counts past the last row stop at M. Clamp
+            # in the loaded width, then narrow: an int64 count past 2**31 (a stale value in a
+            # recycled block) would otherwise truncate to an arbitrary int32.
+            m_size = tl.minimum(tl.maximum(m_size, 0), tl.maximum(M - row_start, 0)).to(tl.int32)
+        else:
+            m_size = tl.maximum(M - row_start, 0)  # rows no expert covers: written as zeros
+        num_tiles = tl.cdiv(m_size, BLOCK_M) * num_n_tiles
+        # first tile of this expert that belongs to this program
+        tile = tiles_before + (pid - tiles_before % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
+        while tile < tiles_before + num_tiles:
+            local = tile - tiles_before
+            tile_m = local // num_n_tiles
+            tile_n = local % num_n_tiles
+            first_row = row_start + tile_m * BLOCK_M
+            row_mask = (first_row + offs_m) < (row_start + m_size)
+            cols = tile_n * BLOCK_N + offs_n
+            col_mask = cols < N
+            # first_row * stride_ym passes 2**31 for M*N > 2**31 (1M tokens x 2048): int64 here
+            y_tile = y_ptr + tl.cast(first_row, tl.int64) * stride_ym
+            y_ptrs = y_tile + offs_m[:, None] * stride_ym + cols[None, :] * stride_yn
+            out_mask = row_mask[:, None] & col_mask[None, :]
+            if expert < E:
+                # first_row * stride_xm passes 2**31 for M*K > 2**31
+                x_ptrs = (
+                    x_ptr
+                    + tl.cast(first_row, tl.int64) * stride_xm
+                    + offs_m[:, None] * stride_xm
+                    + offs_k[None, :] * stride_xk
+                )
+                # expert * stride_we passes 2**31 at expert 69 for 160 experts of 5120x6144
+                w_ptrs = (
+                    w_ptr
+                    + tl.cast(expert, tl.int64) * stride_we
+                    + cols[None, :] * stride_wn
+                    + offs_k[:, None] * stride_wk
+                )
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for k0 in range(0, K, BLOCK_K):
+                    k_mask = (k0 + offs_k) < K
+                    a = tl.load(x_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+                    b = tl.load(w_ptrs, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+                    acc = tl.dot(a, b, acc)
+                    x_ptrs += BLOCK_K * stride_xk
+                    w_ptrs += BLOCK_K * stride_wk
+                tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+            else:
+                zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                tl.store(y_ptrs, zeros.to(y_ptr.dtype.element_ty), mask=out_mask)
+            tile += NUM_PROGRAMS
+        tiles_before += num_tiles
+        row_start += m_size
+
+
+@triton.jit
+def _store_rows(
+    y_ptr, out, first_row, n0, row_end, N, stride_ym, stride_yn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    """Masked store of an output tile: rows below row_end, columns below N."""
+    offs_m = tl.arange(0, BLOCK_M)
+    cols = n0 + tl.arange(0, BLOCK_N)
+    y_ptrs = (
+        y_ptr
+        + tl.cast(first_row, tl.int64) * stride_ym
+        + offs_m[:, None] * stride_ym
+        + cols[None, :] * stride_yn
+    )
+    mask = ((first_row + offs_m) < row_end)[:, None] & (cols < N)[None, :]
+    tl.store(y_ptrs, out, mask=mask)
+
+
+@triton.jit
+def _grouped_gemm_tma_kernel(
+    x_desc,  # (M, K) block (BLOCK_M, BLOCK_K); rows past M read as zeros
+    w_desc,  # 2-D view of w: (E * N, K) block (BLOCK_N, BLOCK_K), or W_KN: (E * K, N) block (BLOCK_K, BLOCK_N)
+    y_ptr,
+    y_desc,  # (M, N) block (BLOCK_M, BLOCK_N) when Y_TMA: full row tiles are stored through it
+    m_sizes_ptr,
+    M,
+    N,
+    K,
+    E,
+    W_ROWS,  # rows of one expert in the 2-D view of w (N, or K for W_KN)
+    stride_ym,
+    stride_yn,
+    NUM_PROGRAMS,  # runtime: one compiled kernel serves every grid size
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    W_KN: tl.constexpr,
+    Y_TMA: tl.constexpr,
+):
+    """``_grouped_gemm_kernel``'s tile walk with descriptor loads. Descriptor coordinates are
+    element indices (the copy engine forms the 64-bit address), so nothing here can wrap.
+    x rows past the expert's last row are read (they belong to the next expert) but only feed
+    output rows that are never stored; a w tile past the expert's N rows only feeds masked
+    columns; in the W_KN view the host allows only K % BLOCK_K == 0, so no tile crosses an
+    expert along the reduction."""
+    pid = tl.program_id(0)
+    num_n_tiles = tl.cdiv(N, BLOCK_N)
+
+    tiles_before = 0
+    row_start = 0
+    for expert in range(E + 1):
+        if expert < E:
+            m_size = tl.load(m_sizes_ptr + expert)
+            m_size = tl.minimum(tl.maximum(m_size, 0), tl.maximum(M - row_start, 0)).to(tl.int32)
+        else:
+            m_size = tl.maximum(M - row_start, 0)  # rows no expert covers: written as zeros
+        num_tiles = tl.cdiv(m_size, BLOCK_M) * num_n_tiles
+        tile = tiles_before + (pid - tiles_before % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
+        while tile < tiles_before + num_tiles:
+            local = tile - tiles_before
+            tile_m = local // num_n_tiles
+            tile_n = local % num_n_tiles
+            first_row = row_start + tile_m * BLOCK_M
+            n0 = tile_n * BLOCK_N
+            if expert < E:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for k0 in range(0, K, BLOCK_K):
+                    a = x_desc.load([first_row, k0])
+                    if W_KN:
+                        b = w_desc.load([expert * W_ROWS + k0, n0])
+                        acc = tl.dot(a, b, acc)
+                    else:
+                        b = w_desc.load([expert * W_ROWS + n0, k0])
+                        acc = tl.dot(a, b.T, acc)
+                out = acc.to(y_ptr.dtype.element_ty)
+            else:
+                out = tl.zeros((BLOCK_M, BLOCK_N), dtype=y_ptr.dtype.element_ty)
+            row_end = row_start + m_size
+            if Y_TMA:
+                if first_row + BLOCK_M <= row_end:
+                    y_desc.store([first_row, n0], out)  # a full row tile; columns past N are clipped
+                else:
+                    _store_rows(y_ptr, out, first_row, n0, row_end, N, stride_ym, stride_yn, BLOCK_M, BLOCK_N)
+            else:
+                _store_rows(y_ptr, out, first_row, n0, row_end, N, stride_ym, stride_yn, BLOCK_M, BLOCK_N)
+            tile += NUM_PROGRAMS
+        tiles_before += num_tiles
+        row_start += m_size
+
+
+@triton.jit
+def _grouped_gemm_flat_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    m_sizes_ptr,
+    x_desc,  # USE_TMA: as in _grouped_gemm_tma_kernel; otherwise unused
+    w_desc,
+    M,
+    N,
+    K,
+    E,
+    W_ROWS,
+    stride_xm,
+    stride_xk,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_ym,
+    stride_yn,
+    NUM_PROGRAMS,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    E_POW2: tl.constexpr,  # a power of two > E: one slot per expert and one for uncovered rows
+    USE_TMA: tl.constexpr,
+    W_KN: tl.constexpr,
+):
+    """The same tiles as ``_grouped_gemm_kernel`` (expert-major, round-robin over programs), walked
+    as ONE loop over this program's (tile, k-step) pairs. Expert row bounds come from a
+    vector prefix sum of the clamped counts (negative counts are 0, nothing passes M: the
+    bounds of the sequential walk); slot E holds the rows no expert covers, written as zeros
+    (its w loads are masked off, or past the last expert where the descriptor reads zeros)."""
+    pid = tl.program_id(0)
+    num_n_tiles = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    offs_e = tl.arange(0, E_POW2)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+
+    sizes = tl.load(m_sizes_ptr + offs_e, mask=offs_e < E, other=0)
+    sizes = tl.minimum(tl.maximum(sizes, 0), M).to(tl.int64)  # clamp in the loaded width first
+    incl = tl.cumsum(sizes, 0)
+    ends = tl.minimum(incl, M).to(tl.int32)
+    starts = tl.minimum(incl - sizes, M).to(tl.int32)
+    covered = tl.max(ends, 0)
+    starts = tl.where(offs_e == E, covered, starts)
+    ends = tl.where(offs_e == E, M, ends)
+    rows = tl.where(offs_e <= E, ends - starts, 0)
+    tiles = tl.cdiv(rows, BLOCK_M) * num_n_tiles
+    tile_incl = tl.cumsum(tiles, 0)
+    tile_excl = tile_incl - tiles
+    total_tiles = tl.sum(tiles, 0)
+    my_tiles = (tl.maximum(total_tiles - pid, 0) + NUM_PROGRAMS - 1) // NUM_PROGRAMS
+
+    tile = pid - NUM_PROGRAMS
+    ki = k_tiles - 1
+    expert = 0
+    first_row = 0
+    row_end = 0
+    n0 = 0
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(0, my_tiles * k_tiles):
+        ki = tl.where(ki == k_tiles - 1, 0, ki + 1)
+        if ki == 0:
+            tile += NUM_PROGRAMS
+            expert = tl.sum((tile_incl <= tile).to(tl.int32), 0)
+            here = offs_e == expert
+            local = tile - tl.sum(tl.where(here, tile_excl, 0), 0)
+            first_row = tl.sum(tl.where(here, starts, 0), 0) + (local // num_n_tiles) * BLOCK_M
+            row_end = tl.sum(tl.where(here, ends, 0), 0)
+            n0 = (local % num_n_tiles) * BLOCK_N
+        k0 = ki * BLOCK_K
+        if USE_TMA:
+            a = x_desc.load([first_row, k0])
+            if W_KN:
+                b = w_desc.load([expert * W_ROWS + k0, n0])
+                acc = tl.dot(a, b, acc)
+            else:
+                b = w_desc.load([expert * W_ROWS + n0, k0])
+                acc = tl.dot(a, b.T, acc)
+        else:
+            ks = k0 + offs_k
+            k_mask = ks < K
+            cols = n0 + offs_n
+            x_ptrs = (
+                x_ptr
+                + tl.cast(first_row, tl.int64) * stride_xm  # passes 2**31 for M*K > 2**31
+                + offs_m[:, None] * stride_xm
+                + ks[None, :] * stride_xk
+            )
+            w_ptrs = (
+                w_ptr
+                + tl.cast(expert, tl.int64) * stride_we  # passes 2**31 for large stacks
+                + cols[None, :] * stride_wn
+                + ks[:, None] * stride_wk
+            )
+            a = tl.load(x_ptrs, mask=((first_row + offs_m) < row_end)[:, None] & k_mask[None, :], other=0.0)
+            col_ok = (cols < N) & (tl.zeros((BLOCK_N,), dtype=tl.int32) + expert < E)  # slot E: no w
+            b = tl.load(w_ptrs, mask=k_mask[:, None] & col_ok[None, :], other=0.0)
+            acc = tl.dot(a, b, acc)
+        if ki == k_tiles - 1:
+            _store_rows(
+                y_ptr,
+                acc.to(y_ptr.dtype.element_ty),
+                first_row,
+                n0,
+                row_end,
+                N,
+                stride_ym,
+                stride_yn,
+                BLOCK_M,
+                BLOCK_N,
+            )
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
