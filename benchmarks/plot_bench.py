@@ -14,8 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from qmoe_doctor.core.bench import BenchReport
 from qmoe_doctor.reports.plot import MISSING_MATPLOTLIB, plot_available, write_plot
-from qmoe_doctor.workflows.bench import BenchReport, load_report
+from qmoe_doctor.workflows.bench import load_report
 
 #: The kernels' targets on one H200 at 30b gate_up, 2048 tokens (bf16, M=16384, E=128, N=1536,
 #: K=2048), in TFLOP/s: drawn when the report is of that device, dtype and shape.

@@ -3,7 +3,8 @@
 Started by ``qmoe_doctor.workflows.bench.run_bench`` in a fresh interpreter pinned to the chosen GPUs; it
 reads one ``BenchRequest`` (JSON, the first argument), measures, writes one ``BenchReport``
 (JSON) to ``request.result_path`` and exits 0. Progress goes to stderr, one line per row.
-``script_main`` is the flag interface of ``benchmarks/bench_kernels.py`` (one process, no child).
+``benchmarks/bench_kernels.py`` calls ``run`` in its own process (no child). The records and the
+implementation names are ``qmoe_doctor.core.bench``.
 
 What is measured, per token count T (rows M = T * top_k, sorted by expert from a uniform random
 top-k, the imbalance of an untrained router; or, with ``routing="balanced"``, M/E rows per
@@ -15,7 +16,7 @@ expert for the GEMM rows):
   with ``torch._grouped_mm`` as its forward kernel, the per-expert-loop twin (all three share one
   set of parameters), and a dense GEMM of the same FLOPs; on a GPU also the first two's forward
   replayed from a CUDA graph (no host launch path: what the GPU alone takes);
-* with ``placement`` (2 GPUs): see ``qmoe_doctor.workflows.bench``.
+* with ``placement`` (2 GPUs): see ``qmoe_doctor.core.bench``.
 
 Every row also gets its relative error against a float32 reference (float64 on the CPU). Under
 ``tiny`` (CPU, TRITON_INTERPRET=1) each row runs once and is compared; nothing is timed.
@@ -23,7 +24,6 @@ Every row also gets its relative error against a float32 reference (float64 on t
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import faulthandler
 import json
@@ -34,12 +34,12 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 import torch  # does not import triton: TRITON_INTERPRET can still be set after this
 
+from qmoe_doctor.core import bench as B
 from qmoe_doctor.core.records import from_json
-from qmoe_doctor.workflows import bench as B
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 #: Back-to-back calls per placement sample aim at this much wall time (ms), within CALLS_MAX.
@@ -49,6 +49,13 @@ PLACEMENT_SAMPLES = 7
 
 Bench = Callable[..., "float | None"]
 Log = Callable[[str], None]
+
+
+class _At(TypedDict):
+    """Where a row was measured: its token count and rows M = tokens * top_k."""
+
+    tokens: int
+    m: int
 
 
 def _log(msg: str) -> None:
@@ -193,7 +200,7 @@ def _bench_gemms(
     dense_a = torch.randn(m, k, generator=gen, device=device).to(dtype)
     dense_b = torch.randn(k, n, generator=gen, device=device).to(dtype)
     flops = 2.0 * m * n * k
-    at = {"tokens": tokens, "m": m}
+    at: _At = {"tokens": tokens, "m": m}
 
     def loop_forward() -> torch.Tensor:
         y = torch.empty(m, n, device=device, dtype=dtype)
@@ -268,7 +275,7 @@ class _Blocks:
         self.reference.requires_grad_(False)
 
     def _share(self, module: torch.nn.Module) -> torch.nn.Module:
-        module.gate.weight = self.ours.gate.weight
+        module.get_submodule("gate").weight = self.ours.gate.weight
         module.gate_up_proj = self.ours.gate_up_proj
         module.down_proj = self.ours.down_proj
         return module
@@ -281,7 +288,7 @@ class _Blocks:
         hidden = torch.randn(tokens, s.hidden, generator=gen, device=device).to(dtype)
         with torch.no_grad():
             ref_out = self.reference(hidden.to(meas.ref_dtype))[0]
-        at = {"tokens": tokens, "m": m}
+        at: _At = {"tokens": tokens, "m": m}
         for impl, module in (
             (B.BLOCK_QMOE, self.ours),
             (B.BLOCK_GROUPED_MM, self.with_grouped_mm),
@@ -293,7 +300,11 @@ class _Blocks:
             try:
                 with torch.no_grad():
                     err = meas.rel_err(module(hidden)[0], ref_out)
-                    ms_fwd = meas.time(lambda mod=module: mod(hidden))
+
+                    def forward(mod: torch.nn.Module = module) -> object:
+                        return mod(hidden)
+
+                    ms_fwd = meas.time(forward)
 
                 def step(mod: torch.nn.Module = module, x: torch.Tensor = x) -> None:
                     mod(x)[0].float().sum().backward()
@@ -333,13 +344,13 @@ class _Blocks:
                 (B.BLOCK_QMOE_GRAPH, self.ours),
                 (B.BLOCK_GROUPED_MM_GRAPH, self.with_grouped_mm),
             ):
-                meas.add("block-forward", impl, _GraphedForward(module, hidden), ref_out, flops, **at)  # type: ignore[arg-type]
+                meas.add("block-forward", impl, _GraphedForward(module, hidden), ref_out, flops, **at)
         del ref_out
         # one dense GEMM of the same FLOPs: (M, H) x (H, 3I) = 6*M*H*I; with backward (H, 9I)
         a = torch.randn(m, s.hidden, generator=gen, device=device).to(dtype)
         for op, cols, op_flops in (("block-forward", 3, flops), ("block-forward-backward", 9, 3 * flops)):
             b = torch.randn(s.hidden, cols * s.intermediate, generator=gen, device=device).to(dtype)
-            meas.add(op, B.DENSE, _matmul(a, b), None, op_flops, **at)  # type: ignore[arg-type]
+            meas.add(op, B.DENSE, _matmul(a, b), None, op_flops, **at)
 
 
 class _GraphedForward:
@@ -464,7 +475,7 @@ def _placement_rows(
         m_sizes = routing_sizes(tokens, e, top_k, gen, dev_b)
         x = torch.randn(m, k, generator=gen, device=dev_b).to(w.dtype)
         ref = moe_grouped_gemm(x, w, m_sizes).float()
-    cases: list[tuple[B.Placement, str, int, Callable[[], torch.Tensor]]] = [
+    cases: list[tuple[B.BenchPlacement, str, int, Callable[[], torch.Tensor]]] = [
         ("local", "builtin", b, lambda: moe_grouped_gemm(x, w, m_sizes)),
         ("guarded", "builtin", a, lambda: moe_grouped_gemm(x, w, m_sizes)),
         ("remote", "specimen:unguarded", a, lambda: unguarded(x, w, m_sizes)),
@@ -600,7 +611,8 @@ def run(request: B.BenchRequest, *, log: Log = _log, command: str = "") -> B.Ben
     )
 
 
-def _write(report: B.BenchReport, path: str) -> None:
+def write_report(report: B.BenchReport, path: str) -> None:
+    """The ``bench`` JSON document of ``report`` to ``path``, whole (a temp file and a rename)."""
     doc = B.report_document(report)
     tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
@@ -622,87 +634,7 @@ def child_main(argv: list[str] | None = None) -> int:
     if request.tiny:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (the parent sets it too)
     report = run(request)
-    _write(report, request.result_path)
-    return 0
-
-
-# --------------------------------------------------------------------------------------------
-# The script interface (benchmarks/bench_kernels.py)
-# --------------------------------------------------------------------------------------------
-
-
-def parse_script_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="bench_kernels",
-        description="Side-by-side throughput of our MoE kernels and the alternatives, in one run "
-        "(the same measurement as `qmoe-doctor bench`, in this process).",
-    )
-    p.add_argument("--preset", default="qwen3-30b-a3b", help="MoE shape preset (qmoe_doctor.core.shapes)")
-    p.add_argument("--m", type=int, default=None, help="rows M = tokens * top_k (default 16384); one shape")
-    p.add_argument("--tokens", default=None, help="token counts, comma-separated (instead of --m)")
-    p.add_argument("--e", type=int, default=None, help="experts E (default: the preset's)")
-    p.add_argument("--n", type=int, default=None, help="N of the GEMM (default: 2 * intermediate)")
-    p.add_argument("--k", type=int, default=None, help="K of the GEMM (default: hidden)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    p.add_argument(
-        "--routing", choices=B.ROUTINGS, default="random",
-        help="rows per expert of the GEMM rows: random top-k (default) or balanced (every expert M/E)",
-    )  # fmt: skip
-    p.add_argument("--tiny", action="store_true", help="CPU + Triton interpreter, tiny shape, no timing")
-    p.add_argument("--no-block", action="store_true", help="skip the MoE block rows")
-    p.add_argument("--placement", action="store_true", help="also per placement (needs 2 visible GPUs)")
-    p.add_argument("--json-out", default=None, help="write the results as JSON (kind 'bench') to this path")
-    p.add_argument("--plot", default=None, help="write a PNG plot to this path (needs matplotlib)")
-    return p.parse_args(argv)
-
-
-def script_main(argv: list[str] | None = None) -> int:
-    from qmoe_doctor.cli.output import stderr_console, stdout_console
-    from qmoe_doctor.cli.render.bench import render_report
-    from qmoe_doctor.core.shapes import get_preset
-
-    args = parse_script_args(argv)
-    if args.tiny:
-        # before triton is imported: the interpreter is chosen when kernels are decorated
-        os.environ["TRITON_INTERPRET"] = "1"
-    preset = get_preset("tiny" if args.tiny else args.preset)
-    top_k = min(preset.top_k, args.e or preset.num_experts)
-    if args.tokens:
-        tokens = B.parse_tokens(args.tokens)
-    else:
-        m = args.m or (64 if args.tiny else 16384)
-        tokens = (max(1, m // top_k),)
-    request = B.BenchRequest(
-        preset=preset.name,
-        tokens=tokens,
-        dtype=args.dtype,
-        tiny=args.tiny,
-        block=not args.no_block,
-        placement=args.placement,
-        num_experts=args.e,
-        n=args.n,
-        k=args.k,
-        routing=args.routing,
-    )
-    report = run(
-        request,
-        command=" ".join(["benchmarks/bench_kernels.py", *(argv if argv is not None else sys.argv[1:])]),
-    )
-    render_report(stdout_console(), report)
-    err = stderr_console()
-    if args.json_out:
-        _write(report, args.json_out)
-        err.print(f"wrote {args.json_out}")
-    if args.plot:
-        from qmoe_doctor.reports.plot import MISSING_MATPLOTLIB, plot_available, write_plot
-
-        if not report.timed:
-            err.print("no plot: a --tiny run times nothing", style="yellow")
-        elif plot_available():
-            write_plot(report, args.plot)
-            err.print(f"wrote {args.plot}")
-        else:
-            err.print(MISSING_MATPLOTLIB, style="yellow")
+    write_report(report, request.result_path)
     return 0
 
 

@@ -24,13 +24,19 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from qmoe_doctor.core.records import Outcome, ProbeSpec, TensorInfo, from_json, to_json, to_jsonable
+from qmoe_doctor.core.records import (
+    OUTCOME_PREFIX,
+    Outcome,
+    ProbeSpec,
+    TensorInfo,
+    from_json,
+    to_json,
+    to_jsonable,
+)
 from qmoe_doctor.probes.context import ProbeContext
 from qmoe_doctor.probes.snapshot import AllocatorRecorder
 from qmoe_doctor.probes.worker import execute
 
-#: Marks the Outcome line on stdout.
-OUTCOME_PREFIX = "QMOE-OUTCOME "
 #: Outputs registered at most (a timing loop calls the kernel many times).
 MAX_OUTPUTS = 16
 #: The outcome fact holding the allocator's map (``qmoe_doctor.diagnose.sanitizer_log.AllocatorSnapshot``).

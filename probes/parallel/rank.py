@@ -34,7 +34,6 @@ import socket
 import sys
 import time
 import traceback
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +46,7 @@ from qmoe_doctor.core.records import (
     Status,
     from_json,
     from_jsonable,
+    rank_spec,
     to_json,
     to_jsonable,
 )
@@ -315,9 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     template = from_json(ProbeSpec, Path(args.spec).read_text())
     devices = template.params.get("devices") or [None]
     ordinal = devices[local_rank] if local_rank < len(devices) else None
-    spec = replace(
-        template, probe_id=f"rank {rank}/{template.condition.value}", device=ordinal, current=ordinal
-    )
+    spec = rank_spec(template, rank, ordinal)
     ctx = RankContext(spec, rank=rank, local_rank=local_rank, world_size=world_size, out_dir=out_dir)
     ctx._write(
         {

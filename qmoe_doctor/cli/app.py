@@ -21,6 +21,7 @@ from qmoe_doctor.cli.commands import explain as _explain
 from qmoe_doctor.cli.commands import lint as _lint
 from qmoe_doctor.cli.commands import parallel as _parallel
 from qmoe_doctor.cli.commands import repro as _repro
+from qmoe_doctor.cli.commands import run as _run
 from qmoe_doctor.cli.commands import scan as _scan
 from qmoe_doctor.cli.commands import specimens as _specimens
 from qmoe_doctor.cli.errors import guarded
@@ -73,6 +74,7 @@ _EXTRA_ARGS = {"check": {"allow_extra_args": True}}
 
 for _name, _command in COMMANDS.items():
     app.command(_name, context_settings=_EXTRA_ARGS.get(_name))(guarded(_command))
+app.command("run", **_run.REGISTRATION)(guarded(_run.run_command))  # its own parser: -- COMMAND
 
 
 def main() -> None:

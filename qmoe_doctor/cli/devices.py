@@ -48,14 +48,22 @@ class Need:
     few_hint: str = ""  # a second line when some are, but too few
 
 
+def _shown(gpus: str, limit: int = 60) -> str:
+    """The --gpus value as a message quotes it: as given when plain (``0,1``), else its repr (a
+    newline or a blank stays visible), cut when long (a 5 kB value is not echoed whole)."""
+    if len(gpus) > limit:
+        return repr(gpus[:limit]) + f"... ({len(gpus)} characters)"
+    return gpus if gpus.isprintable() and not any(c.isspace() for c in gpus) and gpus else repr(gpus)
+
+
 def check_gpus_option(gpus: str | None, *, cpu: bool = False) -> None:
     """What is wrong with ``--gpus`` whatever the machine has."""
     if gpus is not None and not gpus.strip():
         raise CliError(
-            f"--gpus {gpus!r} names no GPU; give NVML indices such as 0,1 or 'all', or leave --gpus out"
+            f"--gpus {_shown(gpus)} names no GPU; give NVML indices such as 0,1 or 'all', or leave --gpus out"
         )
     if gpus is not None and cpu:
-        raise CliError(f"--gpus {gpus} selects GPUs and --cpu runs on none: give one of them")
+        raise CliError(f"--gpus {_shown(gpus)} selects GPUs and --cpu runs on none: give one of them")
 
 
 def select_devices(
@@ -85,7 +93,7 @@ def select_devices(
         raise CliError(f"{need.why}: cannot count GPUs: {inv.nvml_error}", code=ExitCode.CHECK_BROKEN)
     if not inv.gpus:
         if gpus:
-            raise CliError(f"--gpus {gpus} given but no GPU is visible ({why})")
+            raise CliError(f"--gpus {_shown(gpus)} given but no GPU is visible ({why})")
         if need is not None and needs_gpus:
             raise CliError(f"no GPU found ({why}): {need.why}", code=need.code, hint=need.hint)
         if cpu_fallback is None:
@@ -99,7 +107,7 @@ def select_devices(
         selected = selected[:first]
     if need is not None and len(selected) < need.count:
         found = "; ".join(g.describe() for g in selected)
-        which = f"selected by --gpus {gpus}" if gpus else "visible to NVML"
+        which = f"selected by --gpus {_shown(gpus)}" if gpus else "visible to NVML"
         hint = "" if gpus else need.few_hint
         raise CliError(f"{need.why}; {len(selected)} GPU(s) {which}: {found}", code=need.code, hint=hint)
     return Devices(gpus=selected, inventory=inv)

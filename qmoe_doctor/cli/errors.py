@@ -28,7 +28,7 @@ from qmoe_doctor.core.kernel_ref import KernelRefError
 from qmoe_doctor.machine.inventory import GpuSelectionError
 from qmoe_doctor.workflows.bench import BenchError
 from qmoe_doctor.workflows.parallel import ParallelPlanError
-from qmoe_doctor.workflows.scan import KernelRefError as KernelUnusable
+from qmoe_doctor.workflows.scan import KernelUnusable
 
 P = ParamSpec("P")
 R = TypeVar("R")

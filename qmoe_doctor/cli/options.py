@@ -85,7 +85,9 @@ CpuOpt = Annotated[bool, typer.Option("--cpu", help=CPU_HELP)]
 PresetOpt = Annotated[str, typer.Option("--preset", help=PRESET_HELP)]
 RowsOpt = Annotated[int, typer.Option("--rows", min=1, help=ROWS_HELP)]
 OnlyOpt = Annotated[str | None, typer.Option("--only", help=ONLY_HELP)]
-TimeoutOpt = Annotated[float, typer.Option("--timeout", min=1.0, help=TIMEOUT_HELP)]
+#: The longest --timeout taken: a week. 1e400 reads as infinity, which no child would ever reach.
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+TimeoutOpt = Annotated[float, typer.Option("--timeout", min=1.0, max=MAX_TIMEOUT_S, help=TIMEOUT_HELP)]
 LogDirOpt = Annotated[Path | None, typer.Option("--log-dir", help=LOG_DIR_HELP)]
 JsonOpt = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
 SaveOpt = Annotated[Path | None, typer.Option("--save", metavar="FILE", help=SAVE_HELP)]
@@ -142,6 +144,7 @@ __all__ = [
     "KernelOpt",
     "KernelsOpt",
     "LogDirOpt",
+    "MAX_TIMEOUT_S",
     "OnlyOpt",
     "PresetOpt",
     "RowsOpt",

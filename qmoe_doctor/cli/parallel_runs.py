@@ -23,11 +23,11 @@ from qmoe_doctor.cli.render.parallel import render_parallel
 from qmoe_doctor.cli.render.progress import parallel_lines
 from qmoe_doctor.core.events import Interrupted
 from qmoe_doctor.core.exitcodes import ExitCode
+from qmoe_doctor.core.options import ParallelOptions
+from qmoe_doctor.core.reports import ParallelReport
 from qmoe_doctor.reports.json import json_document
 from qmoe_doctor.workflows.parallel import (
-    ParallelOptions,
     ParallelPlan,
-    ParallelReport,
     kernel_import_failure,
     nothing_ran,
     parse_modes,
@@ -101,7 +101,7 @@ def run_and_report(
     report = launch_parallel(plan, log_dir=log_dir)
     doc = json_document("parallel", report_json(report))
     if save is not None:
-        save_document(save, doc, fallback_dir=Path(report.log_dir))
+        save_document(save, doc, fallback_dir=Path(report.log_dir) if report.log_dir else None)
     if json_out:
         emit_document(doc)
     else:

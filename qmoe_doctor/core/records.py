@@ -21,6 +21,9 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 from qmoe_doctor.core.compat import StrEnum
 
 SCHEMA_VERSION = 1
+#: How the Outcome line a one-shot child prints on stdout starts (``probes/run_one.py`` writes it,
+#: ``isolate.one_shot`` reads the last such line).
+OUTCOME_PREFIX = "QMOE-OUTCOME "
 
 
 class Condition(StrEnum):
@@ -152,6 +155,67 @@ class Shape:
     routing: str = "random"
 
 
+#: A probe that reruns another one: ``debug`` under TRITON_DEBUG=1 (its int32 overflow check and
+#: device asserts name the source line), ``memcheck`` under compute-sanitizer (``repro``).
+Rerun = Literal["", "debug", "memcheck"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Placement:
+    """Where a probe runs and which report cell it fills. Written by the planner (and the rank
+    child for torchrun ranks), read by the matrix, the rules, the reports and the renderers: no
+    one takes a probe id apart.
+
+    ``group`` is the report's group key: "CPU", "GPU 3" (a single-device cell), "0->1" (an
+    ordered pair: a current, operands on b), "rank 1" or "local rank 1" (a torchrun rank),
+    "pipeline" (repro's model), or a parallel mode ("dp": a launch's template, before its
+    ranks). GPUs are NVML indices, as ``--gpus`` names them; a CUDA ordinal inside the child is
+    ``ProbeSpec.device`` / ``current``.
+    """
+
+    group: str = ""
+    gpu_a: int | None = None  # NVML index current at the call (pair cells only)
+    gpu_b: int | None = None  # NVML index holding the operands (a pair's b, a single cell's GPU)
+    rank: int | None = None  # torchrun rank (the local one for "local rank N")
+    # tells apart cells of one condition and group: an offsets variant ("padded-rows") or a
+    # launch config's name ("64x128x64-w4-s3"); "" for every other condition
+    variant: str = ""
+    rerun: Rerun = ""
+
+    @property
+    def is_pair(self) -> bool:
+        return self.gpu_a is not None and self.gpu_b is not None
+
+    @property
+    def label(self) -> str:
+        """How a report names the group: "GPU 0 -> GPU 1" for a pair, else the group itself."""
+        if self.is_pair:
+            return f"GPU {self.gpu_a} -> GPU {self.gpu_b}"
+        return self.group
+
+    def cell_name(self, condition: Condition) -> str:
+        """The cell within its group: "peer", "offsets:padded-rows", "int32-boundary+debug"."""
+        name = condition.value + (f":{self.variant}" if self.variant else "")
+        return name + (f"+{self.rerun}" if self.rerun else "")
+
+    def probe_id(self, condition: Condition) -> str:
+        """The probe id the planners give a spec of this placement: "<group>/<cell>"."""
+        return f"{self.group}/{self.cell_name(condition)}"
+
+
+def pair_placement(a: int, b: int) -> Placement:
+    """An ordered pair's cells: a (NVML index) current, operands on b."""
+    return Placement(group=f"{a}->{b}", gpu_a=a, gpu_b=b)
+
+
+def gpu_placement(gpu: int) -> Placement:
+    """A single-device cell on one GPU (NVML index)."""
+    return Placement(group=f"GPU {gpu}", gpu_b=gpu)
+
+
+CPU_PLACEMENT = Placement(group="CPU")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProbeSpec:
     """One probe: a kernel, a condition, a placement and a shape. Runs in a child process.
@@ -163,6 +227,10 @@ class ProbeSpec:
     probe_id: str
     kernel: str  # "builtin", "specimen:NAME", "module:function", "path/to/file.py:function"
     condition: Condition
+    # where it runs, as the report groups it (written by the planner; "" group: a spec made by
+    # hand that no report groups). Reports written before the field existed get one derived
+    # from their probe ids when read (``legacy_placement``).
+    placement: Placement = Placement()
     device: int | None = None  # ordinal holding the operands (b)
     current: int | None = None  # ordinal current at the call (a for pair conditions)
     shape: Shape
@@ -217,6 +285,12 @@ class Outcome:
         return self.status in (Status.WRONG, Status.ERROR)
 
 
+#: fault: memory safety or placement is broken (exit 1); hardening: wrong values from input the
+#: kernel's contract excludes (invalid routing) with every access inside its tensors (README,
+#: "Exit codes": reported, exit 0).
+Severity = Literal["fault", "hardening"]
+
+
 class Confidence(StrEnum):
     HIGH = "high"  # differential evidence: one condition flips the outcome, baseline passes
     MEDIUM = "medium"  # consistent evidence, but a baseline is missing or a cell is ambiguous
@@ -231,6 +305,10 @@ class Evidence:
     condition: Condition
     label: str  # the rendered cell label: pass, slow, wrong, or the error kind
     detail: str  # one line: what differs from the baseline
+    # the kernel source line the evidence points at ("forward.py:79": a device-side assert's
+    # file:line) and what failed there ("int32 overflow detected for operation mul")
+    site: str | None = None
+    check: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -244,6 +322,47 @@ class Diagnosis:
     evidence: tuple[Evidence, ...]
     where: tuple[str, ...] = ()  # GPUs or pairs it was seen on, e.g. ("GPU 0 -> GPU 1",)
     repro: str = ""  # one-line command that reproduces it
+    severity: Severity = "fault"
+
+
+def rank_spec(template: ProbeSpec, rank: int, ordinal: int | None, *, local: bool = False) -> ProbeSpec:
+    """One torchrun rank's spec from its launch's template: the rank child writes it for itself,
+    the parent for a rank that died before it could (``isolate.torchrun``)."""
+    who = f"{'local rank' if local else 'rank'} {rank}"
+    placement = Placement(group=who, rank=rank)
+    return dataclasses.replace(
+        template,
+        probe_id=placement.probe_id(template.condition),
+        placement=placement,
+        device=ordinal,
+        current=ordinal,
+    )
+
+
+def legacy_placement(probe_id: str) -> Placement:
+    """COMPAT, applied only when reading: the Placement of a spec written before ProbeSpec had
+    one (the recorded reports under tests/fixtures/recorded/), derived from its probe id
+    ("0->1/peer", "GPU 1/offsets:padded-rows", "CPU/int32-boundary+debug", "rank 1/parallel-dp",
+    "pipeline"), which the planners built as "<group>/<condition>[:<variant>][+<rerun>]".
+    Nothing else reads a probe id's parts."""
+    group, _, cell = probe_id.partition("/")
+    rerun: Rerun = ""
+    if cell.endswith("+debug"):
+        cell, rerun = cell.removesuffix("+debug"), "debug"
+    elif cell.endswith("+memcheck"):
+        cell, rerun = cell.removesuffix("+memcheck"), "memcheck"
+    _, _, variant = cell.partition(":")
+    gpu_a: int | None = None
+    gpu_b: int | None = None
+    rank: int | None = None
+    a, arrow, b = group.partition("->")
+    if arrow and a.isdigit() and b.isdigit():
+        gpu_a, gpu_b = int(a), int(b)
+    elif group.startswith("GPU ") and group[4:].isdigit():
+        gpu_b = int(group[4:])
+    elif group.startswith(("rank ", "local rank ")) and group.rsplit(" ", 1)[-1].isdigit():
+        rank = int(group.rsplit(" ", 1)[-1])
+    return Placement(group=group, gpu_a=gpu_a, gpu_b=gpu_b, rank=rank, variant=variant, rerun=rerun)
 
 
 T = TypeVar("T")
@@ -322,7 +441,21 @@ def from_jsonable(cls: type[T], data: dict[str, Any]) -> T:
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if f.name in data:
             kwargs[f.name] = _convert(hints[f.name], data[f.name])
+    if cls is ProbeSpec and "placement" not in data and isinstance(kwargs.get("probe_id"), str):
+        kwargs["placement"] = legacy_placement(kwargs["probe_id"])  # written before the field
     return cls(**kwargs)
+
+
+def json_document(kind: str, payload: Any) -> dict[str, Any]:
+    """The versioned JSON document of a report: ``schema_version``, ``kind``, then the record's
+    fields (``reports.json`` writes it; the benchmark child writes its own with it)."""
+    body = to_jsonable(payload)
+    doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "kind": kind}
+    if isinstance(body, dict):
+        doc.update(body)
+    else:
+        doc["items"] = body
+    return doc
 
 
 def to_json(obj: Any) -> str:

@@ -2,13 +2,16 @@
 
 A *group* is where a probe ran: an ordered GPU pair ("0->1") for pair conditions, a device
 ("GPU 1", "CPU") for single-device ones. A *variant* tells apart several cells of one condition
-(offset sweeps, launch configs) and is "" otherwise. ``group_of`` and ``variant_of`` are the one
-place that derives them from an Outcome; the rules (``scan_rules``), the renderers and the
-check's JUnit detail read cells, never probe ids.
+(offset sweeps, launch configs) and is "" otherwise. Both come from the spec's ``Placement``,
+which the planner wrote; ``group_of`` and ``variant_of`` are the one place that reads them for
+a cell; the rules (``scan_rules``), the renderers and the check's JUnit detail read cells, never
+probe ids.
 
 A cell's label is ``pass``, ``slow`` (correct, but ``knobs.SLOW_FACTOR`` times slower than the
-guarded baseline of its pair: it ran remotely), ``wrong``, ``skipped``, ``rejected`` (invalid
-input refused loudly, which is correct) or the error kind.
+guarded baseline of its pair: it ran remotely), ``wrong``, ``skipped``, ``rejected`` (an input
+the kernel's contract excludes, refused loudly before launch, which is correct),
+``unchecked`` (passed, but its check could not see what the cell claims) or the error kind.
+``blind_spots`` decides the last two from the outcome's facts.
 """
 
 from __future__ import annotations
@@ -17,10 +20,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from qmoe_doctor.core import knobs
-from qmoe_doctor.core.records import Condition, ErrorKind, Evidence, Outcome, Status
+from qmoe_doctor.core.records import Condition, ErrorKind, Evidence, Outcome, Placement, Status
+from qmoe_doctor.diagnose.blind_spots import (
+    INVALID_INPUT_CONDITIONS,
+    REJECTION_KINDS,
+    refusal,
+    returned_instead,
+    unchecked_reason,
+)
 
-#: The probe id suffix of a failing cell's rerun under TRITON_DEBUG=1 (``plan.scan.debug_rerun``):
-#: evidence for the cell it reruns, not a cell of its own.
+#: The probe id suffix of a failing cell's rerun under TRITON_DEBUG=1 (``plan.scan.debug_rerun``
+#: sets ``Placement.rerun``): evidence for the cell it reruns, not a cell of its own.
 DEBUG_SUFFIX = "+debug"
 
 
@@ -29,7 +39,7 @@ class Cell:
     """One outcome with its rendered label."""
 
     outcome: Outcome
-    label: str  # pass | slow | wrong | skipped | rejected | <error kind>
+    label: str  # pass | slow | wrong | skipped | rejected | unchecked | <error kind>
     slowdown: float | None = None  # kernel_ms / guarded baseline kernel_ms
 
     @property
@@ -38,7 +48,7 @@ class Cell:
 
     @property
     def failed(self) -> bool:
-        return self.label not in ("pass", "slow", "skipped", "rejected")
+        return self.label not in ("pass", "slow", "skipped", "rejected", "unchecked")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,43 +69,44 @@ class Matrix:
     def variants(self, group: str, cond: Condition) -> list[Cell]:
         return [c for (g, k, _), c in self.cells.items() if g == group and k is cond]
 
+    def placements(self) -> dict[str, Placement]:
+        """Group -> its placement (whether it is a pair, its GPUs, how a report names it)."""
+        return {g: c.outcome.spec.placement for (g, _, _), c in self.cells.items()}
+
 
 def variant_of(outcome: Outcome) -> str:
-    """The cell's variant: the probe's ``params["variant"]``, "" when it has none."""
-    return str(outcome.spec.params.get("variant", ""))
+    """The cell's variant (its placement's): an offsets variant, a launch config, or ""."""
+    return outcome.spec.placement.variant
 
 
 def group_of(outcome: Outcome) -> str:
-    """The cell's group: the part of the probe id before the slash ("0->1", "GPU 1", "CPU")."""
-    return outcome.probe_id.split("/", 1)[0]
+    """The cell's group (its placement's): "0->1", "GPU 1", "CPU", "rank 1"."""
+    return outcome.spec.placement.group
+
+
+def group_names(outcomes: Iterable[Outcome]) -> dict[str, str]:
+    """Group -> how a report names it ("0->1" -> "GPU 0 -> GPU 1"), from the placements."""
+    return {o.spec.placement.group: o.spec.placement.label for o in outcomes}
 
 
 def is_debug_rerun(outcome: Outcome) -> bool:
-    """A failing cell's rerun under TRITON_DEBUG=1 (its probe id ends in ``+debug``)."""
-    return outcome.probe_id.endswith(DEBUG_SUFFIX)
+    """A failing cell's rerun under TRITON_DEBUG=1."""
+    return outcome.spec.placement.rerun == "debug"
 
 
 def debug_reruns(outcomes: Iterable[Outcome]) -> dict[str, Outcome]:
-    """Probe id of the cell -> its TRITON_DEBUG=1 rerun."""
+    """Probe id of the cell -> its TRITON_DEBUG=1 rerun (whose id is the cell's + DEBUG_SUFFIX)."""
     return {o.probe_id.removesuffix(DEBUG_SUFFIX): o for o in outcomes if is_debug_rerun(o)}
-
-
-#: Conditions that feed the kernel invalid input on purpose: refusing it loudly (its own
-#: ValueError, or a device-side assert such as torch._grouped_mm's offsets check) is correct.
-INVALID_INPUT_CONDITIONS = frozenset({Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES})
-REJECTION_KINDS = frozenset({ErrorKind.BAD_INPUT, ErrorKind.DEVICE_ASSERT})
 
 
 def cell_label(outcome: Outcome, baseline_ms: float | None) -> tuple[str, float | None]:
     """(label, slowdown) of one outcome; ``baseline_ms`` is its pair's guarded kernel time."""
     if outcome.status is Status.SKIPPED:
         return "skipped", None
-    if (
-        outcome.status is Status.ERROR
-        and outcome.spec.condition in INVALID_INPUT_CONDITIONS
-        and outcome.error_kind in REJECTION_KINDS
-    ):
+    if refusal(outcome) is not None:
         return "rejected", None
+    if unchecked_reason(outcome) is not None:
+        return "unchecked", None
     if outcome.status is Status.ERROR:
         return str(outcome.error_kind or ErrorKind.OTHER), None
     if outcome.status is Status.WRONG:
@@ -129,6 +140,16 @@ def describe(cell: Cell) -> str:
     o = cell.outcome
     if cell.label == "slow" and cell.slowdown:
         return f"correct but {cell.slowdown:.1f}x slower than the guarded baseline: it ran remotely"
+    refused = refusal(o)
+    if refused is not None:
+        what = f"; {o.notes[0]}" if o.notes else ""
+        return refused.render() + what
+    blind = unchecked_reason(o)
+    if blind is not None:
+        return "no failure seen, but " + blind
+    returned = returned_instead(o)
+    if returned is not None and o.status is Status.WRONG:
+        return f"the kernel returned {returned}, not the (M, N) output tensor"
     if o.status is Status.ERROR:
         msg = (o.error_message or "").strip().splitlines()
         return f"{o.error_type or 'error'}: {msg[0][:160] if msg else o.error_kind}"
@@ -171,6 +192,7 @@ __all__ = [
     "debug_reruns",
     "describe",
     "evidence",
+    "group_names",
     "group_of",
     "is_debug_rerun",
     "variant_of",

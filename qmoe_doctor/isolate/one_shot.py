@@ -18,15 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qmoe_doctor.core.events import OnEvent
-from qmoe_doctor.core.records import Outcome, ProbeSpec, from_json, to_json
+from qmoe_doctor.core.records import OUTCOME_PREFIX, Outcome, ProbeSpec, from_json, to_json
 from qmoe_doctor.isolate.process import STACK_DUMP_WAIT_S, SpawnError, child_python, spawn
 from qmoe_doctor.isolate.signals import interruptible
 from qmoe_doctor.isolate.worker_pool import run_session
 
-#: The module that runs one probe in its own process (under compute-sanitizer), and how the
-#: Outcome line it prints on stdout starts (``probes/run_one.py`` writes it).
+#: The module that runs one probe in its own process (under compute-sanitizer); the Outcome
+#: line it prints on stdout starts with ``core.records.OUTCOME_PREFIX``.
 RUN_ONE_MODULE = "qmoe_doctor.probes.run_one"
-OUTCOME_PREFIX = "QMOE-OUTCOME "
 #: Lines of a streamed child's output kept for its error message.
 STREAM_TAIL_LINES = 40
 #: The return code a command that could not be started gets (the shell's "command not found").

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from qmoe_doctor.core.error_kind import describe_exit
-from qmoe_doctor.core.records import Condition, Outcome, Phase, ProbeSpec, Status, from_json
+from qmoe_doctor.core.records import Outcome, Phase, ProbeSpec, Status, from_json, rank_spec
 from qmoe_doctor.isolate.crash import ChildEnd, Ending, crash_outcome
 from qmoe_doctor.isolate.process import STACK_DUMP_WAIT_S, Child, read_tail, spawn
 from qmoe_doctor.isolate.signals import interruptible
@@ -42,7 +42,7 @@ _POLL_S = 0.1
 
 
 class Launch(Protocol):
-    """What collection needs to know of a planned launch (``workflows.parallel.PlannedRun``)."""
+    """What collection needs to know of a planned launch (``plan.parallel.PlannedRun``)."""
 
     @property
     def spec(self) -> ProbeSpec: ...  # the template every rank reads
@@ -289,10 +289,6 @@ def parse_torchrun_failures(text: str) -> dict[int, RankExit]:
     return found
 
 
-def rank_probe_id(rank: int, condition: Condition, *, local: bool = False) -> str:
-    return f"{'local rank' if local else 'rank'} {rank}/{condition.value}"
-
-
 def collect_run(
     run: Launch, run_dir: Path, *, exit_code: int | None, timed_out: bool, timeout_s: float
 ) -> list[Outcome]:
@@ -365,13 +361,10 @@ def _dead_rank(
     ended: _LaunchEnded,
     local: bool = False,
 ) -> Outcome:
-    condition = run.spec.condition
     local_rank = int(crumbs.start.get("local_rank", failure.local_rank if failure else rank))
     devices = run.spec.params.get("devices") or [None]
     ordinal = devices[local_rank] if 0 <= local_rank < len(devices) else None
-    spec = replace(
-        run.spec, probe_id=rank_probe_id(rank, condition, local=local), device=ordinal, current=ordinal
-    )
+    spec = rank_spec(run.spec, rank, ordinal, local=local)  # as the rank would have written it
     tail = read_tail(run_dir / f"rank-{rank}.log") if not local else ""
     if not tail.strip():
         tail = "\n".join(ended.launcher_text.splitlines()[-60:])
@@ -421,6 +414,5 @@ __all__ = [
     "kill_launch",
     "launch",
     "parse_torchrun_failures",
-    "rank_probe_id",
     "read_crumbs",
 ]

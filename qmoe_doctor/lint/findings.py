@@ -3,29 +3,18 @@
     Rule --RULES--> RuleInfo (cause, summary, generic fix)
     LintReport(findings=(LintFinding, ...), errors=(LintError, ...), skipped=(LintSkip, ...))
 
-A *finding* is a fault in a source that was linted. An *error* is a path the user asked for
-that could not be linted (missing, unreadable, too large, does not parse): the command exits 2.
-A *skip* is an entry met while walking a folder that is not a source at all (a FIFO, a device,
-a socket, a broken symbolic link, a folder that cannot be listed): it is named with its reason
-and the run goes on. Records are frozen and JSON-ready (``core.records.to_jsonable``).
+The rule ids and the finding, error and skip records live in ``core.lint_findings`` (reports
+hold them, and the report writers import only core); they are re-exported here. A *finding* is
+a fault in a source that was linted, an *error* a path the user asked for that could not be
+linted (exit 2), a *skip* an entry of a walked folder that is not a source at all.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
 
-from qmoe_doctor.core.compat import StrEnum
-
-
-class Rule(StrEnum):
-    UNGUARDED_LAUNCH = "unguarded-launch"
-    INT32_OFFSET = "int32-offset"
-    CACHED_DEVICE_PROPERTY = "cached-device-property"
-    STREAM_WITHOUT_DEVICE = "stream-without-device"
-    DEFAULT_DEVICE_ALLOC = "default-device-alloc"
-    AUTOTUNE_INPLACE = "autotune-inplace"
+from qmoe_doctor.core.lint_findings import LintError, LintFinding, LintSkip, Rule
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,65 +104,6 @@ def active_rules(
 # --------------------------------------------------------------------------------------------
 # Records
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LintFinding:
-    """One finding: where (1-based line and column), which rule and cause, what, and the fix."""
-
-    path: str
-    line: int
-    col: int
-    rule: Rule
-    cause: str  # a key of qmoe_doctor.core.causes.CAUSES
-    message: str
-    fix: str  # a code snippet for this finding
-    source: str = ""  # the source line, stripped
-
-    @property
-    def location(self) -> str:
-        return f"{self.path}:{self.line}:{self.col}"
-
-    def as_line(self) -> str:
-        """``path:line:col: rule [cause] message`` (editors and grep read this)."""
-        return f"{self.location}: {self.rule} [{self.cause}] {self.message}"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LintError:
-    """A path that could not be linted. ``missing``: it does not exist (or is a broken link);
-    ``unreadable``: not a regular file, no permission, larger than the cap, not decodable;
-    ``syntax``: it does not parse, or is nested too deeply to parse or analyse."""
-
-    path: str
-    kind: Literal["missing", "unreadable", "syntax"]
-    message: str  # one line, without the path
-    line: int | None = None
-    col: int | None = None
-    source: str = ""  # the offending source line (syntax errors)
-
-    def as_line(self) -> str:
-        where = self.path
-        if self.line is not None:
-            where += f":{self.line}"
-            if self.col is not None:
-                where += f":{self.col}"
-        return f"{where}: {self.message}"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LintSkip:
-    """An entry met while walking a folder that is not a source: named, not linted, not an error.
-    ``special-file``: a FIFO, device or socket (opening one could block or never end);
-    ``broken-link``: a symbolic link to nothing (or a loop); ``unlistable``: a folder that
-    cannot be listed."""
-
-    path: str
-    kind: Literal["special-file", "broken-link", "unlistable"]
-    reason: str  # one line, without the path
-
-    def as_line(self) -> str:
-        return f"{self.path}: skipped: {self.reason}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

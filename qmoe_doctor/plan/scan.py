@@ -21,7 +21,15 @@ from qmoe_doctor.core.audit import first_wrapping_expert
 from qmoe_doctor.core.conditions import CPU_CONDITIONS, PAIR_ORDER, SINGLE_ORDER
 from qmoe_doctor.core.launch_configs import GEMM_CONFIGS
 from qmoe_doctor.core.options import ScanOptions
-from qmoe_doctor.core.records import Condition, ProbeSpec, Shape
+from qmoe_doctor.core.records import (
+    CPU_PLACEMENT,
+    Condition,
+    Placement,
+    ProbeSpec,
+    Shape,
+    gpu_placement,
+    pair_placement,
+)
 from qmoe_doctor.core.shapes import MoEShape, get_preset
 
 
@@ -33,8 +41,6 @@ class PlannedGpu(Protocol):
 
     @property
     def uuid(self) -> str: ...
-
-
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,7 +87,7 @@ def boundary_shape(opts: ScanOptions) -> Shape | None:
 CPU_SHAPE = Shape(m=64, e=4, n=32, k=32, dtype="float32", routing="random")
 
 #: Offset-sweep variants (probes/conditions.OFFSET_VARIANTS documents each) and how the shape
-#: changes for the routing edges. Names are the probe-id suffixes.
+#: changes for the routing edges. Each is a cell's ``Placement.variant``.
 OFFSET_SWEEP = (
     "storage-offset-1",
     "storage-offset-8",
@@ -94,7 +100,7 @@ OFFSET_SWEEP = (
 )
 
 
-def _sweep_specs(kernel: str, label: str, ordinal: int | None, opts: ScanOptions) -> list[ProbeSpec]:
+def _sweep_specs(kernel: str, where: Placement, ordinal: int | None, opts: ScanOptions) -> list[ProbeSpec]:
     cpu = ordinal is None
     base = CPU_SHAPE if cpu else main_shape(opts)
     specs: list[ProbeSpec] = []
@@ -105,11 +111,13 @@ def _sweep_specs(kernel: str, label: str, ordinal: int | None, opts: ScanOptions
                 shape = replace(base, routing=variant)
             elif variant == "m-not-multiple":
                 shape = replace(base, m=61 if cpu else 4093)
+            placement = replace(where, variant=variant)
             specs.append(
                 ProbeSpec(
-                    probe_id=f"{label}/offsets:{variant}",
+                    probe_id=placement.probe_id(Condition.OFFSETS),
                     kernel=kernel,
                     condition=Condition.OFFSETS,
+                    placement=placement,
                     device=ordinal,
                     current=ordinal,
                     shape=shape,
@@ -123,11 +131,13 @@ def _sweep_specs(kernel: str, label: str, ordinal: int | None, opts: ScanOptions
             c for name, c in GEMM_CONFIGS.items() if (name == "interpreter") == cpu
         )
         for cfg in configs:
+            placement = replace(where, variant=cfg.name)
             specs.append(
                 ProbeSpec(
-                    probe_id=f"{label}/launch-config:{cfg.name}",
+                    probe_id=placement.probe_id(Condition.LAUNCH_CONFIG),
                     kernel=kernel,
                     condition=Condition.LAUNCH_CONFIG,
+                    placement=placement,
                     device=ordinal,
                     current=ordinal,
                     shape=base,
@@ -140,7 +150,7 @@ def _sweep_specs(kernel: str, label: str, ordinal: int | None, opts: ScanOptions
 
 
 def _single_specs(
-    kernel: str, label: str, ordinal: int | None, opts: ScanOptions, *, with_boundary: bool
+    kernel: str, where: Placement, ordinal: int | None, opts: ScanOptions, *, with_boundary: bool
 ) -> list[ProbeSpec]:
     cpu = ordinal is None
     specs = []
@@ -162,9 +172,10 @@ def _single_specs(
             shape = CPU_SHAPE if cpu else main_shape(opts)
         specs.append(
             ProbeSpec(
-                probe_id=f"{label}/{cond.value}",
+                probe_id=where.probe_id(cond),
                 kernel=kernel,
                 condition=cond,
+                placement=where,
                 device=ordinal,
                 current=ordinal,
                 shape=shape,
@@ -180,15 +191,16 @@ def plan_scan(kernel: str, gpus: Sequence[PlannedGpu], opts: ScanOptions | None 
     opts = opts or ScanOptions()
     if not gpus:
         check = ProbeSpec(
-            probe_id="CPU/interpreter-check",
+            probe_id=CPU_PLACEMENT.probe_id(Condition.INTERPRETER_CHECK),
             kernel=kernel,
             condition=Condition.INTERPRETER_CHECK,
+            placement=CPU_PLACEMENT,
             shape=CPU_SHAPE,
             timeout_s=opts.timeout_s,
         )
-        specs = [check] + _single_specs(kernel, "CPU", None, opts, with_boundary=False)
+        specs = [check] + _single_specs(kernel, CPU_PLACEMENT, None, opts, with_boundary=False)
         if opts.sweeps:
-            specs += _sweep_specs(kernel, "CPU", None, opts)
+            specs += _sweep_specs(kernel, CPU_PLACEMENT, None, opts)
         env = {knobs.TRITON_INTERPRET: "1", knobs.CUDA_VISIBLE_DEVICES: ""}
         return ScanPlan(
             kernel=kernel,
@@ -204,11 +216,13 @@ def plan_scan(kernel: str, gpus: Sequence[PlannedGpu], opts: ScanOptions | None 
     boundary_done = False
     if len(gpus) == 1:
         g = gpus[0]
-        label = f"GPU {g.index}"
-        specs = _single_specs(kernel, label, 0, opts, with_boundary=True)
+        where = gpu_placement(g.index)
+        specs = _single_specs(kernel, where, 0, opts, with_boundary=True)
         if opts.sweeps:
-            specs += _sweep_specs(kernel, label, 0, opts)
-        sessions.append(Session(label=label, env=_cvd(g), specs=tuple(specs), gpu_of_ordinal={0: g.index}))
+            specs += _sweep_specs(kernel, where, 0, opts)
+        sessions.append(
+            Session(label=where.label, env=_cvd(g), specs=tuple(specs), gpu_of_ordinal={0: g.index})
+        )
         skipped.append(
             "one GPU selected: ran the single-GPU cells; placement, peer-access and cross-device "
             "stream conditions need two GPUs (--gpus 0,1)"
@@ -220,23 +234,24 @@ def plan_scan(kernel: str, gpus: Sequence[PlannedGpu], opts: ScanOptions | None 
                 continue
             if opts.max_pairs is not None and len(sessions) >= opts.max_pairs:
                 break  # one session per pair so far
-            label = f"GPU {a.index} -> GPU {b.index}"
+            pair = pair_placement(a.index, b.index)
             specs = []
             if b.index not in singles_done:
-                specs += _single_specs(kernel, f"GPU {b.index}", 1, opts, with_boundary=not boundary_done)
+                on_b = gpu_placement(b.index)
+                specs += _single_specs(kernel, on_b, 1, opts, with_boundary=not boundary_done)
                 if opts.sweeps and not boundary_done:  # sweeps on the first GPU only
-                    specs += _sweep_specs(kernel, f"GPU {b.index}", 1, opts)
+                    specs += _sweep_specs(kernel, on_b, 1, opts)
                 boundary_done = True
                 singles_done.add(b.index)
-            pair_id = f"{a.index}->{b.index}"
             for cond in PAIR_ORDER:
                 if cond not in opts.conditions:
                     continue
                 specs.append(
                     ProbeSpec(
-                        probe_id=f"{pair_id}/{cond.value}",
+                        probe_id=pair.probe_id(cond),
                         kernel=kernel,
                         condition=cond,
+                        placement=pair,
                         device=1,
                         current=0,
                         shape=main_shape(opts),
@@ -252,7 +267,7 @@ def plan_scan(kernel: str, gpus: Sequence[PlannedGpu], opts: ScanOptions | None 
                 )
             sessions.append(
                 Session(
-                    label=label,
+                    label=pair.label,
                     env=_cvd(a, b),
                     specs=tuple(specs),
                     gpu_of_ordinal={0: a.index, 1: b.index},
@@ -278,9 +293,11 @@ def _cvd(*gpus: PlannedGpu) -> dict[str, str]:
 def debug_rerun(spec: ProbeSpec) -> ProbeSpec:
     """The same probe in a fresh process with TRITON_DEBUG=1: Triton's int32 overflow check
     and device asserts name the overflowing source line."""
+    placement = replace(spec.placement, rerun="debug")
     return replace(
         spec,
-        probe_id=f"{spec.probe_id}+debug",
+        probe_id=placement.probe_id(spec.condition),
+        placement=placement,
         env={**spec.env, knobs.TRITON_DEBUG: "1"},
         fresh_process=True,
     )

@@ -11,17 +11,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from qmoe_doctor.core.records import SCHEMA_VERSION, to_jsonable
+from qmoe_doctor.core.records import json_document
 
-
-def json_document(kind: str, payload: Any) -> dict[str, Any]:
-    body = to_jsonable(payload)
-    doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "kind": kind}
-    if isinstance(body, dict):
-        doc.update(body)
-    else:
-        doc["items"] = body
-    return doc
+__all__ = ["dumps", "json_document", "write_atomic"]
 
 
 def dumps(doc: Any) -> str:

@@ -27,7 +27,7 @@ from pathlib import Path
 from qmoe_doctor.core.causes import CAUSES
 from qmoe_doctor.core.exitcodes import ExitCode
 from qmoe_doctor.core.records import Diagnosis
-from qmoe_doctor.workflows.check import CellResult, CheckReport, KernelCheck, LintResult
+from qmoe_doctor.core.reports import CellResult, CheckReport, KernelCheck, LintResult
 
 __all__ = ["junit_element", "junit_text", "write_junit"]
 

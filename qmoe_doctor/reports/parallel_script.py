@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qmoe_doctor import __version__
-from qmoe_doctor.core import knobs
 from qmoe_doctor.core.causes import get_cause
+from qmoe_doctor.core.modes import MODE_OF
 from qmoe_doctor.core.records import Diagnosis, Shape
+from qmoe_doctor.core.reports import ParallelReport
 from qmoe_doctor.reports.repro_script import LOAD_KERNEL, TOLERANCES, doc_safe, script_kernel_ref
-from qmoe_doctor.workflows.parallel import MODE_OF, ParallelPlan, ParallelReport
 
 DEVICE_NEVER_SET = "device-never-set"
 INVALID_ROUTING = "invalid-routing"
@@ -409,18 +409,18 @@ if __name__ == "__main__":
 """
 
 
-def script_specs(report: ParallelReport, plan: ParallelPlan) -> list[ParallelScriptSpec]:
+def script_specs(report: ParallelReport) -> list[ParallelScriptSpec]:
     """One spec per scriptable cause among the report's diagnoses (a cause diagnosed under
     several modes gets one script: the ranks' code is the same), with the shape, seed and
-    ranks of the launch that showed it first."""
+    ranks of the torchrun launch that showed it first (the report's ``ModeResult``)."""
     specs: list[ParallelScriptSpec] = []
-    launched = [r for r in plan.runs if r.torchrun]
+    launched = [(m, m.shape) for m in report.modes if m.torchrun and m.shape is not None]
     for cause in PARALLEL_SCRIPT_CAUSES:
         found = [d for d in report.diagnoses if d.cause == cause]
         if not found or not launched:
             continue
         modes = [MODE_OF[e.condition] for d in found for e in d.evidence if e.condition in MODE_OF]
-        run = next((r for r in launched if r.mode in modes), launched[0])
+        run, shape = next(((r, s) for r, s in launched if r.mode in modes), launched[0])
         seen = "; ".join(_seen(d) for d in found)
         try:
             title = get_cause(cause).title
@@ -429,13 +429,13 @@ def script_specs(report: ParallelReport, plan: ParallelPlan) -> list[ParallelScr
         specs.append(
             ParallelScriptSpec(
                 cause=cause,
-                kernel=plan.kernel,
-                shape=run.spec.shape,
-                seed=run.spec.seed,
+                kernel=report.kernel,
+                shape=shape,
+                seed=run.seed,
                 world=run.nproc,
                 cause_title=title,
                 seen=seen,
-                cuda_visible_devices=run.env.get(knobs.CUDA_VISIBLE_DEVICES) if plan.tier == "gpu" else None,
+                cuda_visible_devices=run.cuda_visible_devices if report.tier == "gpu" else None,
             )
         )
     return specs

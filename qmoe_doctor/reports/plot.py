@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from qmoe_doctor.workflows.bench import (
+from qmoe_doctor.core.bench import (
     BLOCK_GROUPED_MM,
     BLOCK_GROUPED_MM_GRAPH,
     BLOCK_LOOP,

@@ -1,24 +1,14 @@
-"""`qmoe-doctor bench`, parent side: what to measure, the child that measures it, the report.
+"""`qmoe-doctor bench`, parent side: run the measuring child and read its report back.
 
-One run measures, side by side, our forward, dx and dw grouped GEMMs and the whole ``MoEBlock``
-against ``torch._grouped_mm``, the per-expert loop (the stock Transformers block) and one dense
-GEMM of the same FLOPs, over a range of token counts; with ``placement`` on 2 GPUs it also
-times the same forward per placement, so that scan's "slow" label (``knobs.SLOW_FACTOR``) has a
-reference:
-
-* ``local``: operands on GPU b, b current, our kernel;
-* ``guarded``: operands on b, a current, our kernel (its device guard launches on b);
-* ``remote``: operands on b, a current after one copy a -> b (peer access a -> b on), the
-  ``specimen:unguarded`` kernel: it runs on a and reads b's memory over the link.
-
-Data flows one way::
+The records, the implementation names and the arithmetic are ``qmoe_doctor.core.bench`` (the
+child imports them too). Data flows one way::
 
     BenchRequest --(JSON argument)--> python -m qmoe_doctor.probes.bench --> BenchReport (JSON file)
     BenchReport --cli.render.bench--> terminal (rich) | JSON document (kind "bench") | PNG (reports.plot)
 
 The measuring happens in a child process (a fresh interpreter, pinned to the chosen GPUs by
-UUID); this module never imports torch. ``load_report`` also reads the single-shape JSON of the
-earlier ``benchmarks/bench_kernels.py`` (kind ``qmoe-bench-kernels``, validation run 3).
+UUID); this module never imports torch. Its output goes to ``bench.log`` in the run's --out
+folder, which is the run's product, kept: bench makes no temporary log folder.
 """
 
 from __future__ import annotations
@@ -28,202 +18,24 @@ import dataclasses
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
 
 from qmoe_doctor.core import knobs
-from qmoe_doctor.core.records import SCHEMA_VERSION, from_jsonable, to_json
+from qmoe_doctor.core.bench import (
+    BENCH_FILES,
+    DEFAULT_TIMEOUT_S,
+    BenchReport,
+    BenchRequest,
+    report_document,
+    report_from_jsonable,
+)
+from qmoe_doctor.core.inputs import read_text
+from qmoe_doctor.core.records import to_json
 from qmoe_doctor.isolate.one_shot import ChildRun, stream_child
 from qmoe_doctor.isolate.process import SpawnError, child_env, child_python
 from qmoe_doctor.machine.inventory import GpuInfo, child_cuda_env
 
-KIND = "bench"
-#: The JSON kind of the single-shape reports the earlier script wrote (validation run 3).
-LEGACY_KIND = "qmoe-bench-kernels"
 CHILD_MODULE = "qmoe_doctor.probes.bench"
-
-Op = Literal["forward", "dx", "dw", "block-forward", "block-forward-backward"]
-OPS: tuple[Op, ...] = ("forward", "dx", "dw", "block-forward", "block-forward-backward")
-#: How the terminal table names each op (short: the table is wide).
-OP_LABEL: Mapping[str, str] = {
-    "forward": "forward",
-    "dx": "dx",
-    "dw": "dw",
-    "block-forward": "block fwd",
-    "block-forward-backward": "block fwd+bwd",
-}
-GEMM_OPS: tuple[Op, ...] = ("forward", "dx", "dw")
-BLOCK_OPS: tuple[Op, ...] = ("block-forward", "block-forward-backward")
-Placement = Literal["local", "guarded", "remote"]
-PLACEMENTS: tuple[Placement, ...] = ("local", "guarded", "remote")
-
-# Implementation names, shared by the child (which writes them) and the renderers.
-QMOE = "qmoe"
-GROUPED_MM = "torch._grouped_mm"
-LOOP = "per-expert loop"
-DENSE = "dense (same FLOPs)"
-BLOCK_QMOE = "qmoe MoEBlock"
-BLOCK_GROUPED_MM = "MoEBlock + torch._grouped_mm"
-BLOCK_LOOP = "per-expert loop twin"
-#: The block forward replayed from a CUDA graph (GPU runs only): the same GPU work without the
-#: host's launch path, which a step of a few small kernels is bound by below ~8192 tokens.
-BLOCK_QMOE_GRAPH = "qmoe MoEBlock, CUDA graph"
-BLOCK_GROUPED_MM_GRAPH = "MoEBlock + torch._grouped_mm, CUDA graph"
-GEMM_IMPLS = (QMOE, GROUPED_MM, LOOP, DENSE)
-BLOCK_IMPLS = (BLOCK_QMOE, BLOCK_GROUPED_MM, BLOCK_LOOP, DENSE)
-GRAPH_IMPLS = (BLOCK_QMOE_GRAPH, BLOCK_GROUPED_MM_GRAPH)
-#: Ours, in either table: the row the targets of issue 8 speak of.
-OURS = frozenset({QMOE, BLOCK_QMOE})
-
-FLOP_CONVENTION = (
-    "2*M*N*K per GEMM (M = tokens * top_k rows); block forward 6*M*H*I, forward+backward 3x; "
-    "dense (same FLOPs) is one (M, K) x (K, N) GEMM, for the block (M, H) x (H, 3I) and (M, H) x (H, 9I)"
-)
-TIMING_GEMM = "median of triton.testing.do_bench (CUDA events on the current stream)"
-TIMING_PLACEMENT = (
-    "ms: host wall time per call over back-to-back calls, every device synchronized before and after; "
-    "ms_scan: scan's own measure, the median of calls each followed by a synchronize of every device"
-)
-
-#: Token counts per preset (rows M = tokens * top_k): from a decode-sized batch to a long
-#: prefill; 2048 tokens of qwen3-30b-a3b is issue 8's M=16384 target shape.
-GENERIC_TOKENS = (128, 512, 2048, 8192)  # a preset not listed below
-DEFAULT_TOKENS: Mapping[str, tuple[int, ...]] = {
-    "tiny": (16, 32),
-    "qwen3-30b-a3b": (128, 512, 2048, 8192),
-    "qwen3-235b-a22b": (128, 512, 2048, 8192),
-    # 10 GB of bf16 weights per stack: the float32 references and the block's gradients need the rest
-    "qwen3-coder-480b-a35b": (128, 512, 2048),
-}
-#: The interpreter runs every program of a kernel in Python: keep --tiny small (seconds).
-TINY_MAX_TOKENS = 256
-#: How long the whole measuring child may take. Escape hatch: --timeout (large presets with the
-#: per-expert-loop block at many tokens take minutes; a cold Triton cache adds compile time).
-DEFAULT_TIMEOUT_S = 1800.0
-#: What `qmoe-doctor bench` writes under --out.
-BENCH_FILES: Mapping[str, str] = {"json": "bench.json", "plot": "bench.png", "log": "bench.log"}
-
-
-# --------------------------------------------------------------------------------------------
-# Records (cross the process boundary as JSON)
-# --------------------------------------------------------------------------------------------
-
-
-Routing = Literal["random", "balanced"]
-#: How the GEMM rows spread over the experts. "random": each token's top-k of uniform random
-#: scores (an untrained router: ~M/E rows per expert, give or take sqrt(M/E), so many experts end
-#: in a partial row tile); "balanced": every expert M/E rows (the rest one each to the first),
-#: which separates the kernels' efficiency from routing imbalance. The block rows always route
-#: through the block's own router.
-ROUTINGS: tuple[str, ...] = ("random", "balanced")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BenchRequest:
-    """What the parent asks the child to measure."""
-
-    schema_version: int = SCHEMA_VERSION
-    preset: str
-    tokens: tuple[int, ...]  # token counts; rows M = tokens * top_k
-    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
-    tiny: bool = False  # CPU + Triton interpreter: every row runs once, nothing is timed
-    block: bool = True  # also the whole MoEBlock (forward, forward + backward)
-    placement: bool = False  # also the per-placement forward on cuda:0 (a) and cuda:1 (b)
-    num_experts: int | None = None  # overrides of the preset's GEMM shape (the script's --e/--n/--k)
-    n: int | None = None
-    k: int | None = None
-    routing: Routing = "random"  # GEMM rows: the rows per expert (see ROUTINGS)
-    result_path: str = ""  # where the child writes the BenchReport JSON
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BenchShape:
-    e: int  # experts
-    n: int  # N of the gate_up GEMM (2 * intermediate)
-    k: int  # K of the gate_up GEMM (hidden)
-    top_k: int
-    hidden: int  # of the block (H = k)
-    intermediate: int  # of the block (I = n // 2)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BenchRow:
-    op: Op
-    impl: str
-    tokens: int
-    m: int  # rows = tokens * top_k
-    ms: float | None  # median; None when not timed (--tiny) or failed
-    tflops: float | None
-    frac_dense: float | None = None  # tflops / the dense (same FLOPs) row's, same op and tokens
-    rel_err: float | None = None  # ||out - ref|| / ||ref|| against float32 (CPU: float64)
-    config: str = ""  # our kernel's launch config, BMxBNxBK-wW-sS, when the kernel says
-    note: str = ""  # why a row has no numbers (an exception, an alternative missing here)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PlacementRow:
-    """Our forward (or the unguarded specimen) with operands on b, timed per placement."""
-
-    placement: Placement
-    kernel: str  # "builtin" or "specimen:unguarded"
-    tokens: int
-    m: int
-    current: int  # CUDA ordinal current at the call (in the child: 0 = a, 1 = b)
-    device: int  # CUDA ordinal the operands live on
-    peer_enabled: bool
-    ms: float | None
-    ms_scan: float | None  # the measure scan's cells use
-    tflops: float | None
-    slowdown: float | None = None  # ms / the guarded row's ms, same tokens
-    slowdown_scan: float | None = None  # ms_scan / the guarded row's ms_scan (what scan compares)
-    rel_err: float | None = None  # against the local call
-    note: str = ""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BenchReport:
-    schema_version: int = SCHEMA_VERSION
-    timed: bool
-    interpreter: bool
-    device: str  # the device the GEMM and block rows ran on, in words
-    devices: tuple[str, ...] = ()  # names of the CUDA devices the child saw (cuda:0, cuda:1, ...)
-    gpus: tuple[int, ...] = ()  # their NVML indices (filled in by the parent)
-    torch: str
-    triton: str
-    python: str = ""
-    preset: str
-    dtype: str  # torch dtype name: "bfloat16", ...
-    shape: BenchShape
-    tokens: tuple[int, ...]
-    routing: str = "random"  # of the GEMM rows (ROUTINGS)
-    flop_convention: str = FLOP_CONVENTION
-    timing: str = TIMING_GEMM
-    timing_placement: str = TIMING_PLACEMENT
-    slow_factor: float = knobs.SLOW_FACTOR  # scan labels a correct cell this much slower "slow"
-    created_unix: float = 0.0
-    wall_s: float = 0.0  # the child's time, compile and set-up included
-    rows: tuple[BenchRow, ...] = ()
-    placement: tuple[PlacementRow, ...] = ()
-    notes: tuple[str, ...] = ()
-    command: str = ""  # how the run was started
-
-    def row(self, op: str, impl: str, tokens: int) -> BenchRow | None:
-        for r in self.rows:
-            if r.op == op and r.impl == impl and r.tokens == tokens:
-                return r
-        return None
-
-    def ops(self) -> list[Op]:
-        present = {r.op for r in self.rows}
-        return [op for op in OPS if op in present]
-
-    def impls(self, op: str) -> list[str]:
-        seen: list[str] = []
-        for r in self.rows:
-            if r.op == op and r.impl not in seen:
-                seen.append(r.impl)
-        return seen
 
 
 class BenchError(Exception):
@@ -236,118 +48,10 @@ class BenchError(Exception):
         self.returncode = returncode
 
 
-# --------------------------------------------------------------------------------------------
-# Choices and arithmetic (pure)
-# --------------------------------------------------------------------------------------------
-
-
-def parse_tokens(text: str) -> tuple[int, ...]:
-    """``"128,512,2048"`` -> (128, 512, 2048), sorted, no repeats. Raises ValueError."""
-    values: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if not part.isdigit() or int(part) <= 0:
-            raise ValueError(f"{part!r} is not a positive whole number of tokens")
-        values.append(int(part))
-    if not values:
-        raise ValueError(f"{text!r} names no token count; give e.g. 128,512,2048")
-    return tuple(sorted(set(values)))
-
-
-def default_tokens(preset: str, *, tiny: bool = False) -> tuple[int, ...]:
-    return DEFAULT_TOKENS["tiny"] if tiny else DEFAULT_TOKENS.get(preset, GENERIC_TOKENS)
-
-
-def tflops(flops: float, ms: float | None) -> float | None:
-    return flops / (ms * 1e-3) / 1e12 if ms else None
-
-
-def with_fractions(rows: Sequence[BenchRow]) -> tuple[BenchRow, ...]:
-    """Each row with ``frac_dense`` filled in from the dense row of the same op and tokens."""
-    dense = {(r.op, r.tokens): r.tflops for r in rows if r.impl == DENSE and r.tflops}
-    out = []
-    for r in rows:
-        ref = dense.get((r.op, r.tokens))
-        frac = r.tflops / ref if (ref and r.tflops is not None) else None
-        out.append(dataclasses.replace(r, frac_dense=frac))
-    return tuple(out)
-
-
-def with_slowdowns(rows: Sequence[PlacementRow]) -> tuple[PlacementRow, ...]:
-    """Each placement row with its slowdown against the guarded row of the same tokens."""
-    guarded = {r.tokens: r for r in rows if r.placement == "guarded"}
-    out = []
-    for r in rows:
-        g = guarded.get(r.tokens)
-        slow = r.ms / g.ms if (g is not None and g.ms and r.ms is not None) else None
-        slow_scan = r.ms_scan / g.ms_scan if (g is not None and g.ms_scan and r.ms_scan is not None) else None
-        out.append(dataclasses.replace(r, slowdown=slow, slowdown_scan=slow_scan))
-    return tuple(out)
-
-
-# --------------------------------------------------------------------------------------------
-# Reading reports (this version and the run-3 script's)
-# --------------------------------------------------------------------------------------------
-
-
-def report_from_jsonable(doc: Mapping[str, Any]) -> BenchReport:
-    """A BenchReport from a ``bench`` JSON document, or from the earlier script's single-shape
-    ``qmoe-bench-kernels`` report (its rows get that shape's tokens and M)."""
-    if doc.get("kind") == LEGACY_KIND:
-        return _from_legacy(doc)
-    return from_jsonable(BenchReport, dict(doc))
-
-
 def load_report(path: str | os.PathLike[str]) -> BenchReport:
-    with open(path, encoding="utf-8") as fh:
-        return report_from_jsonable(json.load(fh))
-
-
-def _from_legacy(doc: Mapping[str, Any]) -> BenchReport:
-    s = doc["shape"]
-    tokens, m = int(s["tokens"]), int(s["m"])
-    rows = [
-        BenchRow(
-            op=r["op"],
-            impl=r["impl"],
-            tokens=tokens,
-            m=m,
-            ms=r.get("ms"),
-            tflops=r.get("tflops"),
-            rel_err=r.get("rel_err"),
-            note=r.get("note", ""),
-        )
-        for r in doc["rows"]
-    ]
-    return BenchReport(
-        timed=bool(doc["timed"]),
-        interpreter=bool(doc.get("interpreter", False)),
-        device=str(doc["device"]),
-        torch=str(doc["torch"]),
-        triton=str(doc["triton"]),
-        preset=str(doc["preset"]),
-        dtype=str(doc["dtype"]),
-        shape=BenchShape(
-            e=int(s["e"]),
-            n=int(s["n"]),
-            k=int(s["k"]),
-            top_k=int(s["top_k"]),
-            hidden=int(s["k"]),
-            intermediate=max(1, int(s["n"]) // 2),
-        ),
-        tokens=(tokens,),
-        flop_convention=str(doc.get("flop_convention", FLOP_CONVENTION)),
-        created_unix=float(doc.get("created_unix", 0.0)),
-        rows=with_fractions(rows),
-        notes=(f"read from a {LEGACY_KIND} report (benchmarks/bench_kernels.py, one shape)",),
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# The child
-# --------------------------------------------------------------------------------------------
+    """A bench report from a JSON file (this version's, or the run-3 script's), read through the
+    bounded reader (``InputError`` for a missing, special or oversized file)."""
+    return report_from_jsonable(json.loads(read_text(path, errors="strict")))
 
 
 def child_command(request: BenchRequest, python: str | None = None) -> list[str]:
@@ -411,16 +115,6 @@ def run_bench(
     return dataclasses.replace(report, gpus=tuple(g.index for g in gpus))
 
 
-def report_document(report: BenchReport, files: Mapping[str, str | None] | None = None) -> dict[str, Any]:
-    """The versioned JSON document (``kind`` "bench"), with the files written beside it."""
-    from qmoe_doctor.reports.json import json_document
-
-    doc = json_document(KIND, report)
-    if files is not None:
-        doc["files"] = dict(files)
-    return doc
-
-
 def write_json(report: BenchReport, path: Path, files: Mapping[str, str | None] | None = None) -> None:
     path.write_text(
         json.dumps(report_document(report, files), indent=2, allow_nan=True) + "\n", encoding="utf-8"
@@ -428,26 +122,11 @@ def write_json(report: BenchReport, path: Path, files: Mapping[str, str | None] 
 
 
 __all__ = [
-    "BENCH_FILES",
+    "CHILD_MODULE",
     "BenchError",
-    "BenchReport",
-    "BenchRequest",
-    "BenchRow",
-    "BenchShape",
-    "BLOCK_GROUPED_MM_GRAPH",
-    "BLOCK_QMOE_GRAPH",
-    "DEFAULT_TIMEOUT_S",
-    "DEFAULT_TOKENS",
-    "GRAPH_IMPLS",
-    "KIND",
-    "PlacementRow",
-    "ROUTINGS",
-    "Routing",
-    "default_tokens",
+    "child_command",
+    "child_environment",
     "load_report",
-    "parse_tokens",
-    "report_from_jsonable",
     "run_bench",
-    "with_fractions",
-    "with_slowdowns",
+    "write_json",
 ]

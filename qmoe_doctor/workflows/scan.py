@@ -1,14 +1,17 @@
 """The scan engine: plan -> isolated sessions -> follow-ups -> classification -> report.
 
-No rendering here (``render.py`` draws the report) and no torch (probes run in children).
+No rendering here (``cli.render.scan`` draws the report) and no torch (probes run in children).
+The workers' logs go to ``--log-dir`` (kept), or to a ``qmoe-doctor-*`` folder in the temp dir
+that is kept when the scan found something, could not run or was stopped, and removed when it
+ended healthy (``isolate.logs.LogDir``); ``ScanReport.log_dir`` says where they are, "" if gone.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,26 +32,20 @@ from qmoe_doctor.core.shapes import get_preset
 from qmoe_doctor.diagnose.matrix import Cell as Cell  # re-exported: the CLI draws the matrix
 from qmoe_doctor.diagnose.matrix import build_matrix as build_matrix
 from qmoe_doctor.diagnose.scan_rules import classify
+from qmoe_doctor.isolate.logs import LogDir
 from qmoe_doctor.isolate.worker_pool import run_session
 from qmoe_doctor.plan.scan import ScanPlan, debug_rerun, plan_scan
 
 
-class KernelRefError(Exception):
-    """The kernel under test could not be resolved in the probe child (import, signature)."""
+class KernelUnusable(Exception):
+    """The kernel under test could not be used in the probe child: its import failed, or its
+    reference resolved to something of another signature. (A malformed reference is
+    ``core.kernel_ref.KernelRefError``, refused in the parent before any child starts.)"""
 
 
 def group_names(plan: ScanPlan) -> dict[str, str]:
-    """Probe-id groups ("0->1") to report names ("GPU 0 -> GPU 1")."""
-    names: dict[str, str] = {}
-    for session in plan.sessions:
-        for spec in session.specs:
-            group = spec.probe_id.split("/", 1)[0]
-            if "->" in group:
-                a, b = group.split("->")
-                names[group] = f"GPU {a} -> GPU {b}"
-            else:
-                names[group] = group
-    return names
+    """Groups of the plan's probes ("0->1") to report names ("GPU 0 -> GPU 1")."""
+    return {s.placement.group: s.placement.label for s in plan.specs}
 
 
 def run_scan(
@@ -66,23 +63,50 @@ def run_scan(
     ``on_progress`` gets a report of everything so far (``complete=False``, the sessions not
     run yet in ``not_run``) after each session: ``scan --save`` writes it, so that a scan that is
     stopped (a CI job's time limit, a device call's) leaves its finished pairs behind (run 50: the
-    eight-GPU scan was stopped after 48 of 56 pairs and left nothing)."""
+    eight-GPU scan was stopped after 48 of 56 pairs and left nothing). The workers' logs stay in
+    ``log_dir`` when given, else in a temp folder kept only when the scan did not end healthy.
+    Raises KernelUnusable when the kernel cannot be used in the child."""
+    with LogDir.open(log_dir) as logs:
+        report = _scan(
+            plan,
+            gpus=gpus,
+            log_dir=logs.path,
+            on_event=on_event,
+            inventory=inventory,
+            audit_presets=audit_presets,
+            on_progress=on_progress,
+        )
+        if not report.healthy or checked_nothing(report):
+            logs.keep()
+    return replace(report, log_dir=logs.reported)
+
+
+def _scan(
+    plan: ScanPlan,
+    *,
+    gpus: Sequence[int],
+    log_dir: Path,
+    on_event: Callable[[Event], None] | None,
+    inventory: dict[str, Any] | None,
+    audit_presets: Sequence[str],
+    on_progress: Callable[[ScanReport], None] | None,
+) -> ScanReport:
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
-    log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="qmoe-doctor-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
 
     def watch(event: Event) -> None:
         if on_event is not None:
             on_event(event)
         out = event.outcome
         if event.kind is EventKind.OUTCOME and out is not None and out.error_kind is ErrorKind.KERNEL_IMPORT:
-            raise KernelRefError(out.error_message or "the kernel could not be resolved")
+            raise KernelUnusable(out.error_message or "the kernel could not be resolved")
 
     outcomes: list[Outcome] = []
 
+    names = group_names(plan)
+
     def report(complete: bool, not_run: tuple[str, ...] = ()) -> ScanReport:
-        result = classify(outcomes, kernel=plan.kernel, gpu_names=group_names(plan))
+        result = classify(outcomes, kernel=plan.kernel, gpu_names=names)
         return ScanReport(
             kernel=plan.kernel,
             tier="gpu" if gpus else "cpu",
@@ -121,7 +145,7 @@ def run_scan(
             specs = specs[1:]
             if env_check.status is not Status.PASS:
                 reason = _first_line_of(env_check.error_message) or str(env_check.status)
-                outcomes += [_skipped(s, f"the Triton interpreter cannot run here: {reason}") for s in specs]
+                outcomes += [_skipped(s, f"{_why_tier_skipped(env_check)}: {reason}") for s in specs]
                 continue
         outcomes += run_session(specs, base_env=session.env, log_dir=log_dir, on_event=watch)
         # follow-up: a failing int32 boundary cell is re-run with TRITON_DEBUG=1 so the report
@@ -136,6 +160,14 @@ def run_scan(
         if on_progress is not None and done < len(plan.sessions):
             on_progress(report(False, tuple(s.label for s in plan.sessions[done:])))
     return report(True)
+
+
+def _why_tier_skipped(env_check: Outcome) -> str:
+    """Why a failed environment check skips the tier: the child never started (a missing or
+    broken Python, QMOE_DOCTOR_CHILD_PYTHON), or it started and the interpreter failed."""
+    if env_check.status is Status.ERROR and env_check.phase is Phase.SPAWN:
+        return "no probe child could start"
+    return "the Triton interpreter cannot run here"
 
 
 def _first_line_of(text: str | None) -> str:
@@ -163,6 +195,11 @@ def all_spawn_failures(report: ScanReport) -> bool:
     )
 
 
+def checked_nothing(report: ScanReport) -> bool:
+    """Nothing of the kernel was checked: no probe planned, none could start, or all skipped."""
+    return not report.outcomes or all_spawn_failures(report) or nothing_ran(report)
+
+
 def report_json(report: ScanReport) -> dict[str, Any]:
     body = to_jsonable(report)
     body["healthy"] = report.healthy
@@ -170,10 +207,15 @@ def report_json(report: ScanReport) -> dict[str, Any]:
 
 
 __all__ = [
-    "KernelRefError",
+    "Cell",
+    "KernelUnusable",
     "ScanOptions",
     "ScanReport",
     "all_spawn_failures",
+    "build_matrix",
+    "checked_nothing",
+    "group_names",
+    "nothing_ran",
     "plan_scan",
     "report_json",
     "run_scan",

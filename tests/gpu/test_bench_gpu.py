@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from qmoe_doctor.cli.app import app
+from qmoe_doctor.core.bench import BLOCK_GROUPED_MM, BLOCK_QMOE, DENSE, GRAPH_IMPLS, GROUPED_MM, QMOE
 from qmoe_doctor.core.tolerances import tolerance
-from qmoe_doctor.workflows.bench import BLOCK_GROUPED_MM, BLOCK_QMOE, DENSE, GRAPH_IMPLS, GROUPED_MM, QMOE
 
 runner = CliRunner()
 

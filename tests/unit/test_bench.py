@@ -24,10 +24,7 @@ from typer.testing import CliRunner
 from qmoe_doctor.cli.app import app
 from qmoe_doctor.cli.render.bench import render_report
 from qmoe_doctor.core import knobs
-from qmoe_doctor.core.exitcodes import ExitCode
-from qmoe_doctor.core.tolerances import tolerance
-from qmoe_doctor.machine.inventory import GpuInfo, Inventory
-from qmoe_doctor.workflows.bench import (
+from qmoe_doctor.core.bench import (
     BLOCK_IMPLS,
     BLOCK_OPS,
     BLOCK_QMOE_GRAPH,
@@ -41,13 +38,16 @@ from qmoe_doctor.workflows.bench import (
     BenchRow,
     PlacementRow,
     default_tokens,
-    load_report,
     parse_tokens,
     report_document,
     report_from_jsonable,
     with_fractions,
     with_slowdowns,
 )
+from qmoe_doctor.core.exitcodes import ExitCode
+from qmoe_doctor.core.tolerances import tolerance
+from qmoe_doctor.machine.inventory import GpuInfo, Inventory
+from qmoe_doctor.workflows.bench import load_report
 
 runner = CliRunner()
 RUN3 = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "h200x2-run3" / "bench.json"
@@ -583,7 +583,7 @@ def test_packaged_dw_entries_are_the_recorded_sweep_s_winners() -> None:
     spec.loader.exec_module(tk)
     recorded = json.loads((repo / "tests/fixtures/recorded/h200-session10/tune-dw-run63.json").read_text())
     picked = {(e["point"], e["tokens"]): e["config"] for e in tk.best_table(recorded)["entries"]}
-    packaged = json.loads((repo / "kernels/configs_sm90.json").read_text())
+    packaged = json.loads((repo / "kernels/configs-nvidia-h200-sm90-132sm.json").read_text())
     dw = {(e["point"], e["tokens"]): e["config"] for e in packaged["entries"] if e["op"] == "dw"}
     assert len(dw) == 16
     assert dw == picked

@@ -18,12 +18,22 @@ from qmoe_doctor.cli import devices
 from qmoe_doctor.cli.app import app
 from qmoe_doctor.core.exitcodes import ExitCode
 from qmoe_doctor.core.options import GPU_FAST_CONDITIONS, CheckOptions
-from qmoe_doctor.core.records import Condition, ErrorKind, Outcome, Phase, ProbeSpec, Shape, Status
+from qmoe_doctor.core.records import (
+    Condition,
+    ErrorKind,
+    Outcome,
+    Phase,
+    ProbeSpec,
+    Shape,
+    Status,
+    pair_placement,
+)
 from qmoe_doctor.core.reports import ScanReport
+from qmoe_doctor.diagnose.check_verdicts import cell_results, worst
 from qmoe_doctor.machine.inventory import GpuInfo, Inventory
+from qmoe_doctor.plan.check import default_lint_paths, plan_check
 from qmoe_doctor.plan.scan import ScanPlan
 from qmoe_doctor.workflows import check as check_mod
-from qmoe_doctor.workflows.check import cell_results, default_lint_paths, plan_check, worst
 
 runner = CliRunner()
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -293,8 +303,8 @@ def test_slow_cells_fail_only_when_a_diagnosis_cites_them() -> None:
     from qmoe_doctor.core.records import Confidence, Diagnosis, Evidence
 
     def outcome(cond: Condition, ms: float) -> Outcome:
-        spec = ProbeSpec(probe_id=f"0->1/{cond}", kernel="k", condition=cond, device=1, current=0,
-                         shape=Shape(m=8, e=2, n=8, k=8))
+        spec = ProbeSpec(probe_id=f"0->1/{cond}", kernel="k", condition=cond, placement=pair_placement(0, 1),
+                         device=1, current=0, shape=Shape(m=8, e=2, n=8, k=8))
         return Outcome(probe_id=spec.probe_id, spec=spec, status=Status.PASS, phase=Phase.DONE, kernel_ms=ms)
 
     outs = (outcome(Condition.GUARDED, 1.0), outcome(Condition.PEER, 12.0))
@@ -303,7 +313,7 @@ def test_slow_cells_fail_only_when_a_diagnosis_cites_them() -> None:
     assert [c.verdict for c in cell_results(base, "gpu")] == ["pass", "pass"]
     diag = Diagnosis(cause="missing-device-guard", confidence=Confidence.MEDIUM, summary="s",
                      evidence=(Evidence(probe_id="0->1/peer", condition=Condition.PEER, label="slow", detail="12x"),))
-    cells = cell_results(replace(base, diagnoses=(diag,)), "gpu", {"0->1": "GPU 0 -> GPU 1"})
+    cells = cell_results(replace(base, diagnoses=(diag,)), "gpu")
     assert [(c.verdict, c.label, c.cause) for c in cells] == [
         ("pass", "pass", None), ("fail", "slow", "missing-device-guard"),
     ]
@@ -322,3 +332,96 @@ def test_default_lint_paths_are_the_kernel_refs_sources(tmp_path: Path, monkeypa
     assert default_lint_paths("specimen:unguarded")[0].endswith("unguarded.py")
     for ref in ("torch:grouped_mm", "adapter:lib", "qd_lint_pkg.nothing:fn", "not a ref"):
         assert default_lint_paths(ref) == (), ref
+
+
+# --- progress, the lint note and the log folder -------------------------------------------------
+
+
+def test_check_reports_progress_after_every_tier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report of everything so far after each tier (complete: false, never healthy, the
+    kernels not checked yet listed), so that a check that is stopped leaves its work behind."""
+    monkeypatch.setattr(check_mod, "run_scan", _fake_scan({}))
+    seen: list[Any] = []
+    final = check_mod.run_check(
+        ["builtin", "specimen:unguarded"],
+        gpus=[_gpu(0), _gpu(1)],
+        lint=[_clean_source(tmp_path)],  # linted once, on its own: the kernels' sources are not
+        log_dir=tmp_path,
+        on_progress=seen.append,
+    )
+    assert [(len(r.kernels), [len(k.tiers) for k in r.kernels], r.not_run) for r in seen] == [
+        (1, [1], ("specimen:unguarded",)),  # builtin's CPU tier
+        (1, [2], ("specimen:unguarded",)),  # builtin done
+        (2, [2, 1], ()),  # the second kernel's CPU tier
+    ]
+    assert all(not r.complete and not r.healthy for r in seen)
+    assert final.complete and final.healthy and [len(k.tiers) for k in final.kernels] == [2, 2]
+
+
+def test_interrupted_check_saves_the_report_so_far(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C in the second kernel: exit 130, and --save holds the first kernel's check,
+    marked incomplete."""
+    fake = _fake_scan({})
+    calls: list[str] = []
+
+    def interrupted(plan: ScanPlan, **kw: Any) -> ScanReport:
+        calls.append(plan.kernel)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        report: ScanReport = fake(plan, **kw)
+        return report
+
+    monkeypatch.setattr(check_mod, "run_scan", interrupted)
+    out = tmp_path / "r.json"
+    result = runner.invoke(
+        app, ["check", "--cpu", "-k", "builtin", "-k", "specimen:unguarded", "--save", str(out),
+              "--log-dir", str(tmp_path / "logs")],
+    )
+    assert result.exit_code == 130, result.output
+    assert "interrupted" in result.output and str(out) in "".join(result.output.split())
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and doc["healthy"] is False and doc["not_run"] == ["specimen:unguarded"]
+    assert [k["kernel"] for k in doc["kernels"]] == ["builtin"]
+
+
+def test_a_kernel_whose_source_cannot_be_found_says_it_was_not_linted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(check_mod, "run_scan", _fake_scan({}))
+    report = check_mod.run_check(["torch:grouped_mm", "builtin"], log_dir=tmp_path)
+    nameless, ours = report.kernels
+    assert nameless.lint is None
+    assert nameless.notes == ("no lint: the source of torch:grouped_mm could not be found without importing it",)
+    assert ours.lint is not None and ours.notes == ()
+
+
+def _clean_source(folder: Path) -> str:
+    path = folder / "clean.py"
+    path.write_text("x = 1\n")
+    return str(path)
+
+
+@pytest.fixture
+def temp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # gettempdir() caches its first answer
+    return tmp
+
+
+def test_healthy_check_removes_its_logs_a_failing_one_keeps_them(
+    temp_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clean = [_clean_source(tmp_path)]
+    monkeypatch.setattr(check_mod, "run_scan", _fake_scan({}))
+    healthy = check_mod.run_check(["builtin"], lint=clean)
+    assert healthy.healthy and healthy.log_dir == "" and list(temp_dir.iterdir()) == []
+    assert all(t.log_dir == "" for k in healthy.kernels for t in k.tiers)
+    monkeypatch.setattr(check_mod, "run_scan", _fake_scan({"CPU/single": Status.WRONG}))
+    faulty = check_mod.run_check(["builtin"], lint=clean)
+    (kept,) = temp_dir.glob("qmoe-doctor-check-*")
+    assert faulty.exit_code == ExitCode.FAULT and faulty.log_dir == str(kept)
+    assert faulty.kernels[0].tiers[0].log_dir == str(kept / "builtin" / "cpu")

@@ -24,7 +24,7 @@ from qmoe_doctor.core.kernel_ref import KernelRefError
 from qmoe_doctor.machine.inventory import GpuSelectionError
 from qmoe_doctor.workflows.bench import BenchError
 from qmoe_doctor.workflows.parallel import ParallelPlanError
-from qmoe_doctor.workflows.scan import KernelRefError as KernelUnusable
+from qmoe_doctor.workflows.scan import KernelUnusable
 
 runner = CliRunner()
 MARKUP = "a [/] b [bold]c[/bold] [link=x]"

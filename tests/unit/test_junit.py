@@ -6,9 +6,9 @@ import xml.etree.ElementTree as ET
 
 from qmoe_doctor.core.exitcodes import ExitCode
 from qmoe_doctor.core.records import Condition, Confidence, Diagnosis, Evidence
+from qmoe_doctor.core.reports import CellResult, CheckReport, KernelCheck, LintResult
 from qmoe_doctor.lint import LintError, LintFinding, Rule
 from qmoe_doctor.reports.junit import junit_text
-from qmoe_doctor.workflows.check import CellResult, CheckReport, KernelCheck, LintResult
 
 SUITE_ATTRS = {"name", "tests", "failures", "errors", "skipped", "time"}
 CASE_CHILDREN = {"failure", "error", "skipped", "system-out", "system-err"}

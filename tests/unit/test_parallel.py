@@ -25,6 +25,8 @@ from typer.testing import CliRunner
 
 from qmoe_doctor.cli.app import app
 from qmoe_doctor.core import knobs
+from qmoe_doctor.core.modes import Mode
+from qmoe_doctor.core.options import ParallelOptions
 from qmoe_doctor.core.records import (
     Condition,
     Confidence,
@@ -34,28 +36,17 @@ from qmoe_doctor.core.records import (
     ProbeSpec,
     Shape,
     Status,
+    rank_spec,
     to_json,
 )
+from qmoe_doctor.core.reports import ModeResult
+from qmoe_doctor.diagnose.parallel_rules import classify_parallel
 from qmoe_doctor.isolate.process import child_env
+from qmoe_doctor.isolate.torchrun import collect_run, parse_torchrun_failures
+from qmoe_doctor.plan.parallel import ParallelPlanError, PlannedRun, parse_modes, plan_parallel
 from qmoe_doctor.probes.parallel import ep, tp
 from qmoe_doctor.probes.parallel.hooks import hooks_for
-from qmoe_doctor.workflows.parallel import (
-    LaunchRecord,
-    Mode,
-    ModeResult,
-    ParallelOptions,
-    ParallelPlanError,
-    PlannedRun,
-    build_command,
-    classify_parallel,
-    collect_run,
-    parse_modes,
-    parse_torchrun_failures,
-    plan_parallel,
-    run_parallel,
-    summarize,
-    with_scaling,
-)
+from qmoe_doctor.workflows.parallel import LaunchRecord, build_command, run_parallel, summarize, with_scaling
 
 runner = CliRunner()
 
@@ -497,6 +488,43 @@ def test_summaries_and_scaling() -> None:
     assert isinstance(untimed, ModeResult) and untimed.tokens_per_s is None and untimed.step_ms is None
 
 
+@pytest.fixture
+def temp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # gettempdir() caches its first answer
+    return tmp
+
+
+@pytest.mark.parametrize("status", [Status.PASS, Status.WRONG])
+def test_rank_logs_are_removed_after_a_healthy_run_and_kept_after_a_failing_one(
+    status: Status, temp_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qmoe_doctor.workflows import parallel as workflow
+
+    def launch(run: PlannedRun, run_dir: Path, **_: Any) -> tuple[LaunchRecord, list[Outcome]]:
+        run_dir.mkdir(parents=True)
+        (run_dir / "rank-0.log").write_text("a rank's log\n")
+        spec = rank_spec(run.spec, 0, None)
+        ranks = [Outcome(probe_id=spec.probe_id, spec=spec, status=status, phase=Phase.DONE, rel_error=0.5)]
+        record = LaunchRecord(mode=run.mode, command=(), run_dir=str(run_dir), exit_code=0, timed_out=False, wall_s=0.1)
+        return record, ranks
+
+    monkeypatch.setattr(workflow, "launch_run", launch)
+    plan = plan_parallel("builtin", [], ParallelOptions(modes=(Mode.DP,)), cpu=True)
+    report = run_parallel(plan)
+    kept = list(temp_dir.glob("qmoe-doctor-parallel-*"))
+    if status is Status.PASS:
+        assert report.healthy and report.log_dir == "" and kept == []
+        assert all(m.run_dir == "" for m in report.modes)
+    else:
+        assert not report.healthy and [report.log_dir] == [str(k) for k in kept]
+        assert (kept[0] / "dp" / "rank-0.log").is_file() and report.modes[0].run_dir == str(kept[0] / "dp")
+
+
 # ---------------------------------------------------------------------------------------------
 # The rules, on synthetic per-rank outcomes
 # ---------------------------------------------------------------------------------------------
@@ -505,9 +533,10 @@ SINGLE_OK = {"parallel.single": {"ok": True, "rel_error": 3e-3, "checks": []}}
 
 
 def _rank(condition: Condition, rank: int, status: Status, facts: dict[str, Any], **fields: Any) -> Outcome:
+    spec = rank_spec(_spec(condition), rank, rank)  # as the rank child writes it
     return Outcome(
-        probe_id=f"rank {rank}/{condition.value}",
-        spec=_spec(condition, device=rank),
+        probe_id=spec.probe_id,
+        spec=spec,
         status=status,
         phase=fields.pop("phase", Phase.DONE),
         facts={"parallel.rank": rank, **facts},
@@ -884,7 +913,9 @@ def test_rel_error_of_nothing_is_infinite() -> None:
 _INTERRUPTED_PARENT = """
 import sys
 from pathlib import Path
-from qmoe_doctor.workflows.parallel import Mode, ParallelOptions, plan_parallel, run_parallel
+from qmoe_doctor.core.modes import Mode
+from qmoe_doctor.core.options import ParallelOptions
+from qmoe_doctor.workflows.parallel import plan_parallel, run_parallel
 inject = {"rank": 1, "stage": "start", "action": "hang"}
 plan = plan_parallel("builtin", [], ParallelOptions(modes=(Mode.DP,), inject=inject, timeout_s=120), cpu=True)
 run_parallel(plan, log_dir=Path(sys.argv[1]))

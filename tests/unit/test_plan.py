@@ -138,3 +138,45 @@ def test_parse_config_rejects_malformed(bad: str) -> None:
 
     with pytest.raises(ValueError, match="launch config"):
         parse_config(bad)
+
+
+# --- placements: the planners write them, nobody reads probe ids apart ----------------------------
+
+
+@pytest.mark.parametrize("gpus", [[], GPUS[:1], GPUS[:3]], ids=["cpu", "one-gpu", "three-gpus"])
+def test_every_planned_spec_carries_its_placement(gpus: list[G]) -> None:
+    plan = plan_scan("builtin", gpus)
+    for session in plan.sessions:
+        for s in session.specs:
+            p = s.placement
+            assert s.probe_id == p.probe_id(s.condition)  # the id is made from the placement
+            assert p.variant == str(s.params.get("variant", ""))
+            if s.condition.is_pair:
+                assert p.is_pair and session.gpu_of_ordinal == {0: p.gpu_a, 1: p.gpu_b}
+                assert session.label == p.label == f"GPU {p.gpu_a} -> GPU {p.gpu_b}"
+            elif gpus:
+                assert p.group == f"GPU {p.gpu_b}" and session.gpu_of_ordinal[s.device or 0] == p.gpu_b
+            else:
+                assert p.group == "CPU" and p.gpu_b is None
+
+
+def test_debug_rerun_is_placed_as_a_rerun_of_its_cell() -> None:
+    plan = plan_scan("builtin", GPUS[:1])
+    cell = next(s for s in plan.specs if s.condition is Condition.INT32_BOUNDARY)
+    rerun = debug_rerun(cell)
+    assert rerun.placement.rerun == "debug" and rerun.placement.group == cell.placement.group
+    assert rerun.probe_id == f"{cell.probe_id}+debug"
+
+
+def test_parallel_and_repro_plans_place_their_specs() -> None:
+    from qmoe_doctor.core.modes import Mode
+    from qmoe_doctor.core.options import ParallelOptions
+    from qmoe_doctor.plan.parallel import plan_parallel
+    from qmoe_doctor.plan.repro import plan_repro
+
+    parallel = plan_parallel("builtin", [], ParallelOptions(modes=(Mode.DP, Mode.EP)), cpu=True)
+    assert [(r.spec.placement.group, r.spec.probe_id) for r in parallel.runs] == [("dp", "dp"), ("ep", "ep")]
+    repro = plan_repro("builtin", GPUS[:2])
+    assert repro.pipeline.placement.group == "pipeline"
+    assert {s.placement.group for s in repro.first_session} == {"0->1", "GPU 1", "pipeline"}
+    assert repro.ladder.names == {"0->1": "GPU 0 -> GPU 1", "GPU 1": "GPU 1"}

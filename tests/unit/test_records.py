@@ -125,3 +125,83 @@ def test_eight_gpu_scans_cover_every_ordered_pair_and_reclassify_healthy() -> No
                 a, b = (int(x) for x in re.findall(r"GPU (\d)", session.label))
                 pairs.add((a, b))
     assert pairs == set(itertools.permutations(range(8), 2))
+
+
+# --- placement: written by the planner, derived from the probe id only for old reports ------------
+
+
+def test_placement_round_trips_and_names_its_cell() -> None:
+    from qmoe_doctor.core.records import Placement, pair_placement
+
+    where = pair_placement(0, 1)
+    s = ProbeSpec(probe_id=where.probe_id(Condition.PEER), kernel="builtin", condition=Condition.PEER,
+                  placement=where, device=1, current=0, shape=Shape(m=8, e=2, n=8, k=8))
+    data = json.loads(to_json(s))
+    assert data["placement"] == {"group": "0->1", "gpu_a": 0, "gpu_b": 1, "rank": None, "variant": "", "rerun": ""}
+    assert from_json(ProbeSpec, to_json(s)) == s
+    assert (where.label, where.is_pair, s.probe_id) == ("GPU 0 -> GPU 1", True, "0->1/peer")
+    sweep = Placement(group="GPU 1", gpu_b=1, variant="padded-rows", rerun="debug")
+    assert sweep.cell_name(Condition.OFFSETS) == "offsets:padded-rows+debug" and not sweep.is_pair
+
+
+@pytest.mark.parametrize(
+    ("probe_id", "group", "gpu_a", "gpu_b", "rank", "variant", "rerun"),
+    [
+        ("0->1/peer", "0->1", 0, 1, None, "", ""),
+        ("GPU 1/offsets:padded-rows", "GPU 1", None, 1, None, "padded-rows", ""),
+        ("GPU 1/launch-config:64x128x64-w4-s4", "GPU 1", None, 1, None, "64x128x64-w4-s4", ""),
+        ("GPU 1/int32-boundary+debug", "GPU 1", None, 1, None, "", "debug"),
+        ("0->1/peer+memcheck", "0->1", 0, 1, None, "", "memcheck"),
+        ("CPU/single", "CPU", None, None, None, "", ""),
+        ("rank 1/parallel-ep", "rank 1", None, None, 1, "", ""),
+        ("local rank 3/parallel-dp", "local rank 3", None, None, 3, "", ""),
+        ("pipeline", "pipeline", None, None, None, "", ""),
+    ],
+)
+def test_legacy_placement_of_old_probe_ids(
+    probe_id: str, group: str, gpu_a: int | None, gpu_b: int | None, rank: int | None, variant: str, rerun: str
+) -> None:
+    from qmoe_doctor.core.records import legacy_placement
+
+    p = legacy_placement(probe_id)
+    assert (p.group, p.gpu_a, p.gpu_b, p.rank, p.variant, p.rerun) == (group, gpu_a, gpu_b, rank, variant, rerun)
+
+
+def test_recorded_reports_without_placement_read_with_one_derived() -> None:
+    """Reports saved before ProbeSpec had a placement (recorded scans, parallel runs) read back
+    with the placement their probe ids imply; the matrix groups them as before."""
+    from pathlib import Path
+
+    from qmoe_doctor.core.records import from_jsonable
+    from qmoe_doctor.core.reports import ParallelReport, ScanReport
+    from qmoe_doctor.diagnose.matrix import build_matrix
+
+    recorded = Path(__file__).parent.parent / "fixtures/recorded"
+    doc = json.loads((recorded / "h200x2-run2/scans/scan-int32_offsets.json").read_text())
+    assert all("placement" not in o["spec"] for o in doc["outcomes"])  # written before the field
+    report = from_jsonable(ScanReport, doc)
+    for o in report.outcomes:
+        p = o.spec.placement
+        assert p.probe_id(o.spec.condition) == o.probe_id
+        assert p.variant == str(o.spec.params.get("variant", ""))
+        assert p.is_pair == o.spec.condition.is_pair
+    debug = next(o for o in report.outcomes if o.probe_id == "GPU 1/int32-boundary+debug")
+    assert debug.spec.placement.rerun == "debug" and debug.spec.placement.gpu_b == 1
+    assert set(build_matrix(report.outcomes).groups()) == {"0->1", "1->0", "GPU 0", "GPU 1"}
+    doc = json.loads((recorded / "h200-session6/parallel-run31-specimen-rank_no_set_device.json").read_text())
+    parallel = from_jsonable(ParallelReport, doc)
+    assert [(o.spec.placement.group, o.spec.placement.rank) for o in parallel.outcomes] == [
+        ("rank 0", 0), ("rank 1", 1),
+    ]
+
+
+def test_rank_spec_names_the_rank() -> None:
+    from qmoe_doctor.core.records import Placement, rank_spec
+
+    template = ProbeSpec(probe_id="dp", kernel="builtin", condition=Condition.PARALLEL_DP,
+                         placement=Placement(group="dp"), shape=Shape(m=8, e=2, n=8, k=8))
+    s = rank_spec(template, 1, 1)
+    assert (s.probe_id, s.placement.group, s.placement.rank, s.device, s.current) == (
+        "rank 1/parallel-dp", "rank 1", 1, 1, 1,
+    )
+    assert rank_spec(template, 3, None, local=True).probe_id == "local rank 3/parallel-dp"

@@ -23,6 +23,7 @@ from qmoe_doctor.cli.app import app
 from qmoe_doctor.cli.commands import repro as repro_cmd
 from qmoe_doctor.core import knobs
 from qmoe_doctor.core.events import Event, EventKind, OnEvent
+from qmoe_doctor.core.options import ReproOptions
 from qmoe_doctor.core.records import (
     Condition,
     ErrorKind,
@@ -35,9 +36,19 @@ from qmoe_doctor.core.records import (
     from_json,
     to_json,
 )
+from qmoe_doctor.core.reports import ReproReport, SanitizerConfirmation
+from qmoe_doctor.diagnose.repro_rules import (
+    minimal_failures,
+    pick_verdict,
+    sanitizer_decision,
+    stop_reason,
+    summarize_pipeline,
+)
+from qmoe_doctor.isolate.one_shot import CommandResult
 from qmoe_doctor.isolate.worker_pool import run_session
 from qmoe_doctor.machine.inventory import GpuInfo, Inventory
 from qmoe_doctor.machine.sanitizer import SanitizerInfo
+from qmoe_doctor.plan.repro import ReproPlan, plan_repro
 from qmoe_doctor.reports.repro_script import (
     SCRIPT_CONDITIONS,
     UnsupportedCondition,
@@ -45,22 +56,7 @@ from qmoe_doctor.reports.repro_script import (
     script_kernel_ref,
     script_name,
 )
-from qmoe_doctor.workflows.repro import (
-    CommandResult,
-    ReproOptions,
-    ReproPlan,
-    ReproReport,
-    SanitizerConfirmation,
-    confirm_with_sanitizer,
-    minimal_failures,
-    pick_verdict,
-    plan_repro,
-    report_json,
-    run_repro,
-    sanitizer_decision,
-    stop_reason,
-    summarize_pipeline,
-)
+from qmoe_doctor.workflows.repro import confirm_with_sanitizer, report_json, run_repro
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "h200x2-run1" / "sanitizer"
 runner = CliRunner()
@@ -325,11 +321,31 @@ def test_pipeline_failure_on_a_third_gpu_gets_that_pair_its_own_ladder(tmp_path:
     assert report.pair == (0, 5)
 
 
-def test_kernel_that_does_not_import_is_a_kernel_ref_error(tmp_path: Path) -> None:
-    from qmoe_doctor.workflows.scan import KernelRefError
+def test_kernel_that_does_not_import_is_unusable(tmp_path: Path) -> None:
+    from qmoe_doctor.workflows.scan import KernelUnusable
 
-    with pytest.raises(KernelRefError, match="no module"):
+    with pytest.raises(KernelUnusable, match="no module"):
         repro({Condition.GUARDED: error(ErrorKind.KERNEL_IMPORT, "no module named 'mykern'")}, tmp_path)
+
+
+@pytest.mark.parametrize("faulty", [False, True])
+def test_probe_logs_are_removed_when_nothing_failed_and_kept_otherwise(
+    faulty: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # where the repro's own log folder goes
+    table = {Condition.PEER: wrong()} if faulty else {}
+    opts = ReproOptions()
+    report = run_repro(
+        plan_repro(KERNEL, GPUS, opts), opts, GPUS, out_dir=tmp_path / "out", session_runner=FakeSessions(table),
+        find_sanitizer=lambda: None,
+    )
+    kept = list(tmp.glob("qmoe-repro-*"))
+    assert report.faulty is faulty
+    assert (report.log_dir, kept) == ((str(kept[0]), kept) if faulty else ("", []))
 
 
 def test_children_that_never_start_mean_could_not_run(tmp_path: Path) -> None:
@@ -599,8 +615,6 @@ def test_script_renders_compiles_and_its_cpu_parts_run(cond: Condition, tmp_path
     namespace: dict[str, Any] = {"__name__": "repro_under_test"}
     exec(compile(src, str(path), "exec"), namespace)
     from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm_torch
-    from qmoe_doctor.probes import conditions
-
     from qmoe_doctor.kernels.routing import routing_sizes
 
     probe_rows = routing_sizes(spec.shape.routing, spec.shape.m, spec.shape.e, seed=spec.seed)

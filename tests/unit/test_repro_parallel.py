@@ -24,8 +24,20 @@ from typer.testing import CliRunner
 from qmoe_doctor.cli import devices
 from qmoe_doctor.cli.app import app
 from qmoe_doctor.cli.commands import repro as repro_cmd
-from qmoe_doctor.core.records import Confidence, Diagnosis, ErrorKind, Evidence, Outcome, Phase, Shape, Status
+from qmoe_doctor.core.records import (
+    Confidence,
+    Diagnosis,
+    ErrorKind,
+    Evidence,
+    Outcome,
+    Phase,
+    Shape,
+    Status,
+    rank_spec,
+)
+from qmoe_doctor.core.reports import ModeResult, ParallelReport
 from qmoe_doctor.machine.inventory import GpuInfo, Inventory
+from qmoe_doctor.plan.parallel import ParallelPlan
 from qmoe_doctor.reports.parallel_script import (
     PARALLEL_SCRIPT_CAUSES,
     ParallelScriptSpec,
@@ -35,7 +47,7 @@ from qmoe_doctor.reports.parallel_script import (
     script_specs,
     torchrun_command,
 )
-from qmoe_doctor.workflows.parallel import ParallelPlan, ParallelReport
+from qmoe_doctor.workflows.parallel import LaunchRecord, summarize
 
 runner = CliRunner()
 TINY = Shape(m=32, e=8, n=64, k=64, dtype="float32", routing="random")  # the CPU tier's ep launch
@@ -70,7 +82,7 @@ def _inventory(n: int) -> Inventory:
 
 def _outcome(plan: ParallelPlan, rank: int, status: Status, **fields: Any) -> Outcome:
     run = next(r for r in plan.runs if r.torchrun)
-    spec = dataclasses.replace(run.spec, probe_id=f"rank {rank}/{run.spec.condition.value}", device=rank)
+    spec = rank_spec(run.spec, rank, rank)
     return Outcome(
         probe_id=spec.probe_id, spec=spec, status=status, phase=fields.pop("phase", Phase.DONE), **fields
     )
@@ -85,7 +97,19 @@ def _diagnosis(plan: ParallelPlan, cause: str, outcome: Outcome) -> Diagnosis:
         confidence=Confidence.HIGH,
         summary="s",
         evidence=(ev,),
-        where=(outcome.probe_id.split("/")[0],),
+        where=(outcome.spec.placement.group,),
+    )
+
+
+def _modes(plan: ParallelPlan) -> tuple[ModeResult, ...]:
+    """Each planned launch's summary, as ``run_parallel`` makes it (no rank ran)."""
+    return tuple(
+        summarize(
+            run,
+            LaunchRecord(mode=run.mode, command=(), run_dir="", exit_code=0, timed_out=False, wall_s=0.1),
+            [],
+        )
+        for run in plan.runs
     )
 
 
@@ -102,7 +126,7 @@ def _report(plan: ParallelPlan, outcomes: list[Outcome], diagnoses: list[Diagnos
         backend=str(o.backend),
         gpus=plan.gpus,
         gpu_of_ordinal=dict(plan.gpu_of_ordinal),
-        modes=(),
+        modes=_modes(plan),
         outcomes=tuple(outcomes),
         diagnoses=tuple(diagnoses),
         log_dir="/tmp/nowhere",
@@ -336,20 +360,22 @@ def test_torchrun_command() -> None:
 
 
 def test_script_specs_take_the_launch_that_showed_the_cause() -> None:
-    from qmoe_doctor.workflows.parallel import Mode, ParallelOptions, plan_parallel
+    from qmoe_doctor.core.modes import Mode
+    from qmoe_doctor.core.options import ParallelOptions
+    from qmoe_doctor.plan.parallel import plan_parallel
 
     plan = plan_parallel(
         "specimen:rank_no_set_device", [], ParallelOptions(modes=(Mode.PP, Mode.EP)), cpu=True
     )
     ep_rank = dataclasses.replace(
-        _outcome(plan, 1, Status.WRONG), spec=next(r.spec for r in plan.runs if r.mode is Mode.EP)
+        _outcome(plan, 1, Status.WRONG), spec=rank_spec(next(r.spec for r in plan.runs if r.mode is Mode.EP), 1, 1)
     )
     report = _report(plan, [ep_rank], [_diagnosis(plan, "invalid-routing", ep_rank)])
-    (spec,) = script_specs(report, plan)
+    (spec,) = script_specs(report)
     assert (spec.cause, spec.world, spec.shape.m, spec.shape.e) == ("invalid-routing", 2, 32, 8)
     assert spec.seen == "ep: rank 1" and spec.cuda_visible_devices is None
     assert spec.cause_title  # from the cause catalogue
-    assert script_specs(_report(plan, [ep_rank], []), plan) == []
+    assert script_specs(_report(plan, [ep_rank], [])) == []
 
 
 def _load(src: str) -> dict[str, Any]:

@@ -198,3 +198,70 @@ def test_interrupted_scan_keeps_the_report_so_far(tmp_path: Path, monkeypatch: p
     assert saved["complete"] is False and saved["not_run"] == ["second"] and saved["healthy"] is False
     assert len(saved["outcomes"]) == len(plan.sessions[0].specs)
     assert not list(tmp_path.glob("*.tmp"))
+
+
+# --- worker logs: kept where asked, kept on failure and named, removed otherwise ------------------
+
+
+@pytest.fixture
+def temp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A temp dir of the test's own, where the scan's own log folder would go."""
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # gettempdir() caches its first answer
+    return tmp
+
+
+def test_healthy_scan_leaves_no_log_folder(temp_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    result = runner.invoke(app, ["scan", "--cpu", "--only", "single", "--save", str(out)])
+    assert result.exit_code == 0, result.output
+    assert list(temp_dir.glob("qmoe-doctor-*")) == []
+    assert json.loads(out.read_text())["log_dir"] == ""
+    assert "logs:" not in result.output
+
+
+def test_failing_scan_keeps_its_log_folder_and_says_where(temp_dir: Path, tmp_path: Path) -> None:
+    src = tmp_path / "zeros.py"
+    src.write_text("def fn(x, w, m_sizes):\n    return x.new_zeros(x.shape[0], w.shape[1])  # plainly wrong\n")
+    out = tmp_path / "report.json"
+    result = runner.invoke(app, ["scan", "--cpu", "--kernel", f"{src}:fn", "--only", "single", "--save", str(out)])
+    assert result.exit_code == 1, result.output
+    (kept,) = temp_dir.glob("qmoe-doctor-*")
+    assert json.loads(out.read_text())["log_dir"] == str(kept)
+    assert any(kept.iterdir())  # the workers' logs
+    assert f"logs:{kept}" in "".join(result.output.split())  # rich wraps the long path
+
+
+def test_log_dir_asked_for_is_kept_when_healthy(temp_dir: Path, tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    result = runner.invoke(app, ["scan", "--cpu", "--only", "single", "--json", "--log-dir", str(logs)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["log_dir"] == str(logs) and any(logs.iterdir())
+    assert list(temp_dir.glob("qmoe-doctor-*")) == []
+
+
+@pytest.mark.parametrize("python", ["missing", "broken"])
+def test_a_child_python_that_cannot_start_is_not_blamed_on_the_interpreter(
+    python: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """QMOE_DOCTOR_CHILD_PYTHON naming no program, or one that dies at once: the phase is spawn,
+    and neither the skip reason nor the note says the Triton interpreter cannot run."""
+    from qmoe_doctor.core import knobs
+
+    child = tmp_path / "python3"
+    if python == "broken":
+        child.write_text("#!/bin/sh\necho 'broken python' >&2\nexit 3\n")
+        child.chmod(0o755)
+    monkeypatch.setenv(knobs.QMOE_CHILD_PYTHON, str(child))
+    result = runner.invoke(app, ["scan", "--cpu", "--json", "--only", "single", "--log-dir", str(tmp_path / "l")])
+    assert result.exit_code == 4, result.output
+    doc = json.loads(result.stdout)
+    env_check, single = doc["outcomes"]
+    assert env_check["phase"] == "spawn" and single["status"] == "skipped"
+    assert single["notes"][0].startswith("no probe child could start: ")
+    words = " ".join([*single["notes"], *doc["explanations"]])
+    assert "interpreter cannot run" not in words and "no probe child could start" in words

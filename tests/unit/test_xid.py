@@ -40,6 +40,7 @@ from qmoe_doctor.core.records import (
     to_json,
     to_jsonable,
 )
+from qmoe_doctor.core.reports import SanitizerConfirmation
 from qmoe_doctor.core.xid import (
     KernelXid,
     XidEvent,
@@ -51,7 +52,7 @@ from qmoe_doctor.core.xid import (
 from qmoe_doctor.diagnose.xid import place_fault_address, xid_evidence
 from qmoe_doctor.machine.sanitizer import SanitizerInfo
 from qmoe_doctor.machine.xid import XidWatcher
-from qmoe_doctor.workflows.repro import CommandResult, SanitizerConfirmation, confirm_with_sanitizer
+from qmoe_doctor.workflows.repro import CommandResult, confirm_with_sanitizer
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "h200x2-run1" / "sanitizer"
 X_ADDR = 0x7F7CC4800200  # x of the recorded over-routed run, on cuda:0 (GPU 0)

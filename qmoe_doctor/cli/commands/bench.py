@@ -1,6 +1,6 @@
 """`qmoe-doctor bench`: kernel throughput side by side, in TFLOP/s and against a dense GEMM.
 
-The library (``qmoe_doctor.workflows.bench``) does the work in a child process; this module
+The library (``qmoe_doctor.workflows.bench``, records in ``qmoe_doctor.core.bench``) does the work in a child process; this module
 validates, calls, renders and writes the files under --out.
 """
 
@@ -27,23 +27,22 @@ from qmoe_doctor.cli.output import (
     stdout_console,
 )
 from qmoe_doctor.cli.render.bench import render_report
-from qmoe_doctor.core.exitcodes import ExitCode
-from qmoe_doctor.machine.inventory import GpuInfo
-from qmoe_doctor.reports.plot import MISSING_MATPLOTLIB, plot_available, write_plot
-from qmoe_doctor.workflows.bench import (
+from qmoe_doctor.core.bench import (
     BENCH_FILES,
     DEFAULT_TIMEOUT_S,
     DEFAULT_TOKENS,
     ROUTINGS,
     TINY_MAX_TOKENS,
-    BenchError,
     BenchReport,
     BenchRequest,
     default_tokens,
     parse_tokens,
     report_document,
-    run_bench,
 )
+from qmoe_doctor.core.exitcodes import ExitCode
+from qmoe_doctor.machine.inventory import GpuInfo
+from qmoe_doctor.reports.plot import MISSING_MATPLOTLIB, plot_available, write_plot
+from qmoe_doctor.workflows.bench import BenchError, run_bench
 
 _TOKENS_HELP = "; ".join(f"{p}: {','.join(map(str, t))}" for p, t in DEFAULT_TOKENS.items() if p != "tiny")
 _TOKENS_HELP += f"; --tiny: {','.join(map(str, DEFAULT_TOKENS['tiny']))}"
@@ -102,7 +101,10 @@ def bench_command(
         ),
     ] = False,
     timeout: Annotated[
-        float, typer.Option("--timeout", min=1.0, help="Seconds the measuring child may take.")
+        float,
+        typer.Option(
+            "--timeout", min=1.0, max=opt.MAX_TIMEOUT_S, help="Seconds the measuring child may take."
+        ),
     ] = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Measure our forward, dx and dw grouped GEMMs and the whole MoE block side by side with

@@ -31,8 +31,9 @@ from qmoe_doctor.cli.render.progress import probe_lines
 from qmoe_doctor.core.exitcodes import ExitCode
 from qmoe_doctor.core.options import CheckOptions
 from qmoe_doctor.core.records import to_jsonable
+from qmoe_doctor.core.reports import CheckReport, Tier
 from qmoe_doctor.reports.junit import junit_text
-from qmoe_doctor.workflows.check import CheckReport, Tier, check_json, run_check
+from qmoe_doctor.workflows.check import check_json, run_check
 
 CPU_ONLY = (
     "ran the CPU tier only; placement, peer-access and stream faults need the GPU subset (a GPU runner)"
@@ -105,6 +106,13 @@ def check_command(
         where = "CPU tier" if tier == "cpu" else f"GPU subset on GPUs {', '.join(map(str, devices.indices))}"
         err.print(Text(f"{ref}: {where}, {len(plan.specs)} probes", style="bold"), soft_wrap=True)
 
+    so_far: list[CheckReport] = []
+
+    def on_progress(partial: CheckReport) -> None:  # --save holds every finished tier
+        so_far[:] = [partial]
+        if save is not None:
+            save_document(save, check_json(partial), fallback_dir=_logs(partial))
+
     try:
         report = run_check(
             refs,
@@ -114,17 +122,22 @@ def check_command(
             log_dir=log_dir,
             on_tier=on_tier,
             on_event=probe_lines(),
+            on_progress=on_progress,
             inventory=to_jsonable(devices.inventory) if devices.inventory and devices.gpus else None,
             notes=(devices.fallback,) if devices.fallback else (),
         )
     except KeyboardInterrupt as exc:
-        note("interrupted: check writes its reports when every kernel is done; nothing was saved")
+        if save is not None and so_far:
+            done = sum(len(k.cells) for k in so_far[0].kernels)
+            note(f"interrupted: the report so far ({done} probes, complete: false) is in {save}")
+        else:
+            note("interrupted: nothing was saved (--save keeps the report of every finished tier)")
         raise typer.Exit(interrupt_code(exc)) from None
     for k in report.kernels:
         if k.exit_code == ExitCode.USAGE and k.problem:
             error(f"{k.kernel!r}: {k.problem}")
             note(KERNEL_PARAGRAPH, style="")
-    write_reports(report, save=save, junit=junit, fallback_dir=log_dir or _log_root(report))
+    write_reports(report, save=save, junit=junit, fallback_dir=_logs(report))
     if json_out:
         emit_document(check_json(report))
     else:
@@ -141,10 +154,6 @@ def write_reports(
         save_document(save, check_json(report), fallback_dir=fallback_dir)
 
 
-def _log_root(report: CheckReport) -> Path | None:
-    """The run's log folder (each tier logs in ROOT/<kernel>/<tier>)."""
-    for k in report.kernels:
-        for t in k.tiers:
-            if t.log_dir:
-                return Path(t.log_dir).parent.parent
-    return None
+def _logs(report: CheckReport) -> Path | None:
+    """The run's log folder (each tier logs in ROOT/<kernel>/<tier>); None once removed."""
+    return Path(report.log_dir) if report.log_dir else None

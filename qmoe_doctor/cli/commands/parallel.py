@@ -16,8 +16,8 @@ from qmoe_doctor.cli import options as opt
 from qmoe_doctor.cli.errors import CliError
 from qmoe_doctor.cli.output import check_outputs
 from qmoe_doctor.cli.parallel_runs import run_and_report
+from qmoe_doctor.core.options import DEFAULT_RUN_TIMEOUT_S, ParallelOptions
 from qmoe_doctor.core.shapes import PRESETS
-from qmoe_doctor.workflows.parallel import DEFAULT_RUN_TIMEOUT_S, ParallelOptions
 
 MODES_HELP = "Comma-separated modes: dp (DDP), pp (layers over GPUs, one process), tp (tensor), ep (expert)."
 

@@ -20,12 +20,14 @@ from qmoe_doctor.cli.output import check_outputs, emit_document, save_document, 
 from qmoe_doctor.cli.parallel_runs import exit_code, launch_parallel, plan_runs
 from qmoe_doctor.cli.render.parallel import render_parallel, render_scripts
 from qmoe_doctor.cli.render.repro import render_repro
+from qmoe_doctor.core import knobs
 from qmoe_doctor.core.exitcodes import ExitCode
+from qmoe_doctor.core.options import DEFAULT_RUN_TIMEOUT_S, ParallelOptions, ReproOptions
 from qmoe_doctor.reports.json import json_document
 from qmoe_doctor.reports.parallel_script import script_specs, write_parallel_scripts
-from qmoe_doctor.workflows.parallel import DEFAULT_RUN_TIMEOUT_S, ParallelOptions, nothing_ran
+from qmoe_doctor.workflows.parallel import nothing_ran
 from qmoe_doctor.workflows.parallel import report_json as parallel_report_json
-from qmoe_doctor.workflows.repro import ReproOptions, plan_repro, report_json, run_repro
+from qmoe_doctor.workflows.repro import plan_repro, report_json, run_repro
 
 NEED_TWO_GPUS = (
     "repro needs two CUDA GPUs: it splits a model's layers across GPUs the way "
@@ -91,6 +93,8 @@ def repro_command(
     ref = opt.kernel_ref(kernel)
     opt.preset(preset)
     check_outputs(files={"--save": save}, dirs={"--out": out, "--log-dir": log_dir})
+    if not no_sanitizer and parallel is None:
+        knobs.compute_sanitizer()  # a wrong $QMOE_DOCTOR_COMPUTE_SANITIZER: exit 2 now, not "not found" at the end
     if parallel is not None:
         if opt.given(ctx, "steps"):
             raise CliError(
@@ -131,7 +135,7 @@ def repro_command(
     report = run_repro(plan, opts, devices.gpus, log_dir=log_dir, out_dir=out, on_progress=progress)
     doc = json_document("repro", report_json(report))
     if save is not None:
-        save_document(save, doc, fallback_dir=Path(report.log_dir))
+        save_document(save, doc, fallback_dir=Path(report.log_dir) if report.log_dir else None)
     if json_out:
         emit_document(doc)
     else:
@@ -162,7 +166,7 @@ def repro_parallel(
     written = (
         []
         if nothing_ran(report)
-        else write_parallel_scripts(script_specs(report, plan), out, cpu_tier=plan.tier == "cpu")
+        else write_parallel_scripts(script_specs(report), out, cpu_tier=plan.tier == "cpu")
     )
     body = parallel_report_json(report)
     body["scripts"] = [
@@ -178,7 +182,7 @@ def repro_parallel(
     body["faulty"] = not report.healthy
     doc = json_document("repro-parallel", body)
     if save is not None:
-        save_document(save, doc, fallback_dir=Path(report.log_dir))
+        save_document(save, doc, fallback_dir=Path(report.log_dir) if report.log_dir else None)
     if json_out:
         emit_document(doc)
     else:

@@ -23,11 +23,10 @@ from qmoe_doctor.cli.render.progress import probe_bar
 from qmoe_doctor.cli.render.scan import could_not_run, render_report
 from qmoe_doctor.core.exitcodes import ExitCode
 from qmoe_doctor.core.launch_configs import parse_config
-from qmoe_doctor.core.options import ScanOptions
+from qmoe_doctor.core.options import DEFAULT_RUN_TIMEOUT_S, ParallelOptions, ScanOptions
 from qmoe_doctor.core.records import to_jsonable
 from qmoe_doctor.core.reports import ScanReport
 from qmoe_doctor.reports.json import json_document
-from qmoe_doctor.workflows.parallel import DEFAULT_RUN_TIMEOUT_S, ParallelOptions
 from qmoe_doctor.workflows.scan import plan_scan, report_json, run_scan
 
 #: What ``--parallel`` cannot honour: the scan's own cells (``qmoe-doctor parallel`` has the knobs).
@@ -119,7 +118,11 @@ def scan_command(
     def on_progress(report: ScanReport) -> None:  # --save holds every finished session
         so_far[:] = [report]
         if save is not None:
-            save_document(save, json_document("scan", report_json(report)), fallback_dir=Path(report.log_dir))
+            save_document(
+                save,
+                json_document("scan", report_json(report)),
+                fallback_dir=Path(report.log_dir) if report.log_dir else None,
+            )
 
     try:
         with probe_bar(len(plan.specs)) as on_event:
@@ -142,7 +145,7 @@ def scan_command(
         raise typer.Exit(interrupt_code(exc)) from None
     doc = json_document("scan", report_json(report))
     if save is not None:
-        save_document(save, doc, fallback_dir=Path(report.log_dir))
+        save_document(save, doc, fallback_dir=Path(report.log_dir) if report.log_dir else None)
     if json_out:
         emit_document(doc)
     else:

@@ -1,4 +1,4 @@
-"""`qmoe-doctor specimens`: list the deliberately faulty kernels that calibrate the doctor."""
+"""`qmoe-doctor specimens`: list the kernels that calibrate the doctor (faulty ones and correct ones)."""
 
 from __future__ import annotations
 
@@ -20,12 +20,15 @@ def _as_dict(spec: SpecimenInfo) -> dict[str, Any]:
         "kernel": spec.kernel_option,  # what --kernel takes
         "ref": spec.ref,  # module:function
         "misbehaves_under": [str(c) for c in spec.misbehaves_under],
-        "docs": get_cause(spec.cause).docs,
+        "rejected_under": list(spec.rejected_under),
+        "lint_rule": spec.lint_rule,
+        "docs": get_cause(spec.cause).docs if spec.cause is not None else None,  # a correct kernel: none
     }
 
 
 def specimens_command(json_out: opt.JsonOpt = False) -> None:
-    """List the specimens: deliberately faulty kernels, one per cause, that calibrate the doctor.
+    """List the specimens: kernels that calibrate the doctor, each planting one cause, and
+    correct kernels in the style of public ones (cause "none": they must come out healthy).
 
     Scan one with [bold]qmoe-doctor scan --kernel specimen:NAME[/bold]: the doctor must name its
     cause and no other. A catalogue, not a report: no --save.

@@ -1,16 +1,23 @@
 """Rendering of bench reports: the header, the TFLOP/s table per op and implementation, the
-per-placement table, the notes."""
+per-placement table, the notes.
+
+Readable wherever it goes: on a terminal the tables fit the window and a number that does not
+fit folds onto a second line (never "…"); to a pipe or a CI log, where rich assumes 80 columns
+and shrank every number column to "…", each table prints at its natural width."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from qmoe_doctor.workflows.bench import BLOCK_OPS, DENSE, OP_LABEL, OURS, BenchReport, BenchRow
+from qmoe_doctor.core.bench import BLOCK_OPS, DENSE, OP_LABEL, OURS, BenchReport, BenchRow
+
+#: Widest a table is printed to a pipe (a log line longer than this is a table gone wrong).
+PIPE_MAX_WIDTH = 400
 
 
 def _fmt_tflops(r: BenchRow | None, timed: bool) -> Text:
@@ -38,6 +45,9 @@ def header_lines(report: BenchReport) -> list[str]:
         f"{report.device}{gpus} | torch {report.torch} | triton {report.triton} | {report.dtype} | "
         f"preset {report.preset}: E={s.e} N={s.n} K={s.k} top_k={s.top_k} (block H={s.hidden} I={s.intermediate})"
     ]
+    table = config_table_line(report)
+    if table:
+        lines.append(table)
     if report.routing != "random":
         lines.append(
             f"GEMM rows routed {report.routing}: every expert M/E rows (the block rows use the block's router)"
@@ -53,15 +63,42 @@ def header_lines(report: BenchReport) -> list[str]:
     return lines
 
 
+def config_table_line(report: BenchReport) -> str:
+    """Which launch-config table our kernels used ("" for reports that do not say)."""
+    text = str(getattr(report, "config_table", "") or "")  # recorded since the per-device tables
+    return f"our launch configs: {text}" if text else ""
+
+
+def _number_column(table: Table, header: str) -> None:
+    """A right-aligned number column: rich narrows the wrappable text columns first, and a
+    number that still does not fit folds onto a second line rather than turning into "…"."""
+    table.add_column(header, justify="right", no_wrap=True, overflow="fold")
+
+
+def print_table(console: Console, table: RenderableType) -> None:
+    """``console.print(table)``, at the table's natural width when the console is not a
+    terminal (rich's 80-column default for a pipe turned every number into "…")."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    natural = console.measure(table, options=console.options.update(width=PIPE_MAX_WIDTH)).maximum
+    before = console.width  # print(width=) cannot go past the console's own width
+    console.width = max(before, natural)
+    try:
+        console.print(table, crop=False)
+    finally:
+        console.width = before
+
+
 def gemm_table(report: BenchReport) -> Table:
     has_block = any(op in BLOCK_OPS for op in report.ops())
     table = Table(title="Grouped GEMMs" + (" and the MoE block" if has_block else ""), title_justify="left")
     table.add_column("op", no_wrap=True)
-    table.add_column("implementation", no_wrap=True)
+    table.add_column("implementation", overflow="fold", min_width=14)  # the column that wraps first
     for t in report.tokens:
         m = next((r.m for r in report.rows if r.tokens == t), t * report.shape.top_k)
-        table.add_column(f"{t} tok\nM={m}", justify="right")
-    table.add_column("max rel err", justify="right")
+        _number_column(table, f"{t} tok\nM={m}")
+    _number_column(table, "max rel err")
     for op in report.ops():
         for i, impl in enumerate(report.impls(op)):
             cells = [_fmt_tflops(report.row(op, impl, t), report.timed) for t in report.tokens]
@@ -81,19 +118,10 @@ def placement_table(report: BenchReport) -> Table:
     if len(report.gpus) >= 2:
         a, b = f"{a} (GPU {report.gpus[0]})", f"{b} (GPU {report.gpus[1]})"
     table = Table(title=f"Forward per placement: {a}, {b}; operands on b", title_justify="left")
-    for name, justify in (
-        ("tokens", "right"),
-        ("placement", "left"),
-        ("kernel", "left"),
-        ("current", "right"),
-        ("peer a->b", "left"),
-        ("ms", "right"),
-        ("TFLOP/s", "right"),
-        ("x guarded", "right"),
-        ("x guarded (scan)", "right"),
-        ("rel err", "right"),
-    ):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for name in ("tokens", "placement", "kernel", "current", "peer a->b"):
+        table.add_column(name, justify="right" if name in ("tokens", "current") else "left", no_wrap=True)
+    for name in ("ms", "TFLOP/s", "x guarded", "x guarded (scan)", "rel err"):
+        _number_column(table, name)
     for r in report.placement:
         slow = Text("-", style="dim")
         if r.slowdown_scan is not None:
@@ -119,9 +147,9 @@ def placement_table(report: BenchReport) -> Table:
 def render_report(console: Console, report: BenchReport) -> None:
     for line in header_lines(report):
         console.print(line, style="dim" if line.startswith(("TFLOP", "CPU")) else "bold", soft_wrap=True)
-    console.print(gemm_table(report))
+    print_table(console, gemm_table(report))
     if report.placement:
-        console.print(placement_table(report))
+        print_table(console, placement_table(report))
         console.print(
             f"scan labels a correct cell 'slow' at {report.slow_factor:.1f}x its guarded baseline "
             "(the 'x guarded (scan)' column is the same measure).",

@@ -7,7 +7,7 @@ from rich.text import Text
 
 from qmoe_doctor.core.causes import CAUSES
 from qmoe_doctor.core.exitcodes import ExitCode
-from qmoe_doctor.workflows.check import CheckReport, KernelCheck, LintResult
+from qmoe_doctor.core.reports import CheckReport, KernelCheck, LintResult
 
 _STATUS = {
     ExitCode.HEALTHY: ("healthy", "bold green"),
@@ -37,12 +37,15 @@ def _render_kernel(k: KernelCheck) -> list[Text]:
             Text(
                 f"  {where}: {c['pass']} passed, {c['fail']} failed, {c['skip']} skipped"
                 + (f", {c['error']} could not run" if c["error"] else "")
-                + f"  ({t.wall_s:.1f} s; logs {t.log_dir})",
+                + f"  ({t.wall_s:.1f} s"
+                + (f"; logs {t.log_dir})" if t.log_dir else ")"),
                 style="dim",
             )
         )
     if k.problem:
         lines.append(Text(f"  {k.problem}", style="red"))
+    for note in k.notes:
+        lines.append(Text(f"  {note}", style="dim"))
     for d in k.diagnoses:
         docs = CAUSES[d.cause].docs if d.cause in CAUSES else ""
         lines.append(
@@ -60,6 +63,18 @@ def _render_kernel(k: KernelCheck) -> list[Text]:
         )
     for note in k.explanations:
         lines.append(Text.assemble(("  note: ", "yellow"), note))
+    for cell in k.cells:
+        if cell.label in ("rejected", "unchecked"):  # not failures, but the verdict does not cover them
+            lines.append(Text.assemble(f"  {cell.label} ", (cell.probe_id, "cyan"), f": {cell.detail}"))
+    if k.tiers and not any(t.tier == "gpu" for t in k.tiers):
+        what = "lint and the CPU tier" if k.lint is not None else "the CPU tier"
+        lines.append(
+            Text(
+                f"  covers: {what} only; placement, peer-access and stream conditions need two GPUs, "
+                "the int32 boundary a GPU",
+                style="yellow",
+            )
+        )
     if k.lint is not None:
         lines += _render_lint(k.lint, "  ")
     reasons = sorted({c.detail for c in k.cells if c.verdict == "skip"})

@@ -10,9 +10,11 @@ from rich.table import Table
 from rich.text import Text
 
 from qmoe_doctor.cli.render.scan import STYLE, diagnosis_panel
+from qmoe_doctor.core.modes import MODE_OF
 from qmoe_doctor.core.records import Status
+from qmoe_doctor.core.reports import ParallelReport
 from qmoe_doctor.reports.parallel_script import PARALLEL_SCRIPT_CAUSES, WrittenScript
-from qmoe_doctor.workflows.parallel import MODE_OF, ParallelReport, describe_outcome
+from qmoe_doctor.workflows.parallel import describe_outcome
 
 
 def _label(status: Status, kind: object) -> Text:
@@ -85,7 +87,7 @@ def render_parallel(console: Console, report: ParallelReport) -> None:
         if o.status is Status.ERROR:
             detail += f"  [at {o.facts.get('parallel.at', o.phase)}]"
         ranks.add_row(
-            o.probe_id.split("/")[0],
+            o.spec.placement.group,
             mode.value if mode else o.spec.condition.value.removeprefix("parallel-"),
             str(o.facts.get("parallel.device", "-" if o.spec.device is None else f"cuda:{o.spec.device}")),
             _label(o.status, o.error_kind),
@@ -115,7 +117,8 @@ def render_parallel(console: Console, report: ParallelReport) -> None:
                 style="bold red",
             )
         )
-    console.print(Text(f"logs: {report.log_dir}", style="dim"))
+    if report.log_dir:  # "" when a healthy run's logs were removed
+        console.print(Text(f"logs: {report.log_dir}", style="dim"))
 
 
 def render_scripts(console: Console, report: ParallelReport, written: Sequence[WrittenScript]) -> None:

@@ -6,7 +6,8 @@ from rich.console import Console
 from rich.text import Text
 
 from qmoe_doctor.cli.render.scan import diagnosis_panel
-from qmoe_doctor.workflows.repro import ReproReport, shrink_cells
+from qmoe_doctor.core.reports import ReproReport
+from qmoe_doctor.workflows.repro import shrink_cells
 
 
 def render_repro(console: Console, report: ReproReport) -> None:
@@ -75,4 +76,5 @@ def render_repro(console: Console, report: ReproReport) -> None:
             f"{report.wall_s:.1f} s",
         )
     )
-    console.print(Text(f"logs: {report.log_dir}", style="dim"))
+    if report.log_dir:  # "" when a healthy run's logs were removed
+        console.print(Text(f"logs: {report.log_dir}", style="dim"))

@@ -10,12 +10,20 @@ from rich.text import Text
 
 from qmoe_doctor.core.causes import get_cause
 from qmoe_doctor.core.conditions import PAIR_ORDER, SINGLE_ORDER, SWEEP_CONDITIONS
+from qmoe_doctor.core.coverage import Coverage, coverage_of
 from qmoe_doctor.core.records import Condition, Diagnosis, Phase, Status
 from qmoe_doctor.core.reports import ScanReport
 from qmoe_doctor.workflows.scan import Cell, all_spawn_failures, build_matrix, nothing_ran
 
 #: Colour of a cell label; error kinds not listed are red.
-STYLE = {"pass": "green", "rejected": "green", "slow": "yellow", "wrong": "bold red", "skipped": "dim"}
+STYLE = {
+    "pass": "green",
+    "rejected": "green",  # the kernel refused an input its contract excludes: correct
+    "unchecked": "yellow",  # passed, but the check could not see what the cell claims
+    "slow": "yellow",
+    "wrong": "bold red",
+    "skipped": "dim",
+}
 
 CONDITION_TEXT = {
     Condition.REPEAT_CALL: "first vs second call",
@@ -53,8 +61,9 @@ def _cell_text(cell: Cell | None) -> Text:
 def matrix_tables(report: ScanReport) -> list[Table]:
     matrix = build_matrix(report.outcomes)
     groups = matrix.groups()
-    single_groups = [g for g in groups if "->" not in g]
-    pair_groups = [g for g in groups if "->" in g]
+    placements = matrix.placements()
+    single_groups = [g for g in groups if not placements[g].is_pair]
+    pair_groups = [g for g in groups if placements[g].is_pair]
     tables = []
     if single_groups:
         t = Table(title="Single-device cells", title_justify="left", show_lines=False)
@@ -69,7 +78,7 @@ def matrix_tables(report: ScanReport) -> list[Table]:
                 dict.fromkeys(
                     v
                     for g in single_groups
-                    for v in (c.outcome.spec.params.get("variant", "") for c in matrix.variants(g, cond))
+                    for v in (c.outcome.spec.placement.variant for c in matrix.variants(g, cond))
                 )
             )
             for name in names:
@@ -82,8 +91,7 @@ def matrix_tables(report: ScanReport) -> list[Table]:
         t = Table(title="Placement cells: operands on b, a current (a -> b)", title_justify="left")
         t.add_column("condition")
         for g in pair_groups:
-            a, b = g.split("->")
-            t.add_column(f"GPU {a} -> GPU {b}")
+            t.add_column(placements[g].label)
         for cond in PAIR_ORDER:
             if any(matrix.get(g, cond) for g in pair_groups):
                 t.add_row(CONDITION_TEXT[cond], *[_cell_text(matrix.get(g, cond)) for g in pair_groups])
@@ -167,7 +175,8 @@ def render_report(console: Console, report: ScanReport) -> None:
     for note in report.skipped:
         console.print(Text.assemble(("skipped: ", "dim"), note))
     console.print(verdict_line(report))
-    console.print(Text(f"logs: {report.log_dir}", style="dim"))
+    if report.log_dir:  # "" when a healthy run's logs were removed
+        console.print(Text(f"logs: {report.log_dir}", style="dim"))
 
 
 def could_not_run(report: ScanReport) -> str | None:
@@ -187,13 +196,25 @@ def could_not_run(report: ScanReport) -> str | None:
     return "every probe was skipped" + (f": {notes[0]}" if notes else "")
 
 
+def scan_coverage(report: ScanReport) -> Coverage:
+    """What the report's verdict covers, from its outcomes and their cell labels."""
+    labels = {c.outcome.probe_id: c.label for c in build_matrix(report.outcomes).cells.values()}
+    return coverage_of(report.outcomes, labels)
+
+
 def verdict_line(report: ScanReport) -> Text:
-    """The last word: healthy only when probes of the kernel ran and every one passed."""
+    """The last word: healthy only when probes of the kernel ran and every one passed, and it
+    says what it covers: a CPU tier or one GPU is never read as a clean bill for what it could
+    not run."""
     broken = could_not_run(report)
     if broken is not None:
         return Text(f"could not run: {broken}; nothing about the kernel was checked", style="bold yellow")
     if report.healthy:
-        return Text("healthy: every cell passed; no cause diagnosed", style="bold green")
+        cov = scan_coverage(report)
+        if cov.complete:
+            return Text(f"healthy: every cell passed; no cause diagnosed ({cov.sentence()})", style="bold green")
+        ran = f"no fault in the {cov.cells_ran} cell{'s' if cov.cells_ran != 1 else ''} that ran"
+        return Text("; ".join((f"healthy in what ran: {ran}", *cov.caveats)), style="bold yellow")
     if not report.diagnoses and not report.unexplained:
         return Text(
             "incomplete: every cell that ran passed; sessions not run: " + ", ".join(report.not_run),

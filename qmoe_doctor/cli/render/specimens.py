@@ -20,8 +20,12 @@ def render_specimens(console: Console, specimens: Sequence[SpecimenInfo]) -> Non
     for spec in specimens:
         what = Text(spec.summary)
         what.append(f"\nwhen: {spec.trigger}", style="dim")
-        table.add_row(spec.kernel_option, spec.cause, what)
+        if spec.lint_rule:
+            what.append(f"\nfound by: qmoe-doctor lint (rule {spec.lint_rule})", style="dim")
+        cause = Text(spec.cause) if spec.cause is not None else Text("none (correct)", style="green")
+        table.add_row(spec.kernel_option, cause, what)
     console.print(table)
     console.print(
-        "Each is qmoe_doctor.kernels.specimens.<name>:moe_grouped_gemm; docs: docs/causes/<cause>.md"
+        "Each is qmoe_doctor.kernels.specimens.<name>:moe_grouped_gemm; docs: docs/causes/<cause>.md; "
+        "a correct one must get no diagnosis"
     )

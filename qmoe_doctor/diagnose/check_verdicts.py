@@ -1,0 +1,140 @@
+"""The check's verdicts: each probe as CI sees it (pass, fail, skip, error), and each kernel's
+exit code from its lint, its tiers and its cells.
+
+=======  ==================================================================================
+verdict  when
+=======  ==================================================================================
+pass     ran and was right; or refused invalid input loudly (``rejected``: what it should do)
+fail     wrong, crashed, or correct but slow and cited by a diagnosis (it ran remotely)
+skip     did not apply (its reason in the detail); or the CPU tier's interpreter check failed
+         (the machine's interpreter, not the kernel: the tier did not run)
+error    the check could not run it: its child did not start, or the kernel did not import
+=======  ==================================================================================
+
+A kernel's exit code, most important first: a lint path that could not be read (2), a tier
+whose every child failed to start (4), a fault (a diagnosis, an unexplained failing cell, a
+lint finding: 1), a probe that could not run (4), no probe of the kernel ran at all (4), healthy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from qmoe_doctor.core.exitcodes import ExitCode
+from qmoe_doctor.core.records import Condition, ErrorKind, Outcome, Phase, Status
+from qmoe_doctor.core.reports import CellResult, LintResult, ScanReport, Tier, TierResult, Verdict
+from qmoe_doctor.diagnose.matrix import Cell, cell_label, describe, group_of
+
+#: Exit codes of a kernel's check, most important first: the overall code is the first of these
+#: that any kernel (or the lint section) got.
+PRECEDENCE = (ExitCode.USAGE, ExitCode.CHECK_BROKEN, ExitCode.FAULT, ExitCode.HEALTHY)
+
+LOG_CHARS = 4000  # of a failing cell's error text and stderr tail kept for CI logs
+
+
+def _log(o: Outcome) -> str:
+    parts = [p for p in (o.error_message or "", o.stderr_tail) if p]
+    text = "\n--- child stderr (tail) ---\n".join(parts) if len(parts) == 2 else "".join(parts)
+    return text[-LOG_CHARS:]
+
+
+def _verdict(o: Outcome, label: str, cited: Mapping[str, str]) -> Verdict:
+    if o.status is Status.SKIPPED:
+        return "skip"
+    if label == "rejected":
+        return "pass"  # the kernel refused invalid input loudly: what it should do
+    if o.spec.condition is Condition.INTERPRETER_CHECK and o.failed:
+        return "skip"  # the machine's interpreter, not the kernel: the tier did not run
+    if o.status is Status.ERROR and (o.phase is Phase.SPAWN or o.error_kind is ErrorKind.KERNEL_IMPORT):
+        return "error"
+    if o.failed or (label == "slow" and o.probe_id in cited):
+        return "fail"
+    return "pass"
+
+
+def cell_results(report: ScanReport, tier: Tier) -> tuple[CellResult, ...]:
+    """One CellResult per outcome of a scan, with its verdict and, for failures, the cause.
+    Groups and names come from the probes' placements ("GPU 0 -> GPU 1", "offsets:padded-rows")."""
+    baselines: dict[str, float] = {}
+    for o in report.outcomes:
+        if o.spec.condition is Condition.GUARDED and o.status is Status.PASS and o.kernel_ms:
+            baselines[group_of(o)] = o.kernel_ms
+    cited: dict[str, str] = {}
+    details: dict[str, str] = {}
+    for d in report.diagnoses:
+        for e in d.evidence:
+            cited.setdefault(e.probe_id, d.cause)
+            if e.label != "pass":
+                details[e.probe_id] = e.detail  # the failing entry comes after the baseline's
+    for e in report.unexplained:
+        details[e.probe_id] = e.detail
+    cells: list[CellResult] = []
+    for o in report.outcomes:
+        base = baselines.get(group_of(o)) if o.spec.condition.is_pair else None
+        label, slowdown = cell_label(o, base)
+        verdict = _verdict(o, label, cited)
+        placement = o.spec.placement
+        cells.append(
+            CellResult(
+                probe_id=o.probe_id,
+                tier=tier,
+                group=placement.label,
+                name=placement.cell_name(o.spec.condition),
+                label=label,
+                verdict=verdict,
+                detail=details.get(o.probe_id) or describe(Cell(outcome=o, label=label, slowdown=slowdown)),
+                cause=cited.get(o.probe_id) if verdict == "fail" else None,
+                wall_s=o.wall_s,
+                notes=o.notes,
+                log=_log(o) if verdict in ("fail", "error") else "",
+            )
+        )
+    return tuple(cells)
+
+
+def count_verdicts(cells: Iterable[CellResult]) -> dict[str, int]:
+    counts = {"pass": 0, "fail": 0, "skip": 0, "error": 0}
+    for c in cells:
+        counts[c.verdict] += 1
+    return counts
+
+
+def worst(codes: Iterable[int]) -> ExitCode:
+    """The exit code that matters most among several (usage > broken > fault > healthy)."""
+    got = {ExitCode(c) for c in codes}
+    for code in PRECEDENCE:
+        if code in got:
+            return code
+    return ExitCode.HEALTHY
+
+
+def judge_kernel(
+    lint: LintResult | None, tiers: Sequence[TierResult], cells: Sequence[CellResult], faults: bool
+) -> tuple[ExitCode, str]:
+    """A kernel's exit code, and why the check could not give an answer when it could not."""
+    if lint is not None and lint.errors:
+        return ExitCode.USAGE, "; ".join(e.as_line() for e in lint.errors)
+    broken = [t for t in tiers if t.spawn_failed]
+    if broken:
+        return ExitCode.CHECK_BROKEN, (
+            f"no probe child of the {', '.join(t.tier for t in broken)} tier could start; "
+            f"see the worker logs in {broken[0].log_dir}"
+        )
+    if faults or (lint is not None and lint.findings):
+        return ExitCode.FAULT, ""
+    errors = [c for c in cells if c.verdict == "error"]
+    if errors:
+        return (
+            ExitCode.CHECK_BROKEN,
+            f"{len(errors)} probe(s) could not run: {errors[0].probe_id}: {errors[0].detail}",
+        )
+    # the interpreter check runs our own reference kernel: it checks the machine, not the kernel
+    kernel_cells = [c for c in cells if not c.name.startswith(Condition.INTERPRETER_CHECK.value)]
+    if not any(c.verdict == "pass" for c in kernel_cells):
+        reasons = sorted({c.detail for c in kernel_cells if c.verdict == "skip"})
+        why = "; ".join(reasons[:3]) if reasons else "no probe was planned for these options"
+        return ExitCode.CHECK_BROKEN, f"no probe ran, so nothing was checked: {why}"
+    return ExitCode.HEALTHY, ""
+
+
+__all__ = ["LOG_CHARS", "PRECEDENCE", "cell_results", "count_verdicts", "judge_kernel", "worst"]
