@@ -13,6 +13,20 @@ QMOE_CHILD_PYTHON = "QMOE_DOCTOR_CHILD_PYTHON"
 #: Set by the parent for each probe child: the pipe fd the child writes protocol lines to (kept
 #: apart from stdout/stderr, which libraries print to and which go to the worker's log).
 QMOE_RESULT_FD = "QMOE_DOCTOR_RESULT_FD"
+# `qmoe-doctor run -- COMMAND` sets these for the command; the launch monitor reads them in every
+# Python process it starts (``qmoe_doctor.monitor``; the bootstrap spells the first and last
+# itself, at start-up, and a test checks they agree).
+#: The folder every monitored process writes its record into. The monitor stays off without it.
+QMOE_RUN_DIR = "QMOE_DOCTOR_RUN_DIR"
+#: Launches each process keeps (the ring written with its record): `run --ring N`.
+QMOE_RUN_RING = "QMOE_DOCTOR_RUN_RING"
+#: "1": raise at the first cross-device launch instead of warning (`run --strict`, for CI).
+QMOE_RUN_STRICT = "QMOE_DOCTOR_RUN_STRICT"
+#: Launches of each kernel whose call site is taken (a frame walk); every flagged launch has one.
+QMOE_RUN_CALL_SITES = "QMOE_DOCTOR_RUN_CALL_SITES"
+#: The folder holding the qmoe_doctor package that started the run, for a command whose
+#: interpreter cannot import it (another venv's python).
+QMOE_RUN_HOME = "QMOE_DOCTOR_RUN_HOME"
 
 # --- variables of other tools that qmoe-doctor sets or reads ---
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
@@ -32,12 +46,29 @@ NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 #: caches; the first probe of a worker also compiles the kernel).
 DEFAULT_PROBE_TIMEOUT_S = 180.0
 SLOW_FACTOR = 3.0  # a correct cell this many times slower than the guarded baseline is "slow"
+#: The launch monitor's defaults: the ring (the last launches a process keeps: 256 measured within
+#: noise on the MoE block's training step), call sites per kernel, and how often a running
+#: process rewrites its record (what a hard crash leaves).
+DEFAULT_RUN_RING = 256
+DEFAULT_RUN_CALL_SITES = 8
+RUN_FLUSH_INTERVAL_S = 5.0
 
 
 def compute_sanitizer(environ: Mapping[str, str] | None = None) -> str | None:
-    """$QMOE_DOCTOR_COMPUTE_SANITIZER: the compute-sanitizer binary the user named, or None."""
+    """$QMOE_DOCTOR_COMPUTE_SANITIZER: the compute-sanitizer binary the user named, or None.
+    Raises ValueError when it names no executable file: a command that will run the sanitizer
+    says so before its work starts, not as "not found" at the end (the finder in
+    ``machine.sanitizer`` never falls back to another binary when the variable is set)."""
     raw = (os.environ if environ is None else environ).get(QMOE_SANITIZER, "").strip()
-    return raw or None
+    if not raw:
+        return None
+    if not os.path.exists(raw):
+        raise ValueError(f"{QMOE_SANITIZER}={_shown(raw)}: no such file (unset it to search PATH and CUDA_HOME)")
+    if not os.path.isfile(raw):
+        raise ValueError(f"{QMOE_SANITIZER}={_shown(raw)}: not a file")
+    if not os.access(raw, os.X_OK):
+        raise ValueError(f"{QMOE_SANITIZER}={_shown(raw)}: the file is not executable")
+    return raw
 
 
 def child_python() -> str | None:
@@ -52,8 +83,8 @@ def result_fd() -> int | None:
     raw = os.environ.get(QMOE_RESULT_FD, "").strip()
     if not raw:
         return None
-    if not raw.isdigit():
-        raise ValueError(f"{QMOE_RESULT_FD}={raw!r} is not a file descriptor number")
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 9:
+        raise ValueError(f"{QMOE_RESULT_FD}={_shown(raw)} is not a file descriptor number")
     return int(raw)
 
 
@@ -68,3 +99,44 @@ def pin_gpus(uuids: Iterable[str]) -> dict[str, str]:
     if any(not u.strip() for u in chosen):
         raise ValueError("a GPU without a UUID cannot be pinned")
     return {CUDA_VISIBLE_DEVICES: ",".join(chosen), CUDA_DEVICE_ORDER: "PCI_BUS_ID"}
+
+
+def _shown(raw: str) -> str:
+    """A variable's value as an error quotes it: repr, cut when long."""
+    return repr(raw) if len(raw) <= 60 else repr(raw[:60]) + f"... ({len(raw)} characters)"
+
+
+def _int_var(name: str, default: int, environ: Mapping[str, str] | None) -> int:
+    raw = (os.environ if environ is None else environ).get(name, "").strip()
+    if not raw:
+        return default
+    # ASCII digits: str.isdigit() also takes '²', which int() refuses with a message naming nothing
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 9:
+        raise ValueError(f"{name}={_shown(raw)} is not a whole number (at most 9 digits)")
+    return int(raw)
+
+
+def run_dir(environ: Mapping[str, str] | None = None) -> str | None:
+    """$QMOE_DOCTOR_RUN_DIR: where the launch monitor writes its record, or None (monitor off)."""
+    raw = (os.environ if environ is None else environ).get(QMOE_RUN_DIR, "").strip()
+    return raw or None
+
+
+def run_ring(environ: Mapping[str, str] | None = None) -> int:
+    """$QMOE_DOCTOR_RUN_RING: launches each monitored process keeps. Raises ValueError."""
+    return _int_var(QMOE_RUN_RING, DEFAULT_RUN_RING, environ)
+
+
+def run_call_sites(environ: Mapping[str, str] | None = None) -> int:
+    """$QMOE_DOCTOR_RUN_CALL_SITES: launches of each kernel with a call site. Raises ValueError."""
+    return _int_var(QMOE_RUN_CALL_SITES, DEFAULT_RUN_CALL_SITES, environ)
+
+
+def run_strict(environ: Mapping[str, str] | None = None) -> bool:
+    """$QMOE_DOCTOR_RUN_STRICT: "1" raises at the first cross-device launch; "0" or unset warns.
+    Raises ValueError for any other value ("yes", "true"): read as off, it would silently ignore
+    what the user meant."""
+    raw = (os.environ if environ is None else environ).get(QMOE_RUN_STRICT, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"{QMOE_RUN_STRICT}={_shown(raw)}: give 1 (strict) or 0")
+    return raw == "1"

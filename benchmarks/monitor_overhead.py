@@ -1,0 +1,192 @@
+"""Host cost of `qmoe-doctor run`'s launch monitor on the MoE block's training step, one GPU.
+
+    python -m benchmarks.monitor_overhead                  # qwen3-30b-a3b, bf16, 2048 and 128 tokens
+    python -m benchmarks.monitor_overhead --tokens 2048,512,128 --steps 200 --rounds 5
+    python -m benchmarks.monitor_overhead --tiny           # CPU, Triton interpreter: a smoke run
+
+The step is ``MoEBlock`` (``qmoe_doctor.kernels.moe_block``, our kernels) forward + backward on
+``tokens`` tokens. Each measurement is a child process of its own, started plainly or exactly as
+``qmoe-doctor run`` starts the command (the monitor's bootstrap on PYTHONPATH, its variables
+set: ``workflows.run.monitor_env``); plain and monitored children alternate for ``--rounds``
+rounds so drift hits both alike. A child warms up (compiles), then times ``--steps`` steps one
+by one (``torch.cuda.synchronize`` around each) and reports the median. At 2048 tokens the step
+is GPU-bound; at 128 it is host-bound, where the monitor's cost (a few microseconds per launch)
+shows most. A monitored child also reports its launches per step and how long one flush of its
+record takes (the monitor writes it every ``knobs.RUN_FLUSH_INTERVAL_S`` seconds while it runs).
+
+Our kernels launch through a lean path (``kernels/launch.py``: later calls go straight to the
+compiled launcher) that steps aside when ``JITFunction.run`` is wrapped, so that the monitor sees
+every launch. The table therefore has two baselines: ``plain`` (lean path on, the default) and
+``no lean`` (``QMOE_DOCTOR_LEAN_LAUNCH=0``: every launch through ``JITFunction.run``, as under the
+monitor). ``vs no lean`` is the monitor's own cost; ``vs plain`` is what a user of our kernels
+pays under ``qmoe-doctor run``.
+
+``--tiny`` runs the tiny preset on the CPU under TRITON_INTERPRET=1 to show that the script
+works: it claims nothing about speed. Results for docs/run.md: the table this prints, with the
+device and versions it prints above it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from qmoe_doctor.core.launch_configs import LEAN_LAUNCH_ENV
+from qmoe_doctor.workflows.run import RunOptions, monitor_env
+
+CHILD_FLAG = "--child"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="monitor_overhead", description="Host cost of the launch monitor.")
+    p.add_argument("--preset", default="qwen3-30b-a3b", help="MoE shape preset")
+    p.add_argument("--tokens", default="2048,128", help="comma-separated token counts")
+    p.add_argument("--steps", type=int, default=100, help="timed steps per child")
+    p.add_argument("--warmup", type=int, default=10, help="untimed steps first (compilation)")
+    p.add_argument("--rounds", type=int, default=3, help="plain/monitored child pairs per token count")
+    p.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny preset, interpreter, 2 steps")
+    p.add_argument(CHILD_FLAG, action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--child-tokens", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.preset, args.tokens, args.steps, args.warmup, args.rounds = "tiny", "8", 2, 1, 1
+    return args
+
+
+# --- the child: one block, timed -----------------------------------------------------------
+
+
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from qmoe_doctor.kernels.moe_block import MoEBlock
+
+    cpu = args.tiny
+    device = torch.device("cpu" if cpu else "cuda")
+    dtype = torch.float32 if cpu else torch.bfloat16
+    torch.manual_seed(0)
+    block = MoEBlock(args.preset, device=device, dtype=dtype)
+    x = torch.randn(args.child_tokens, block.shape.hidden, device=device, dtype=dtype, requires_grad=True)
+    grad = torch.randn_like(x)
+
+    def sync() -> None:
+        if not cpu:
+            torch.cuda.synchronize()
+
+    def step() -> None:
+        out, _ = block(x)
+        out.backward(grad)
+        block.zero_grad(set_to_none=True)
+        x.grad = None
+
+    for _ in range(args.warmup):
+        step()
+    sync()
+    monitor = _monitor()
+    launches_before = monitor.seq if monitor is not None else 0
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    result: dict[str, Any] = {"median_ms": statistics.median(times) * 1e3, "monitored": monitor is not None}
+    if monitor is not None:
+        result["launches_per_step"] = (monitor.seq - launches_before) / args.steps
+        flushes = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            monitor.flush()
+            flushes.append(time.perf_counter() - t0)
+        result["flush_ms"] = statistics.median(flushes) * 1e3
+    if not cpu:
+        import triton
+
+        result["device"] = torch.cuda.get_device_name()
+        result["versions"] = f"torch {torch.__version__}, triton {triton.__version__}"
+    return result
+
+
+def _monitor() -> Any:
+    """This process's launch monitor, when `qmoe-doctor run`'s bootstrap attached one."""
+    attach = sys.modules.get("qmoe_doctor.monitor.attach")
+    return attach.current() if attach is not None else None  # type: ignore[attr-defined]
+
+
+# --- the parent: children in turns, one table ----------------------------------------------
+
+
+def run_child(
+    args: argparse.Namespace, tokens: int, *, monitored: bool, folder: Path, lean: bool = True
+) -> dict[str, Any]:
+    argv = [
+        sys.executable, "-m", "benchmarks.monitor_overhead", CHILD_FLAG, "--child-tokens", str(tokens),
+        "--preset", args.preset, "--steps", str(args.steps), "--warmup", str(args.warmup),
+    ]
+    if args.tiny:
+        argv.append("--tiny")
+    env = dict(os.environ)
+    if args.tiny:
+        env["TRITON_INTERPRET"] = "1"
+    if not lean:
+        env[LEAN_LAUNCH_ENV] = "0"
+    if monitored:
+        env = monitor_env(folder, RunOptions(), env)
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, check=False, cwd=Path(__file__).resolve().parents[1])
+    if out.returncode != 0:
+        raise SystemExit(f"the {'monitored' if monitored else 'plain'} child failed:\n{out.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    if monitored and not result["monitored"]:
+        raise SystemExit("the monitored child ran without the monitor: the bootstrap did not attach")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args)))
+        return 0
+    rows = []
+    facts: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="qmoe-doctor-overhead-") as tmp:
+        for tokens in (int(t) for t in args.tokens.split(",")):
+            plain, no_lean, watched, per_step, flush = [], [], [], [], []
+            for r in range(args.rounds):
+                folder = Path(tmp) / f"{tokens}-{r}"
+                a = run_child(args, tokens, monitored=False, folder=folder)
+                b = run_child(args, tokens, monitored=False, folder=folder, lean=False)
+                c = run_child(args, tokens, monitored=True, folder=folder)
+                plain.append(a["median_ms"])
+                no_lean.append(b["median_ms"])
+                watched.append(c["median_ms"])
+                per_step.append(c["launches_per_step"])
+                flush.append(c["flush_ms"])
+                facts = {**a, **facts}
+            p, n, w = statistics.median(plain), statistics.median(no_lean), statistics.median(watched)
+            rows.append((tokens, p, n, w, 100.0 * (w - p) / p, 100.0 * (w - n) / n, statistics.median(per_step), statistics.median(flush)))
+    where = "CPU, Triton interpreter (a smoke run: no claim about speed)" if args.tiny else facts.get("device", "?")
+    print(f"launch monitor overhead: MoE block training step (forward + backward), {args.preset}, "
+          f"{'float32' if args.tiny else 'bfloat16'}, {where}; {facts.get('versions', '')}")
+    print(f"median of {args.steps} steps per child, median of {args.rounds} rounds of children")
+    print(
+        f"{'tokens':>7}  {'plain ms':>9}  {'no lean ms':>10}  {'monitored ms':>12}  {'vs plain':>8}  "
+        f"{'vs no lean':>10}  {'launches/step':>13}  {'flush ms':>8}"
+    )
+    for tokens, p, n, w, pct, own, per_step, flush in rows:
+        print(
+            f"{tokens:>7}  {p:>9.3f}  {n:>10.3f}  {w:>12.3f}  {pct:>+7.1f}%  {own:>+9.1f}%  "
+            f"{per_step:>13.1f}  {flush:>8.2f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""A small random Qwen3-MoE model from Transformers, its MoE blocks on a fused grouped-GEMM kernel,
+placed over GPUs with ``device_map`` and trained for a few steps: a user's program for
+``qmoe-doctor run`` to watch (docs/run.md).
+
+    python examples/qwen3_moe_device_map.py --gpus 0,1                       # ours: no finding
+    qmoe-doctor run -- python examples/qwen3_moe_device_map.py --gpus 0,1 --kernel specimen:unguarded
+    qmoe-doctor run --blocking -- python examples/qwen3_moe_device_map.py --gpus 0 \\
+        --kernel specimen:unmasked_rows --over-route 1000000
+    qmoe-doctor run -- python examples/qwen3_moe_device_map.py --gpus 0 --kernel specimen:int32_offsets \\
+        --preset qwen3-coder-480b-a35b --layers 1 --tokens 256 --steps 1
+    python examples/qwen3_moe_device_map.py --cpu --steps 1                  # Triton interpreter, float32
+
+The model is built from a config (no download): attention, norms and embeddings are Transformers'
+own; every decoder layer's MLP is replaced by ``FusedMoE``, the Qwen3-MoE sparse block on
+``qmoe_doctor.kernels.moe_block.MoEBlock`` whose forward grouped GEMM is the ``--kernel`` reference
+(``builtin``, ``specimen:NAME``, ``module:function``, ``path/to/file.py:function``, as every
+qmoe-doctor command reads it). ``accelerate.dispatch_model`` places the layers as
+``from_pretrained(device_map=...)`` does: hidden states move between GPUs through its hooks and the
+first GPU stays the current device, which is what an unguarded kernel trips over.
+
+``--over-route ROWS`` adds ROWS to the last expert's row count the forward kernel is given (a
+routing bug: counts that no longer describe the rows). Needs ``pip install "qmoe-doctor[example]"``
+(transformers, accelerate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+#: Attention head size of the presets (Qwen3-MoE's); tiny hidden sizes use smaller heads.
+HEAD_DIM = 128
+VOCAB = 512
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kernel", "-k", default="builtin", help="the forward grouped GEMM (a qmoe-doctor kernel reference)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--gpus", default=None, help="CUDA devices to place the layers over, e.g. 0,1 (default: all)")
+    where.add_argument("--cpu", action="store_true", help="the Triton interpreter on the CPU, float32 (CI)")
+    p.add_argument("--preset", default=None, help="MoE shape preset (default: tiny on --cpu, qwen3-30b-a3b on GPUs)")
+    p.add_argument("--layers", type=int, default=None, help="decoder layers (default: 2 per GPU, 2 on the CPU)")
+    p.add_argument("--tokens", type=int, default=None, help="tokens per step (default: 512; 16 on the CPU)")
+    p.add_argument("--steps", type=int, default=3, help="training steps")
+    p.add_argument("--over-route", type=int, default=0, metavar="ROWS", help="rows added to the last expert's count")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    for name in ("layers", "tokens", "steps"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name} must be at least 1")
+    return args
+
+
+def over_routed(kernel: Callable[..., Any], rows: int) -> Callable[..., Any]:
+    """``kernel`` given ``m_sizes`` with ``rows`` more on the last expert (the rows do not exist)."""
+
+    def forward(x: Any, w: Any, m_sizes: Any, **kwargs: Any) -> Any:
+        counts = m_sizes.clone()
+        counts[-1] += rows
+        return kernel(x, w, counts, **kwargs)
+
+    return forward
+
+
+def build(args: argparse.Namespace, devices: list[Any], dtype: Any) -> tuple[Any, dict[str, Any]]:
+    """The model with its MLPs replaced by FusedMoE blocks, placed over ``devices``."""
+    import torch
+    from torch import nn
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from qmoe_doctor.core.shapes import get_preset
+    from qmoe_doctor.kernels.moe_block import MoEBlock
+    from qmoe_doctor.probes.loader import load_kernel
+
+    shape = get_preset(args.preset or ("tiny" if args.cpu else "qwen3-30b-a3b"))
+    layers = args.layers or 2 * max(1, len(devices) if not args.cpu else 1)
+    head_dim = min(HEAD_DIM, shape.hidden // 4)
+    heads = shape.hidden // head_dim
+    config = Qwen3MoeConfig(
+        vocab_size=VOCAB,
+        hidden_size=shape.hidden,
+        intermediate_size=64,  # the dense MLP each layer is built with, then replaced
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 8),
+        head_dim=head_dim,
+        moe_intermediate_size=shape.intermediate,
+        num_experts=shape.num_experts,
+        num_experts_per_tok=shape.top_k,
+        norm_topk_prob=shape.norm_topk_prob,
+        mlp_only_layers=list(range(layers)),  # no expert stack is allocated on the CPU first
+        max_position_embeddings=max(4096, args.tokens or 0),
+        tie_word_embeddings=False,
+    )
+    kernel = load_kernel(args.kernel)
+    if args.over_route:
+        kernel = over_routed(kernel, args.over_route)
+
+    class FusedMoE(nn.Module):
+        """The Qwen3-MoE sparse block on the fused kernel: (batch, seq, hidden) in and out."""
+
+        def __init__(self, device: Any) -> None:
+            super().__init__()
+            self.block = MoEBlock(shape, kernel=kernel, device=device, dtype=dtype)
+
+        def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+            batch, seq, hidden = hidden_states.shape
+            out, _router_logits = self.block(hidden_states.reshape(-1, hidden))
+            return out.reshape(batch, seq, hidden)
+
+    torch.manual_seed(args.seed)
+    model = Qwen3MoeForCausalLM(config).to(dtype)
+    # layer i on GPU i * len(devices) // layers: as device_map="auto" splits equal layers
+    device_map: dict[str, Any] = {"model.embed_tokens": devices[0], "model.rotary_emb": devices[0]}
+    for i, layer in enumerate(model.model.layers):
+        device = devices[i * len(devices) // layers]
+        layer.mlp = FusedMoE(device)
+        device_map[f"model.layers.{i}"] = device
+    device_map["model.norm"] = devices[-1]
+    device_map["lm_head"] = devices[-1]
+    from accelerate import dispatch_model
+
+    return dispatch_model(model, device_map=device_map), device_map
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.cpu:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+    import torch
+
+    if args.cpu:
+        devices: list[Any] = ["cpu"]
+        dtype = torch.float32  # the interpreter's tl.dot is wrong in bfloat16
+    else:
+        if not torch.cuda.is_available():
+            print("no CUDA device: pass --cpu to run on the Triton interpreter", file=sys.stderr)
+            return 2
+        wanted = [int(g) for g in args.gpus.split(",")] if args.gpus else list(range(torch.cuda.device_count()))
+        devices = [torch.device("cuda", g) for g in wanted]
+        dtype = torch.bfloat16
+    model, device_map = build(args, devices, dtype)
+    placed = sorted({str(d) for d in device_map.values()})
+    tokens = args.tokens or (16 if args.cpu else 512)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(args.seed)
+    print(f"{args.kernel}: {len(model.model.layers)} layers over {', '.join(placed)}, {tokens} tokens a step", flush=True)
+    for step in range(1, args.steps + 1):
+        ids = torch.randint(0, VOCAB, (1, tokens), generator=generator).to(devices[0])
+        t0 = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        print(f"step {step}/{args.steps}: loss {loss.item():.4f} ({time.perf_counter() - t0:.2f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

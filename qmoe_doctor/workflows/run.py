@@ -1,0 +1,414 @@
+"""`qmoe-doctor run -- COMMAND`: the user's own program, unmodified, watched launch by launch.
+
+::
+
+    COMMAND --isolate.foreground (own terminal, monitor bootstrap on PYTHONPATH)--> processes
+      each process that imports Triton --monitor--> ProcessRecord (JSON, in the pass's folder)
+    [ProcessRecord] --diagnose.run_findings--> diagnoses, CUDA errors, unflushed processes
+    then, when asked and when the first pass gives them something to confirm:
+      --blocking  the command again with CUDA_LAUNCH_BLOCKING=1: the launch that raises is the
+                  faulting kernel
+      --sanitize  the command again under compute-sanitizer memcheck, caching allocator off,
+                  restricted to the faulting kernel(s); each invalid address attributed against
+                  the recorded tensors of every device (diagnose.attribution)
+    --> RunReport (core.reports)
+
+The command's own output goes to the terminal untouched; its exit status is the run's, unless
+``fail_on_finding`` turns a clean exit with a finding into ExitCode.FAULT (README: exit codes).
+Never imports torch: the monitor runs in the command's processes, not here.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from qmoe_doctor.core import knobs
+from qmoe_doctor.core.error_kind import describe_exit
+from qmoe_doctor.core.exitcodes import ExitCode
+from qmoe_doctor.core.inputs import InputError, read_text
+from qmoe_doctor.core.launches import ProcessRecord, SourceLint
+from qmoe_doctor.core.records import from_json
+from qmoe_doctor.core.reports import (
+    AddressNote,
+    RunDiagnosis,
+    RunPass,
+    RunPassLabel,
+    RunReport,
+    SanitizerRun,
+)
+from qmoe_doctor.diagnose import run_findings
+from qmoe_doctor.diagnose.attribution import attribute
+from qmoe_doctor.diagnose.sanitizer_log import parse_sanitizer_log
+from qmoe_doctor.isolate.foreground import run_foreground
+from qmoe_doctor.isolate.logs import LogDir
+from qmoe_doctor.isolate.process import SpawnError
+from qmoe_doctor.machine.sanitizer import SanitizerTool, find_compute_sanitizer, sanitizer_command
+
+#: A record larger than this is not read (a ring of 256 launches is well under 1 MB).
+MAX_RECORD_BYTES = 32 * 2**20
+#: compute-sanitizer's log, one per process it watched (%p: the process id).
+SANITIZER_LOG = "memcheck-%p.log"
+
+
+class RunInputError(ValueError):
+    """The command cannot be run at all (none given, not found, not executable): exit 2."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunOptions:
+    ring: int = knobs.DEFAULT_RUN_RING
+    call_sites: int = knobs.DEFAULT_RUN_CALL_SITES
+    strict: bool = False  # the monitor raises at the first cross-device launch
+    blocking: bool = False  # rerun with CUDA_LAUNCH_BLOCKING=1 after a CUDA error
+    sanitize: bool = False  # rerun under compute-sanitizer memcheck
+    fail_on_finding: bool = False  # a clean exit with a diagnosis or CUDA error exits 1
+    log_dir: Path | None = None  # where the records go (default: a temp folder, kept when needed)
+
+
+#: Told when a pass starts (label, what runs, why), for the CLI's stderr line.
+OnPass = Callable[[RunPassLabel, Sequence[str], str], None]
+
+
+def bootstrap_dir() -> Path:
+    """The folder holding the monitor's ``sitecustomize.py`` (found, not imported: the parent
+    never loads the monitor)."""
+    spec = importlib.util.find_spec("qmoe_doctor.monitor")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("qmoe_doctor.monitor is not installed beside qmoe_doctor")
+    return Path(next(iter(spec.submodule_search_locations))) / "bootstrap"
+
+
+def package_home() -> Path:
+    """The folder that holds the ``qmoe_doctor`` package (for another interpreter to load it)."""
+    spec = importlib.util.find_spec("qmoe_doctor")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("qmoe_doctor cannot be found")
+    return Path(next(iter(spec.submodule_search_locations))).parent
+
+
+def resolve_command(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> list[str]:
+    """The command as given, once its program is known to exist. Raises RunInputError."""
+    if not argv:
+        raise RunInputError("no command to run: qmoe-doctor run [OPTIONS] -- COMMAND [ARGS...]")
+    program = argv[0]
+    env = os.environ if environ is None else environ
+    if os.sep in program or (os.altsep and os.altsep in program):
+        if not Path(program).exists():
+            raise RunInputError(f"{program}: no such file")
+        if Path(program).is_dir() or not os.access(program, os.X_OK):
+            raise RunInputError(f"{program}: is not an executable program")
+    elif shutil.which(program, path=env.get("PATH", os.defpath)) is None:
+        raise RunInputError(f"{program}: command not found (not on PATH)")
+    return list(argv)
+
+
+def monitor_env(folder: Path, options: RunOptions, environ: Mapping[str, str]) -> dict[str, str]:
+    """The command's environment: the user's, with the monitor's bootstrap first on PYTHONPATH
+    and its settings."""
+    env = dict(environ)
+    existing = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(bootstrap_dir()) + (os.pathsep + existing if existing else "")
+    env[knobs.QMOE_RUN_DIR] = str(folder)
+    env[knobs.QMOE_RUN_RING] = str(options.ring)
+    env[knobs.QMOE_RUN_CALL_SITES] = str(options.call_sites)
+    env[knobs.QMOE_RUN_HOME] = str(package_home())
+    if options.strict:
+        env[knobs.QMOE_RUN_STRICT] = "1"
+    else:
+        env.pop(knobs.QMOE_RUN_STRICT, None)
+    return env
+
+
+def read_records(folder: Path) -> tuple[list[ProcessRecord], list[str]]:
+    """Every process record in ``folder`` (by rank, then oldest first), and one note per file
+    that could not be read."""
+    records: list[ProcessRecord] = []
+    notes: list[str] = []
+    for path in sorted(folder.glob("process-*.json")):
+        try:
+            records.append(from_json(ProcessRecord, read_text(path, limit=MAX_RECORD_BYTES, gunzip=False)))
+        except (InputError, ValueError, TypeError, KeyError) as exc:
+            notes.append(f"{path.name}: could not be read ({type(exc).__name__}: {exc})")
+    records.sort(key=lambda r: (r.rank is None, r.rank or 0, r.started, r.pid))
+    return records, notes
+
+
+def _exit_code(returncode: int) -> int:
+    """The shell's convention: 128 + N for a death by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _end(returncode: int, forwarded: int | None, killed: bool) -> str:
+    text = describe_exit(returncode)
+    if forwarded is not None:
+        name = signal.Signals(forwarded).name
+        text += f" ({name} passed on{', then killed' if killed else ''})"
+    return text
+
+
+def _run_pass(
+    label: RunPassLabel,
+    argv: Sequence[str],
+    *,
+    folder: Path,
+    options: RunOptions,
+    extra_env: Mapping[str, str],
+    environ: Mapping[str, str],
+    prefix: Sequence[str] = (),
+) -> tuple[RunPass, int | None]:
+    """Run the command once; its pass and the signal passed on to it (None: none)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    env = monitor_env(folder, options, environ)
+    env.update(extra_env)
+    full = [*prefix, *argv]
+    try:
+        end = run_foreground(full, env)
+    except SpawnError as exc:
+        raise RunInputError(str(exc)) from None
+    records, notes = read_records(folder)
+    blocking = env.get(knobs.CUDA_LAUNCH_BLOCKING, "") not in ("", "0")
+    return (
+        RunPass(
+            label=label,
+            argv=tuple(full),
+            env=dict(extra_env),
+            exit_code=_exit_code(end.returncode),
+            end=_end(end.returncode, end.forwarded, end.killed),
+            wall_s=round(end.wall_s, 3),
+            processes=tuple(records),
+            cuda_errors=run_findings.cuda_errors(records, blocking=blocking),
+            notes=(*notes, *run_findings.unflushed(records)),
+        ),
+        end.forwarded,
+    )
+
+
+def _kernel_regex(kernels: Sequence[str]) -> str:
+    """compute-sanitizer's ``--kernel-name regex=`` value: the kernels' names, anchored; its
+    value is a comma-separated key=value list, so no comma."""
+    return "|".join(f"^{re.escape(k)}$" for k in kernels).replace(",", ".")
+
+
+def _sanitize(
+    argv: Sequence[str],
+    *,
+    earlier: Sequence[RunPass],
+    found: Sequence[RunDiagnosis],
+    root: Path,
+    options: RunOptions,
+    environ: Mapping[str, str],
+    on_pass: OnPass | None,
+) -> tuple[RunPass | None, SanitizerRun]:
+    errors = [e for p in earlier for e in p.cuda_errors]
+    records = [r for p in earlier for r in p.processes]
+    targets = run_findings.sanitizer_targets(errors, found, records)
+    if targets is None:
+        return None, SanitizerRun(ran=False, note="no Triton kernel was launched: nothing to check")
+    try:
+        info = find_compute_sanitizer(env=environ)
+    except ValueError as exc:
+        return None, SanitizerRun(ran=False, note=f"compute-sanitizer cannot be used: {exc}")
+    if info is None:
+        return None, SanitizerRun(
+            ran=False,
+            note=(
+                "compute-sanitizer was not found (looked at $QMOE_DOCTOR_COMPUTE_SANITIZER, PATH, "
+                "$CUDA_HOME/$CUDA_PATH and /usr/local/cuda*): install the CUDA toolkit's "
+                "compute-sanitizer or point QMOE_DOCTOR_COMPUTE_SANITIZER at it; no rerun was made"
+            ),
+            kernels=targets.kernels,
+            launch_count=targets.launch_count,
+        )
+    folder = root / "sanitize"
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / SANITIZER_LOG
+    full = sanitizer_command(
+        info,
+        SanitizerTool.MEMCHECK,
+        argv,
+        kernel_regex=_kernel_regex(targets.kernels),
+        launch_count=targets.launch_count,
+        log_path=log,
+        target_processes_all=True,
+    )
+    prefix = full[: len(full) - len(argv)]
+    # the caching allocator hides out-of-bounds accesses inside its pooled segments
+    extra = {knobs.PYTORCH_NO_CUDA_MEMORY_CACHING: "1"}
+    if on_pass is not None:
+        on_pass("sanitize", [*prefix, *argv], f"compute-sanitizer memcheck on {', '.join(targets.kernels)} ({targets.why})")
+    sanitized, _ = _run_pass(
+        "sanitize", argv, folder=folder, options=options, extra_env=extra, environ=environ, prefix=prefix
+    )
+    texts: list[str] = []
+    problems: list[str] = []
+    for path in sorted(folder.glob(SANITIZER_LOG.replace("%p", "*"))):
+        try:
+            texts.append(read_text(path))
+        except InputError as exc:
+            problems.append(str(exc))
+    if not texts:
+        return sanitized, SanitizerRun(
+            ran=True,
+            note=f"compute-sanitizer wrote no readable log ({'; '.join(problems) or 'none was written'})",
+            binary=info.path,
+            version=info.version or "",
+            kernels=targets.kernels,
+            launch_count=targets.launch_count,
+            log_path=str(folder),
+        )
+    parsed = parse_sanitizer_log("\n".join(texts))
+    tables = run_findings.tensor_tables(sanitized.processes)
+    addresses = tuple(
+        AddressNote(
+            address=a.address,
+            kernel=a.kernel,
+            access=a.access,
+            tensor=a.matches[0].tensor if a.matches else None,
+            device=a.matches[0].device if a.matches else None,
+            relation=a.matches[0].relation if a.matches else None,
+            cross_device=a.cross_device,
+            sentences=a.sentences,
+        )
+        for a in attribute(parsed, tables)
+    )
+    count = parsed.error_summary if parsed.error_summary is not None else len(parsed.errors)
+    placed = sum(1 for a in addresses if a.tensor is not None)
+    if count:
+        note = (
+            f"{count:,} error{'s' if count != 1 else ''}; {placed} of {len(addresses)} invalid "
+            "addresses placed against recorded tensors"
+        )
+    elif parsed.clean:
+        note = "0 errors in the kernels checked"
+    else:
+        note = "the log holds no error record (the run may have been cut short)"
+    return sanitized, SanitizerRun(
+        ran=True,
+        note=note,
+        binary=info.path,
+        version=info.version or "",
+        kernels=targets.kernels,
+        launch_count=targets.launch_count,
+        log_path=str(folder),
+        errors=count,
+        addresses=addresses,
+    )
+
+
+def _merged_lint(passes: Sequence[RunPass]) -> tuple[SourceLint, ...]:
+    by_path: dict[str, SourceLint] = {}
+    for p in passes:
+        for record in p.processes:
+            for lint in record.lint:
+                by_path.setdefault(lint.path, lint)
+    return tuple(by_path.values())
+
+
+def _merged_diagnoses(passes: Sequence[RunPass]) -> tuple[RunDiagnosis, ...]:
+    seen: dict[tuple[str, str, str], RunDiagnosis] = {}
+    for p in passes:
+        for d in run_findings.diagnoses(p.processes, p.label):
+            seen.setdefault((d.cause, d.kind.value, d.kernel), d)
+    return tuple(seen.values())
+
+
+def run_program(
+    argv: Sequence[str],
+    options: RunOptions | None = None,
+    *,
+    on_pass: OnPass | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> RunReport:
+    """Run ``argv`` under the launch monitor (and the reruns ``options`` ask for); the report.
+    Raises RunInputError when the command cannot be started, ValueError for a
+    $QMOE_DOCTOR_COMPUTE_SANITIZER that names no executable (with ``sanitize``), both before
+    anything runs."""
+    options = options or RunOptions()
+    env = dict(os.environ if environ is None else environ)
+    command = resolve_command(argv, env)
+    if options.sanitize:
+        knobs.compute_sanitizer(env)  # a $QMOE_DOCTOR_COMPUTE_SANITIZER naming nothing: before the run
+    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    t0 = time.monotonic()
+    notes: list[str] = []
+    with LogDir.open(options.log_dir, prefix="qmoe-doctor-run-") as logs:
+        first, signalled = _run_pass(
+            "run", command, folder=logs.path / "run", options=options, extra_env={}, environ=env
+        )
+        passes = [first]
+        stop = signalled is not None  # the user interrupted the command: no rerun
+        if stop and (options.blocking or options.sanitize):
+            notes.append("the command was interrupted: the reruns asked for were not made")
+        if options.blocking and not stop:
+            if first.cuda_errors or any(r.end is None for r in first.processes):
+                if on_pass is not None:
+                    on_pass("blocking", command, "CUDA_LAUNCH_BLOCKING=1: the launch that faults raises")
+                blocking, signalled = _run_pass(
+                    "blocking",
+                    command,
+                    folder=logs.path / "blocking",
+                    options=options,
+                    extra_env={knobs.CUDA_LAUNCH_BLOCKING: "1"},
+                    environ=env,
+                )
+                passes.append(blocking)
+                stop = signalled is not None
+            else:
+                notes.append("--blocking: the run met no CUDA error, so it was not rerun")
+        found = _merged_diagnoses(passes)
+        sanitizer: SanitizerRun | None = None
+        if options.sanitize and not stop:
+            sanitized, sanitizer = _sanitize(
+                command,
+                earlier=passes,
+                found=found,
+                root=logs.path,
+                options=options,
+                environ=env,
+                on_pass=on_pass,
+            )
+            if sanitized is not None:
+                passes.append(sanitized)
+                found = _merged_diagnoses(passes)
+        if not first.processes:
+            notes.append("no process of the command imported Triton: no launch was monitored")
+        report = RunReport(
+            command=tuple(command),
+            started=started,
+            wall_s=round(time.monotonic() - t0, 3),
+            exit_code=first.exit_code,
+            command_exit=first.exit_code,
+            passes=tuple(passes),
+            diagnoses=found,
+            lint=_merged_lint(passes),
+            sanitizer=sanitizer,
+            notes=tuple(notes),
+        )
+        if not report.healthy or first.exit_code != 0:
+            logs.keep()
+    code = report.command_exit
+    if (options.fail_on_finding or options.strict) and code == 0 and not report.healthy:
+        code = int(ExitCode.FAULT)
+    return replace(report, exit_code=code, record_dir=logs.reported)
+
+
+__all__ = [
+    "OnPass",
+    "RunInputError",
+    "RunOptions",
+    "bootstrap_dir",
+    "monitor_env",
+    "package_home",
+    "read_records",
+    "resolve_command",
+    "run_program",
+]

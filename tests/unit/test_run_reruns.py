@@ -1,0 +1,210 @@
+"""`qmoe-doctor run --blocking` and `--sanitize` on the CPU.
+
+A program that meets a CUDA error stands in for a faulting kernel: without CUDA_LAUNCH_BLOCKING
+it raises the error after its launches (as a CUDA fault surfaces at a later call); with it, the
+error comes out of a launch (its grid function raises it), as a blocking launch of a faulting
+kernel does. compute-sanitizer is a stand-in script (``QMOE_DOCTOR_COMPUTE_SANITIZER``) that runs
+the command, then reads the monitor's record of that run and reports an address 64 bytes past
+the end of the last launch's first tensor, in compute-sanitizer's own log format.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from qmoe_doctor.core import knobs
+from qmoe_doctor.core.launches import EndKind
+from qmoe_doctor.workflows.run import RunOptions, run_program
+
+pytestmark = pytest.mark.timeout(240)
+
+PROGRAM = """\
+import os
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_rows(x_ptr, y_ptr, stride_xm, N, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    x = tl.load(x_ptr + row * stride_xm + tl.arange(0, BLOCK), mask=tl.arange(0, BLOCK) < N)
+    tl.store(y_ptr + row * stride_xm + tl.arange(0, BLOCK), x * 2, mask=tl.arange(0, BLOCK) < N)
+
+
+def fault(meta):
+    raise RuntimeError("Triton Error [CUDA]: an illegal memory access was encountered")
+
+
+x = torch.randn(4, 16)
+y = torch.empty_like(x)
+for _ in range(3):
+    scale_rows[(4,)](x, y, x.stride(0), 16, BLOCK=16)
+if os.environ.get("CUDA_LAUNCH_BLOCKING") == "1":
+    scale_rows[fault](x, y, x.stride(0), 16, BLOCK=16)
+elif os.environ.get("FAULT", "1") == "1":
+    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+"""
+
+FAKE_SANITIZER = """\
+#!{python}
+import glob, json, os, subprocess, sys
+
+args = sys.argv[1:]
+if args == ["--version"]:
+    print("NVIDIA (R) Compute Sanitizer\\nVersion 2025.3.1.0")
+    sys.exit(0)
+flags, log, i = [], None, 0
+while i < len(args) and args[i].startswith("--"):
+    if args[i] in ("--xml",):
+        flags.append([args[i]])
+        i += 1
+        continue
+    flags.append([args[i], args[i + 1]])
+    if args[i] == "--log-file":
+        log = args[i + 1]
+    i += 2
+code = subprocess.call(args[i:])
+json.dump({{"flags": flags, "caching": os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING")}}, open(os.environ["FAKE_SEEN"], "w"))
+(path,) = glob.glob(os.path.join(os.environ["QMOE_DOCTOR_RUN_DIR"], "process-*.json"))
+record = json.load(open(path))
+t = record["ring"][-1]["tensors"][0]
+end = t["data_ptr"] + t["nbytes"]
+open(log.replace("%p", str(os.getpid())), "w").write(
+    "========= COMPUTE-SANITIZER\\n"
+    "========= Invalid __global__ read of size 4 bytes\\n"
+    "=========     at scale_rows+0x1b0 in prog.py:10\\n"
+    "=========     by thread (3,0,0) in block (0,0,0)\\n"
+    "=========     Access to 0x%x is out of bounds\\n"
+    "=========     and is 65 bytes after the nearest allocation at 0x%x of size %d bytes\\n"
+    "========= \\n"
+    "========= ERROR SUMMARY: 1 error\\n" % (end + 64, t["data_ptr"], t["nbytes"])
+)
+sys.exit(code)
+"""
+
+
+def setup(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    prog = tmp_path / "prog.py"
+    prog.write_text(PROGRAM)
+    fake = tmp_path / "compute-sanitizer"
+    fake.write_text(FAKE_SANITIZER.format(python=sys.executable))
+    fake.chmod(0o755)
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        knobs.QMOE_SANITIZER: str(fake),
+        "FAKE_SEEN": str(tmp_path / "seen.json"),
+    }
+    env.pop(knobs.CUDA_LAUNCH_BLOCKING, None)
+    return prog, env
+
+
+def test_blocking_reruns_after_a_cuda_error_and_names_the_faulting_kernel(tmp_path: Path) -> None:
+    prog, env = setup(tmp_path)
+    report = run_program([sys.executable, str(prog)], RunOptions(blocking=True, log_dir=tmp_path / "r"), environ=env)
+    first, blocking = report.passes
+    assert blocking.label == "blocking" and blocking.env == {knobs.CUDA_LAUNCH_BLOCKING: "1"}
+    (guess,) = first.cuda_errors
+    assert not guess.exact and [launch.seq for launch in guess.last_launches] == [1, 2, 3]
+    (exact,) = blocking.cuda_errors
+    assert exact.exact and exact.faulting == "scale_rows" and exact.last_launches[-1].seq == 4
+    assert exact.last_launches[-1].raised.startswith("RuntimeError: Triton Error [CUDA]")
+    (record,) = blocking.processes
+    assert record.end is not None and record.end.kind is EndKind.CUDA_ERROR
+    assert report.exit_code == 1 and report.command_exit == 1
+
+
+def test_blocking_without_a_cuda_error_reruns_nothing(tmp_path: Path) -> None:
+    prog, env = setup(tmp_path)
+    report = run_program(
+        [sys.executable, str(prog)], RunOptions(blocking=True, log_dir=tmp_path / "r"), environ={**env, "FAULT": "0"}
+    )
+    assert [p.label for p in report.passes] == ["run"] and report.exit_code == 0
+    assert report.notes == ("--blocking: the run met no CUDA error, so it was not rerun",)
+
+
+def test_sanitize_reruns_under_memcheck_and_places_the_address_in_a_recorded_tensor(tmp_path: Path) -> None:
+    prog, env = setup(tmp_path)
+    report = run_program(
+        [sys.executable, str(prog)], RunOptions(blocking=True, sanitize=True, log_dir=tmp_path / "r"), environ=env
+    )
+    assert [p.label for p in report.passes] == ["run", "blocking", "sanitize"]
+    s = report.sanitizer
+    assert s is not None and s.ran and s.version == "2025.3.1.0"
+    assert s.kernels == ("scale_rows",) and s.launch_count == 5  # the faulting launch is its 4th
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen["caching"] == "1"  # the caching allocator off
+    flags = {f[0]: f[1:] for f in seen["flags"]}
+    assert flags["--tool"] == ["memcheck"] and flags["--kernel-name"] == ["regex=^scale_rows$"]
+    assert flags["--launch-count"] == ["5"] and flags["--target-processes"] == ["all"]
+    assert s.errors == 1
+    (address,) = s.addresses
+    assert address.tensor is not None and address.tensor.startswith("x_ptr of scale_rows #")
+    assert address.relation == "after" and address.device == "cpu" and address.kernel == "scale_rows"
+    assert any("64 bytes past the end of x_ptr" in sentence or "65 bytes past the end" in sentence for sentence in address.sentences), address.sentences
+
+
+def test_sanitize_says_when_compute_sanitizer_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    prog, env = setup(tmp_path)
+    del env[knobs.QMOE_SANITIZER]
+    monkeypatch.setattr("qmoe_doctor.workflows.run.find_compute_sanitizer", lambda env=None: None)
+    report = run_program([sys.executable, str(prog)], RunOptions(sanitize=True, log_dir=tmp_path / "r"), environ=env)
+    assert [p.label for p in report.passes] == ["run"]
+    s = report.sanitizer
+    assert s is not None and not s.ran and "compute-sanitizer was not found" in s.note
+    assert s.kernels == ("scale_rows",)  # what it would have checked
+
+
+def test_a_sanitizer_variable_naming_nothing_is_refused_before_the_command_runs(tmp_path: Path) -> None:
+    prog, env = setup(tmp_path)
+    marker = tmp_path / "ran"
+    prog.write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    env[knobs.QMOE_SANITIZER] = str(tmp_path / "no-such-sanitizer")
+    with pytest.raises(ValueError, match="no such file"):
+        run_program([sys.executable, str(prog)], RunOptions(sanitize=True, log_dir=tmp_path / "r"), environ=env)
+    assert not marker.exists()
+
+
+def test_sigint_to_the_doctor_is_passed_to_the_command_which_writes_its_record(tmp_path: Path) -> None:
+    """The doctor's own SIGINT (Ctrl-C) goes to the command's group; the command's monitor writes
+    its record; the run reports it and exits 130."""
+    import signal
+    import threading
+
+    prog = tmp_path / "slow.py"
+    ready = tmp_path / "ready"
+    prog.write_text(
+        PROGRAM.split("def fault")[0]
+        + textwrap.dedent(
+            f"""
+            import time
+            x = torch.randn(4, 16)
+            scale_rows[(4,)](x, x, x.stride(0), 16, BLOCK=16)
+            open({str(ready)!r}, "w").write("x")
+            time.sleep(60)
+            """
+        )
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+
+    def interrupt() -> None:
+        for _ in range(600):
+            if ready.exists():
+                break
+            threading.Event().wait(0.1)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    report = run_program([sys.executable, str(prog)], RunOptions(log_dir=tmp_path / "r", blocking=True), environ=env)
+    (first,) = report.passes  # no rerun after an interruption
+    assert report.exit_code == 130 and "SIGINT passed on" in first.end
+    (record,) = first.processes
+    assert record.end is not None and record.end.kind is EndKind.SIGNAL and record.launches == 1
+    assert report.notes[0] == "the command was interrupted: the reruns asked for were not made"
