@@ -22,13 +22,18 @@ from typing import Any
 
 import torch
 
+from qmoe_doctor.core.autotune import policy_of
+from qmoe_doctor.core.kernel_ref import KernelRef, KernelRefError, RefKind
 from qmoe_doctor.core.launch_configs import TileConfig
 from qmoe_doctor.core.records import Condition, Phase, ProbeSpec, Status
 from qmoe_doctor.core.tolerances import tolerance
 from qmoe_doctor.kernels.routing import routing_sizes
+from qmoe_doctor.probes import autotune
 from qmoe_doctor.probes.adapters import not_applicable
 from qmoe_doctor.probes.context import ProbeContext
+from qmoe_doctor.probes.kernel_call import watch
 from qmoe_doctor.probes.loader import KernelFn, load_kernel
+from qmoe_doctor.probes.output_guard import OutputGuard
 
 # Peer access torch has enabled in this process, as (accessor, owner) ordinal pairs. Peer
 # access is enabled per direction by the first copy and never disabled, so it is tracked.
@@ -45,6 +50,9 @@ CANARY_BYTE = 0xA5
 SMALL_POOL_MAX = 1 << 20  # the caching allocator serves blocks under 1 MiB from 2 MiB segments
 LARGE_SPLIT_MAX = 10 << 20  # blocks under 10 MiB are split from 20 MiB segments
 TIMING_REPEATS = 10
+#: Guard rows around an output the kernel allocates itself (``OutputGuard``), at least; the
+#: over-routed cell uses twice its extra rows.
+GUARD_ROWS = 16
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -60,11 +68,22 @@ def run_probe(ctx: ProbeContext) -> dict[str, Any]:
         return _interpreter_check(ctx)
     kernel = kernel_loader(spec.kernel)
     reason = not_applicable(kernel, spec)  # an adapter's declared dtypes / layout / CPU support
+    if reason is None and spec.device is None and _is_torch_control(spec.kernel):
+        reason = (
+            "torch:grouped_mm runs torch._grouped_mm, which needs a CUDA GPU (bfloat16, sm90+): "
+            "the CPU tier does not apply; run it on a GPU"
+        )
     if reason is not None:
         return _skip(ctx, reason)
     runner = _RUNNERS.get(spec.condition)
     if runner is None:
         return _skip(ctx, f"condition {spec.condition} is not implemented by this probe worker")
+    # Every call of the kernel is watched (refusals, launches, what it returned, autotuning); its
+    # autotuners follow the scan's policy, and the repeat-call probe autotunes for real.
+    autotune.install()
+    autotune.set_policy(policy_of(spec.params), real=spec.condition is Condition.REPEAT_CALL)
+    ctx.fact("autotune_policy", str(policy_of(spec.params)))
+    kernel = watch(ctx, kernel)
     if spec.condition in _PAIR_RUNNERS_OWN_DEVICE:
         return runner(ctx, kernel)
     # Single-device cells and the guarded baseline run inside a device guard, never through
@@ -77,6 +96,13 @@ def run_probe(ctx: ProbeContext) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 # Operands and comparison
 # ---------------------------------------------------------------------------------------------
+
+
+def _is_torch_control(kernel: str) -> bool:
+    try:
+        return KernelRef.parse(kernel).kind is RefKind.TORCH
+    except KernelRefError:
+        return False
 
 
 def _device(ordinal: int | None) -> torch.device:
@@ -115,7 +141,8 @@ def compare(ctx: ProbeContext, y: Any, ref: torch.Tensor, operand_device: torch.
     ctx.crumb(Phase.COMPARE)
     fields: dict[str, Any] = {}
     if not isinstance(y, torch.Tensor):
-        ctx.note(f"kernel returned {type(y).__name__}, not a tensor")
+        ctx.fact("returned", type(y).__name__)
+        ctx.note(f"the kernel returned {_returned(y)}, not a tensor")
         return {"status": Status.WRONG}
     fields["out_device"] = str(y.device)
     tol = tolerance(ctx.spec.shape.dtype)
@@ -139,6 +166,10 @@ def compare(ctx: ProbeContext, y: Any, ref: torch.Tensor, operand_device: torch.
         wrong = True
     fields["status"] = Status.WRONG if wrong else Status.PASS
     return fields
+
+
+def _returned(y: Any) -> str:
+    return "None" if y is None else f"a {type(y).__name__}"
 
 
 def sync_all() -> None:
@@ -229,8 +260,13 @@ def _call_and_check(
     ref: torch.Tensor,
     *,
     trap: OutputTrap | None = None,
+    guard: OutputGuard | None = None,
     watch_alloc_on: int | None = None,
+    after_call: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
+    """One watched call, synchronized and judged. ``guard`` serves the output the kernel
+    allocates with guard rows around it; ``after_call`` runs between the call's return and the
+    synchronization (what a race cell observes there)."""
     ctx.crumb(Phase.LAUNCH)
     if ctx.spec.kernel not in _CALLED:
         ctx.fact("first_call_in_process", True)
@@ -247,16 +283,24 @@ def _call_and_check(
         finally:  # recorded when the call raises too: the allocation is the evidence
             grown = torch.cuda.max_memory_allocated(watch_alloc_on) - before
             ctx.fact("alloc_on_current_bytes", int(grown))
+    elif guard is not None:
+        with guard:
+            y = kernel(x, w, m_sizes)
     else:
         y = kernel(x, w, m_sizes)
+    if after_call is not None:
+        after_call()
     ctx.crumb(Phase.SYNC)
     sync_all()
     fields = compare(ctx, y, ref, x.device)
+    hits: list[str] = []
     if trap is not None:
-        hits = trap.report(ctx, y)
-        if hits:
-            fields["canary_hits"] = tuple(hits)
-            fields["status"] = Status.WRONG
+        hits += trap.report(ctx, y)
+    if guard is not None:  # after the trap: guard rows, when the output is ours, are the evidence
+        hits += guard.report(ctx, y)
+    if hits:
+        fields["canary_hits"] = tuple(hits)
+        fields["status"] = Status.WRONG
     return fields
 
 
@@ -341,9 +385,34 @@ def _side_stream(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
         _register(ctx, x, w, m_sizes)
         torch.cuda._sleep(SLEEP_CYCLES)
         x.copy_(x_src)  # the producer, still queued behind the sleep at the launch
+        produced = _recorded_event()
         ctx.fact("producer_stream", "side stream of operand device")
-        fields = _call_and_check(ctx, kernel, x, w, m_sizes, ref)
+        fields = _call_and_check(ctx, kernel, x, w, m_sizes, ref, after_call=_pending(ctx, produced))
     return fields
+
+
+def _recorded_event() -> Any:
+    """An event recorded on the current stream: done once everything queued before it ran."""
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+def _pending(ctx: ProbeContext, produced: Any) -> Callable[[], None]:
+    """Records whether the producer was still queued when the kernel call returned. When it was
+    not, the race window had closed: either the wrapper waited for it (ordered: right) or the
+    call took longer than the sleep on the host (the order was not tested). docs/cells.md."""
+
+    def check() -> None:
+        pending = not produced.query()
+        ctx.fact("producer_pending_after_call", pending)
+        if not pending:
+            ctx.note(
+                "the producer had finished when the kernel call returned: the wrapper waited "
+                "for it, or the race window closed before the launch"
+            )
+
+    return check
 
 
 def _over_routed(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
@@ -365,7 +434,9 @@ def _over_routed(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
     def variant() -> dict[str, Any]:
         ref = reference(x, w, over)  # the twin clamps at M: rows past M do not exist
         trap = OutputTrap(_out_nbytes(spec), dev)
-        return _call_and_check(ctx, kernel, x, w, over, ref, trap=trap)
+        # the rows past M land in the guard after y, if the kernel writes them
+        guard = OutputGuard((spec.shape.m, spec.shape.n), max(GUARD_ROWS, 2 * extra))
+        return _call_and_check(ctx, kernel, x, w, over, ref, trap=trap, guard=guard)
 
     return _with_baseline(ctx, kernel, x, w, m_sizes, variant)
 
@@ -391,7 +462,10 @@ def _negative_sizes(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
     def variant() -> dict[str, Any]:
         ref = reference(x, w, m_sizes)
         trap = OutputTrap(_out_nbytes(spec), dev)
-        return _call_and_check(ctx, kernel, x, w, m_sizes, ref, trap=trap)
+        # a cursor walking back from the sentinel writes before y; one counting -1 as 0 runs a
+        # row past its end
+        guard = OutputGuard((spec.shape.m, spec.shape.n), GUARD_ROWS)
+        return _call_and_check(ctx, kernel, x, w, m_sizes, ref, trap=trap, guard=guard)
 
     return _with_baseline(ctx, kernel, x, w, m_valid, variant)
 
@@ -508,10 +582,16 @@ def _repeat_call(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
     ref = reference(x, w, m_sizes)
     errors = []
     statuses = []
-    for _ in range(2):
+    for call in range(2):
         fields = _call_and_check(ctx, kernel, x, w, m_sizes, ref)
         errors.append(float(fields.get("rel_error", float("nan"))))
         statuses.append(fields["status"])
+        if call == 0:
+            # whether the first call benchmarked is what this cell can see a first-call fault by
+            launches = ctx.facts.get("autotuned_launches")
+            ctx.fact("first_call_autotuned_launches", launches or 0)
+            if launches:
+                ctx.fact("first_call_autotune_benchmarked", bool(ctx.facts.get("autotune_benchmarked")))
     fields["calls_rel_error"] = tuple(errors)
     fields["rel_error"] = errors[0]
     fields["status"] = Status.PASS if all(s == Status.PASS for s in statuses) else Status.WRONG
@@ -659,9 +739,10 @@ def _producer_race(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
         sync_all()
         torch.cuda._sleep(SLEEP_CYCLES)  # b's current stream is busy ...
         x.copy_(x_src)  # ... and x's producer is queued behind it
+        produced = _recorded_event()
     _register(ctx, x, w, m_sizes)
     ctx.fact("producer_stream", "current stream of operand device")
-    return _call_and_check(ctx, kernel, x, w, m_sizes, ref)
+    return _call_and_check(ctx, kernel, x, w, m_sizes, ref, after_call=_pending(ctx, produced))
 
 
 def _sizes_race(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
@@ -684,9 +765,10 @@ def _sizes_race(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
         sync_all()
         torch.cuda._sleep(SLEEP_CYCLES)
         m_sizes.copy_(m_src)  # the producer, queued behind the sleep
+        produced = _recorded_event()
     ctx.fact("stale_m_size", STALE_SIZE)
     _register(ctx, x, w, m_sizes)
-    return _call_and_check(ctx, kernel, x, w, m_sizes, ref)
+    return _call_and_check(ctx, kernel, x, w, m_sizes, ref, after_call=_pending(ctx, produced))
 
 
 _PAIR_RUNNERS_OWN_DEVICE = frozenset(

@@ -48,6 +48,7 @@ from qmoe_doctor.core.records import (
     to_jsonable,
 )
 
+from . import device_log
 from .context import Emit, ProbeContext
 
 #: Lines of an exception's text kept in Outcome.error_message.
@@ -151,6 +152,7 @@ def execute(spec: ProbeSpec, emit: Emit | None = None) -> tuple[Outcome, bool]:
     the process."""
     ctx = ProbeContext(spec, emit)
     start = time.perf_counter()
+    log_start = device_log.log_offset()  # where this probe's part of the worker's log begins
     try:
         fields = _dispatch(ctx)
         return _assemble(ctx, fields, time.perf_counter() - start), False
@@ -161,6 +163,12 @@ def execute(spec: ProbeSpec, emit: Emit | None = None) -> tuple[Outcome, bool]:
         error_type = exception_type_name(exc)
         message = exception_message(exc)
         kind = classify(exc, error_type, message)
+        facts = ctx.facts
+        if kind is ErrorKind.DEVICE_ASSERT:
+            # the per-thread assertion lines name the kernel's file:line; the log's tail does not
+            lines, count = device_log.assertions_since(log_start)
+            if lines:
+                facts.update(device_assert_lines=lines, device_assert_count=count)
         outcome = Outcome(
             probe_id=spec.probe_id,
             spec=spec,
@@ -169,7 +177,7 @@ def execute(spec: ProbeSpec, emit: Emit | None = None) -> tuple[Outcome, bool]:
             error_kind=kind,
             error_type=error_type,
             error_message=message,
-            facts=ctx.facts,
+            facts=facts,
             notes=ctx.notes,
             tensors=ctx.tensors,
             wall_s=wall_s,

@@ -1,10 +1,18 @@
-"""The specimens: deliberately faulty grouped GEMMs, one per cause, that calibrate the doctor.
+"""The specimens: grouped GEMMs that calibrate the doctor, each planting one thing.
 
 Pure data (no torch): the kernels themselves live in ``kernels/specimens/<module>.py``
-(installed as ``qmoe_doctor.kernels.specimens``), each a small diff from the correct
-``grouped_gemm.moe_grouped_gemm`` with the changed line marked ``# PLANTED:``. A scan of a
-specimen (``--kernel specimen:NAME``) must name its cause and no other; each one is right in
-the benign condition and wrong only under the conditions listed in ``misbehaves_under``.
+(installed as ``qmoe_doctor.kernels.specimens``), each with the planted line marked
+``# PLANTED:``. Most are a small diff from the correct ``grouped_gemm.moe_grouped_gemm`` that
+plants one cause; others are written in the style of the public fused-MoE kernels users bring
+(their own output allocation, contiguity asserts, a large autotune space, per-device state),
+and some of those are *correct*: their ``cause`` is None and a scan must call them healthy.
+
+A scan of a specimen (``--kernel specimen:NAME``) must name its cause and no other; each one is
+right in the benign condition and wrong only under the conditions listed in
+``misbehaves_under``. ``rejected_under`` lists the offset variants whose inputs the kernel
+refuses loudly before launch (a contract, not a fault); ``lint_rule`` names the rule of
+``qmoe-doctor lint`` that finds a cause no scan cell can see on identical GPUs. The verdict each
+must get is the calibration table of ``docs/validation/scan-specimens.md``.
 """
 
 from __future__ import annotations
@@ -20,7 +28,9 @@ SPECIMEN_PACKAGE = "qmoe_doctor.kernels.specimens"
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SpecimenInfo:
     name: str  # what --kernel specimen:NAME takes
-    cause: str  # the cause id it plants, a key of qmoe_doctor.core.causes.CAUSES
+    # the cause id it plants, a key of qmoe_doctor.core.causes.CAUSES; None: a correct kernel
+    # (in a public kernel's style) that must come out healthy
+    cause: str | None
     module: str  # module name inside SPECIMEN_PACKAGE
     function: str  # same signature as grouped_gemm.moe_grouped_gemm (x, w, m_sizes, *, out_dtype)
     summary: str  # one line: what it does wrong
@@ -28,6 +38,10 @@ class SpecimenInfo:
     # probe conditions under which the doctor must see it fail (error, wrong or slow); under
     # every other condition it must pass like the correct kernel
     misbehaves_under: tuple[Condition, ...]
+    # offsets variants whose inputs the wrapper refuses before launch (cells labelled rejected)
+    rejected_under: tuple[str, ...] = ()
+    # the lint rule that names the cause where no scan cell can see it (identical GPUs)
+    lint_rule: str | None = None
 
     @property
     def kernel_option(self) -> str:
@@ -110,6 +124,46 @@ SPECIMENS: tuple[SpecimenInfo, ...] = (
         trigger="any rank whose local rank is not 0: its current device stays cuda:0",
         misbehaves_under=(Condition.PARALLEL_DP, Condition.PARALLEL_TP, Condition.PARALLEL_EP),
     ),
+    # In the style of the public fused-MoE kernels (FINDINGS.md, "Measured on one H100 ...
+    # 2026-11-25"): each plants one of that design's traits.
+    SpecimenInfo(
+        name="running_row_mask",
+        cause="invalid-routing",
+        module="running_row_mask",
+        function="moe_grouped_gemm",
+        summary="allocates its own y; masks rows by the running expert count, never by M",
+        trigger="sum(m_sizes) > M, or a -1 sentinel read as 0 (counts then sum to M + 1): writes past y",
+        misbehaves_under=(Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES),
+    ),
+    SpecimenInfo(
+        name="contiguous_only",
+        cause=None,
+        module="contiguous_only",
+        function="moe_grouped_gemm",
+        summary="correct; its wrapper asserts x, w and m_sizes are contiguous",
+        trigger="never wrong: strided inputs are refused (AssertionError) before any launch",
+        misbehaves_under=(),
+        rejected_under=("padded-rows", "transposed-w"),
+    ),
+    SpecimenInfo(
+        name="autotuned",
+        cause=None,
+        module="autotuned",
+        function="moe_grouped_gemm",
+        summary="correct; @triton.autotune over 1,000 configs, pruned per shape, keyed on M, N, K",
+        trigger="never wrong; the first call per key benchmarks the pruned configs (slow, restore-safe)",
+        misbehaves_under=(),
+    ),
+    SpecimenInfo(
+        name="cached_sms",
+        cause="per-device-state-cached",
+        module="cached_sms",
+        function="moe_grouped_gemm",
+        summary="SM count read once from the current device and kept in a module global",
+        trigger="GPUs of different SM counts (the grid is sized for the first device); none on identical GPUs",
+        misbehaves_under=(),
+        lint_rule="cached-device-property",
+    ),
     SpecimenInfo(
         name="global_expert_ids",
         cause="invalid-routing",
@@ -130,6 +184,11 @@ def get_specimen(name: str) -> SpecimenInfo:
         return _BY_NAME[name]
     except KeyError:
         raise KeyError(f"unknown specimen {name!r}; known specimens: {', '.join(_BY_NAME)}") from None
+
+
+def faulty_specimens() -> tuple[SpecimenInfo, ...]:
+    """The specimens that plant a cause (the others are correct kernels in a public style)."""
+    return tuple(s for s in SPECIMENS if s.cause is not None)
 
 
 def kernel_ref(name: str) -> str:

@@ -13,7 +13,7 @@ The first is Triton's: with ``TRITON_DEBUG=1`` it checks every integer add, sub 
 kernel for overflow and names the operation (``int32 overflow detected for operation mul``);
 the function is ``unknown`` there. The second is aten's, with a C++ function name (which may
 hold ``::`` and template arguments). SYCL-style ``global id: [...], local id: [...]`` is read
-like block and thread. Lines whose front was overwritten by another thread's write (measured on
+like block and thread; a line with a block and no thread is read too. Lines whose front was overwritten by another thread's write (measured on
 2x H200: ``:102: unknown: block: ...``) keep their message, block and thread, without a file.
 
 Pure functions of text; the lines may carry launcher prefixes (``[rank0]: ``), which are
@@ -31,12 +31,12 @@ from qmoe_doctor.diagnose.log_lines import strip_prefix
 # file:line: function: block: [...], thread: [...] Assertion `message` failed
 _ASSERT = re.compile(
     r"^(?:(?P<file>(?:[A-Za-z]:)?[^\s:]+):(?P<line>\d+):\s*)?(?:(?P<func>(?:[^:\[\]`]|::)+?):\s*)?"
-    r"(?:(?:block|global id): \[(?P<block>[^\]]*)\],\s*(?:thread|local id): \[(?P<thread>[^\]]*)\]\s*)?"
+    r"(?:(?:block|global id): \[(?P<block>[^\]]*)\](?:,\s*(?:thread|local id): \[(?P<thread>[^\]]*)\])?\s*)?"
     r"Assertion [`'](?P<msg>.*?)[`'] failed"
 )
 # the end of an assertion line whose front was cut off (no anchor: anything may precede it)
 _ASSERT_TAIL = re.compile(
-    r"(?:(?:block|global id): \[(?P<block>[^\]]*)\],\s*(?:thread|local id): \[(?P<thread>[^\]]*)\]\s*)?"
+    r"(?:(?:block|global id): \[(?P<block>[^\]]*)\](?:,\s*(?:thread|local id): \[(?P<thread>[^\]]*)\])?\s*)?"
     r"Assertion [`'](?P<msg>.*?)[`'] failed"
 )
 # Triton's overflow check (TRITON_DEBUG=1): "int32 overflow detected for operation mul"

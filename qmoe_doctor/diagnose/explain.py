@@ -21,6 +21,7 @@ from qmoe_doctor.core.conditions import DEFAULT_CONDITIONS
 from qmoe_doctor.core.error_kind import classify_error, pointer_arg_index
 from qmoe_doctor.core.records import SCHEMA_VERSION, Condition, ErrorKind
 from qmoe_doctor.diagnose.device_assert import overflow_check
+from qmoe_doctor.diagnose.log_lines import LogNumberError, parse_int
 from qmoe_doctor.diagnose.sanitizer_log import (
     CodeLocation,
     ErrorGroup,
@@ -100,7 +101,7 @@ def _kernel_spec(frames: Sequence[PyFrame]) -> str:
 
 
 def _gpus(text: str) -> str:
-    found = sorted({int(d) for d in _DEVICES.findall(text)})
+    found = sorted({parse_int(d) for d in _DEVICES.findall(text)})
     if len(found) >= 2:
         return ",".join(str(d) for d in found)
     return "0,1"
@@ -125,7 +126,10 @@ def _scan(gpus: str, kernel: str, only: Sequence[str] = ()) -> str:
 
 
 def _int32_overflow(text: str) -> bool:
-    found = overflow_check(text)
+    try:
+        found = overflow_check(text)
+    except ValueError:  # "int999...9 overflow": int() refuses thousands of digits
+        raise LogNumberError("its overflow check names an integer width of thousands of digits") from None
     return found is not None and found[0] == 32
 
 
@@ -510,8 +514,16 @@ def _frame_str(f: PyFrame) -> str:
 def explain_text(text: str, *, source: str = "<text>") -> Explanation:
     """Explain a compute-sanitizer log, a Python traceback, or a file with both.
 
-    Raises NothingToExplain when the text is neither.
+    Raises NothingToExplain when the text is neither, or is damaged past reading (a number of
+    thousands of digits where a line number, an address or a size belongs).
     """
+    try:
+        return _explain(text, source)
+    except LogNumberError as exc:
+        raise NothingToExplain(f"{exc}; not a log or a traceback as the tools write them") from None
+
+
+def _explain(text: str, source: str) -> Explanation:
     if not text.strip():
         raise NothingToExplain("it is empty")
     is_log = looks_like_sanitizer_log(text)
@@ -542,7 +554,10 @@ def explain_text(text: str, *, source: str = "<text>") -> Explanation:
         if tb.exception is not None:
             error_kind = classify_error(tb.exception.type, tb.exception.message)
             facts.append(f"{tb.exception.type}: {tb.exception.message}")
-            pointer_arg = pointer_arg_index(tb.exception.message)
+            try:
+                pointer_arg = pointer_arg_index(tb.exception.message)
+            except ValueError:  # "(at 999...)": int() refuses thousands of digits
+                raise LogNumberError("its pointer argument index has thousands of digits") from None
             if pointer_arg is not None:
                 facts.append(
                     f"Triton's launch check refused pointer argument {pointer_arg} (0 = the kernel's first "
@@ -550,7 +565,7 @@ def explain_text(text: str, *, source: str = "<text>") -> Explanation:
                 )
             rm = _RESOURCES.search(tb.exception.message)
             if rm:
-                resources = (int(rm.group("req")), int(rm.group("lim")))
+                resources = (parse_int(rm.group("req")), parse_int(rm.group("lim")))
                 facts.append(
                     f"the launch needs {_bytes(resources[0])} of {rm.group('what')}, the device allows "
                     f"{_bytes(resources[1])} ({resources[0] - resources[1]:,} over)"

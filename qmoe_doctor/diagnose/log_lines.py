@@ -21,6 +21,29 @@ _PREFIXES = (
 )
 
 
+#: The longest number a tool writes in a log or traceback: a 64-bit address is 18 characters as
+#: 0x..., a byte count with thousands separators 26. A longer run of digits is damage (or a
+#: hostile file), and int() refuses a decimal one of over 4,300 digits with a bare ValueError.
+MAX_NUMBER_CHARS = 40
+
+
+class LogNumberError(ValueError):
+    """A number in a log or traceback that no tool writes: the text is damaged."""
+
+
+def parse_int(text: str) -> int:
+    """'131,072' -> 131072; '0x7f..' -> int; '12' -> 12. Raises LogNumberError for a number
+    longer than MAX_NUMBER_CHARS (before int() spends time on it)."""
+    text = text.strip()
+    if len(text) > MAX_NUMBER_CHARS:
+        raise LogNumberError(
+            f"it holds a number {len(text):,} characters long ({text[:12]}...), which no tool writes"
+        )
+    if text.lower().startswith("0x"):
+        return int(text, 16)
+    return int(text.replace(",", ""))
+
+
 def strip_prefix(line: str) -> tuple[str, str]:
     """(stream tag, line without the tools' prefixes). The tag is the rank or worker ("rank3",
     "Worker pid=4242"), "" when the line carried none."""
@@ -38,4 +61,4 @@ def strip_prefix(line: str) -> tuple[str, str]:
     return tag, line
 
 
-__all__ = ["strip_prefix"]
+__all__ = ["MAX_NUMBER_CHARS", "LogNumberError", "parse_int", "strip_prefix"]

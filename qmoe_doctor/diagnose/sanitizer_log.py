@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from qmoe_doctor.core.records import SCHEMA_VERSION
+from qmoe_doctor.diagnose.log_lines import parse_int
 
 # ---------------------------------------------------------------------------------------------
 # Records of a parsed report
@@ -283,14 +284,6 @@ _HF_FUNC_FILE = re.compile(r"^(?P<func>.*?)\s*\bin (?P<file>[^\s\[]+?):(?P<line>
 _HF_FILE_FUNC = re.compile(r"^(?P<file>[^\s:\[]+):(?P<line>\d+):(?P<func>.+)$")
 
 
-def parse_int(text: str) -> int:
-    """'131,072' -> 131072; '0x7f..' -> int."""
-    text = text.strip()
-    if text.lower().startswith("0x"):
-        return int(text, 16)
-    return int(text.replace(",", ""))
-
-
 def short_function_name(name: str) -> str:
     """``void cub::Foo<int>::bar<(int)1>(T1, int)`` -> ``cub::Foo::bar``; Triton names pass through."""
     s = name.strip()
@@ -332,7 +325,10 @@ def parse_location(text: str) -> CodeLocation:
         fl = _LOC_FILE_LINE_FUNC.match(rest)
         if fl:
             return CodeLocation(
-                function=fl.group("func").strip(), pc=pc, file=fl.group("file"), line=int(fl.group("line"))
+                function=fl.group("func").strip(),
+                pc=pc,
+                file=fl.group("file"),
+                line=parse_int(fl.group("line")),
             )
         return CodeLocation(function=rest, pc=pc)
     m = _LOC_NEW.match(text)
@@ -341,18 +337,20 @@ def parse_location(text: str) -> CodeLocation:
             function=m.group("func").strip(),
             pc=parse_int(m.group("pc")),
             file=m.group("file"),
-            line=int(m.group("line")) if m.group("line") else None,
+            line=parse_int(m.group("line")) if m.group("line") else None,
         )
     m = _LOC_PAREN_PC.match(text)
     if m:
         return CodeLocation(function=m.group("func").strip(), pc=parse_int(m.group("pc")))
     m = _LOC_FUNC_IN_FILE.match(text)
     if m:
-        return CodeLocation(function=m.group("func").strip(), file=m.group("file"), line=int(m.group("line")))
+        return CodeLocation(
+            function=m.group("func").strip(), file=m.group("file"), line=parse_int(m.group("line"))
+        )
     fl = _LOC_FILE_LINE_FUNC.match(text)
     if fl:
         return CodeLocation(
-            function=fl.group("func").strip(), file=fl.group("file"), line=int(fl.group("line"))
+            function=fl.group("func").strip(), file=fl.group("file"), line=parse_int(fl.group("line"))
         )
     return CodeLocation(function=text)
 
@@ -376,7 +374,7 @@ def parse_host_frame(text: str) -> HostFrame:
                 raw=raw,
                 function=fm.group("func").strip() or None,
                 file=fm.group("file"),
-                line=int(fm.group("line")),
+                line=parse_int(fm.group("line")),
             )
         return HostFrame(raw=raw, function=raw or None)
     func = m.group("func").strip() or None
@@ -386,11 +384,11 @@ def parse_host_frame(text: str) -> HostFrame:
     if func:
         fm = _HF_FUNC_FILE.match(func)
         if fm:
-            func, file, line = fm.group("func").strip() or None, fm.group("file"), int(fm.group("line"))
+            func, file, line = fm.group("func").strip() or None, fm.group("file"), parse_int(fm.group("line"))
         else:
             ff = _HF_FILE_FUNC.match(func)
             if ff:
-                func, file, line = ff.group("func").strip(), ff.group("file"), int(ff.group("line"))
+                func, file, line = ff.group("func").strip(), ff.group("file"), parse_int(ff.group("line"))
         if module is None and func and (func.startswith(("/", "./")) or ".so" in func) and " " not in func:
             # old releases print a bare module path and an offset for some frames
             # ("Host Frame:MODULE [0xOFF]"): the name is the module, the function is unknown
@@ -468,7 +466,7 @@ class _Builder:
 
 
 def _triple(text: str) -> tuple[int, int, int]:
-    a, b, c = (int(x) for x in text.split(","))
+    a, b, c = (parse_int(x) for x in text.split(","))
     return (a, b, c)
 
 
@@ -509,7 +507,7 @@ def _start_record(body: str, stream: str) -> _Builder | None:
             message=body,
             stream=stream,
             cuda_error=m.group("err"),
-            cuda_error_code=int(m.group("code")) if m.group("code") else None,
+            cuda_error_code=parse_int(m.group("code")) if m.group("code") else None,
             cuda_error_text=m.group("text"),
             api_call=m.group("api"),
         )

@@ -30,8 +30,15 @@ launch-config-fault        single (the kernel's own config)     a pinned config 
 
 Cells that pass only by accident (an untouched current device whose null stream runs in the
 operand device's context) are explained, not called healthy; so is a CPU tier whose Triton
-interpreter cannot run at all. Each rule returns the cells it accounts for; ``classify`` reports
-every failing cell that no rule accounts for as unexplained.
+interpreter cannot run at all, a cell whose input the kernel refused by contract (``rejected``),
+and a cell whose check could not see what it claims (``unchecked``, ``blind_spots``). Each rule
+returns the cells it accounts for; ``classify`` reports every failing cell that no rule accounts
+for as unexplained.
+
+Severity. Invalid routing is a *fault* when the kernel reads or writes outside its tensors (a
+canary hit, an illegal access, a crash); wrong values with every access inside its tensors are a
+*hardening* finding (``Diagnosis.severity``): reported, listed apart from the faults
+(``Classification.hardening``), exit 0 (README, "Exit codes").
 """
 
 from __future__ import annotations
@@ -46,8 +53,11 @@ from qmoe_doctor.core.records import (
     ErrorKind,
     Evidence,
     Outcome,
+    Phase,
     Status,
 )
+from qmoe_doctor.diagnose.blind_spots import refusal, touches_outside, unchecked_reason, writes_checked
+from qmoe_doctor.diagnose.device_assert import AssertSite, assert_sites, find_device_asserts
 from qmoe_doctor.diagnose.matrix import Cell, Matrix, build_matrix, debug_reruns, describe, evidence
 
 #: The scan cells whose differential evidence settles each cause: the ``--only`` of its repro
@@ -99,6 +109,7 @@ class Finding:
     diagnoses: tuple[Diagnosis, ...] = ()
     explanations: tuple[str, ...] = ()
     accounts_for: frozenset[str] = frozenset()  # probe ids
+    hardening: tuple[Diagnosis, ...] = ()  # severity "hardening": not faults
 
 
 Rule = Callable[[Matrix, RuleContext], Finding]
@@ -106,9 +117,10 @@ Rule = Callable[[Matrix, RuleContext], Finding]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Classification:
-    diagnoses: tuple[Diagnosis, ...]
+    diagnoses: tuple[Diagnosis, ...]  # faults (exit 1)
     explanations: tuple[str, ...]  # "works by accident" and other cells that need a word
     unexplained: tuple[Evidence, ...]  # failing cells no rule accounts for
+    hardening: tuple[Diagnosis, ...] = ()  # wrong values from excluded input, in bounds (exit 0)
 
 
 def _repro(kernel: str, places: Sequence[str], only: Sequence[Condition]) -> str:
@@ -335,11 +347,15 @@ def _first_line(text: str) -> str:
 
 
 def _against_single(
-    matrix: Matrix, ctx: RuleContext, conditions: Sequence[Condition]
+    matrix: Matrix,
+    ctx: RuleContext,
+    conditions: Sequence[Condition],
+    select: Callable[[Cell], bool] | None = None,
 ) -> tuple[list[Evidence], list[str], list[Condition], set[str]]:
     """Evidence that ``conditions`` fail where the device's SINGLE cell (or, when the probe ran
     one, the same operands with valid routing in the same process) passes; with each failing
-    cell's TRITON_DEBUG=1 rerun, when there is one. (evidence, places, conditions, probe ids)"""
+    cell's TRITON_DEBUG=1 rerun, when there is one. ``select`` keeps some failing cells only.
+    (evidence, places, conditions, probe ids)"""
     ev: list[Evidence] = []
     places: list[str] = []
     conds: list[Condition] = []
@@ -347,7 +363,7 @@ def _against_single(
     for cond in conditions:
         for group in matrix.groups():
             cell = matrix.get(group, cond)
-            if cell is None or not cell.failed:
+            if cell is None or not cell.failed or (select is not None and not select(cell)):
                 continue
             if cell.outcome.error_kind is ErrorKind.OUT_OF_RESOURCES:
                 continue  # a launch-config fault
@@ -375,20 +391,49 @@ def _against_single(
                 ev.append(evidence(cell))
             dbg = ctx.debug_runs.get(cell.outcome.probe_id)
             if dbg is not None:
-                ev.append(
-                    Evidence(
-                        probe_id=dbg.probe_id,
-                        condition=dbg.spec.condition,
-                        label=str(dbg.error_kind or dbg.status),
-                        detail="with TRITON_DEBUG=1: " + _first_line(dbg.error_message or dbg.stderr_tail),
-                    )
-                )
+                ev.append(debug_evidence(dbg))
             explained.add(cell.outcome.probe_id)
             if ctx.where(group) not in places:
                 places.append(ctx.where(group))
             if cond not in conds:
                 conds.append(cond)
     return ev, places, conds, explained
+
+
+def debug_evidence(dbg: Outcome) -> Evidence:
+    """A cell's TRITON_DEBUG=1 rerun as evidence: the device-side assert's file:line and what it
+    checked (``int32 overflow detected for operation mul``), from the assertion lines the probe
+    kept (``probes/device_log.py``), its error text and its stderr tail, in that order; the
+    first line of its error otherwise."""
+    kept = dbg.facts.get("device_assert_lines")
+    lines = [str(line) for line in kept] if isinstance(kept, list) else []
+    text = "\n".join([*lines, dbg.error_message or "", dbg.stderr_tail])
+    sites = assert_sites(find_device_asserts(text))
+    site: AssertSite | None = next((s for s in sites if s.site), sites[0] if sites else None)
+    label = str(dbg.error_kind or dbg.status)
+    if site is None:
+        return Evidence(
+            probe_id=dbg.probe_id,
+            condition=dbg.spec.condition,
+            label=label,
+            detail="with TRITON_DEBUG=1: " + _first_line(dbg.error_message or dbg.stderr_tail),
+        )
+    what = (
+        f"int{site.overflow_bits} overflow in {site.operation}"
+        if site.operation and site.overflow_bits
+        else f"assertion `{site.message}` failed"
+    )
+    count = dbg.facts.get("device_assert_count")
+    threads = count if isinstance(count, int) and count else site.threads
+    where = f" at {site.site}" if site.site else " (its file:line was cut off in the log)"
+    return Evidence(
+        probe_id=dbg.probe_id,
+        condition=dbg.spec.condition,
+        label=label,
+        detail=f"with TRITON_DEBUG=1: {what}{where} ({threads:,} failing thread{'s' if threads != 1 else ''})",
+        site=site.site,
+        check=site.message,
+    )
 
 
 def wrong_device_stream(matrix: Matrix, ctx: RuleContext) -> Finding:
@@ -408,22 +453,74 @@ def wrong_device_stream(matrix: Matrix, ctx: RuleContext) -> Finding:
     )
 
 
+_ROUTING = (Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES)
+_ROUTING_WORDS = {Condition.OVER_ROUTED: "m_sizes summing past M", Condition.NEGATIVE_SIZES: "a -1 sentinel in m_sizes"}
+
+
+def _outside(cell: Cell) -> bool:
+    return touches_outside(cell.outcome)
+
+
+def _inside(cell: Cell) -> bool:
+    return not touches_outside(cell.outcome)
+
+
 def invalid_routing(matrix: Matrix, ctx: RuleContext) -> Finding:
-    ev, places, conds, explained = _against_single(
-        matrix, ctx, (Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES)
-    )
-    return _found(
+    """A fault where invalid routing makes the kernel touch memory outside its tensors; a
+    hardening finding where it only computes wrong values, every access in bounds (a plain
+    per-expert loop under a -1 sentinel)."""
+    ev, places, conds, explained = _against_single(matrix, ctx, _ROUTING, select=_outside)
+    how = " or ".join(_ROUTING_WORDS[c] for c in conds) or "invalid m_sizes"
+    fault = _found(
         "invalid-routing",
         ctx,
         summary=(
-            "correct with valid m_sizes; with m_sizes summing past M or holding a -1 sentinel the "
-            "kernel computes the wrong rows or writes outside y: it trusts m_sizes instead of "
-            "clamping counts and masking rows by M"
+            f"correct with valid m_sizes; with {how} the kernel reads or writes outside its "
+            "tensors: it trusts m_sizes instead of clamping counts and masking rows by M"
         ),
         evidence=ev,
         places=places,
         only=conds,
         accounts_for=explained,
+    )
+    h_ev, h_places, h_conds, h_explained = _against_single(matrix, ctx, _ROUTING, select=_inside)
+    if not h_ev:
+        return fault
+    guarded = all(writes_checked(c.outcome) for c in matrix.cells.values() if c.outcome.probe_id in h_explained)
+    h_how = " or ".join(_ROUTING_WORDS[c] for c in h_conds)
+    summary = (
+        f"wrong values under invalid routing ({h_how}), "
+        + (
+            "every access inside the kernel's tensors (guard rows around y intact): a hardening "
+            "finding, not a memory fault. Clamp counts and mask rows by M, or validate the routing "
+            "where it is made"
+            if guarded
+            else "and no access outside y was seen, but writes outside y could not be checked "
+            "(no canary could follow the kernel's output): a hardening finding unless the "
+            "sanitizer shows otherwise"
+        )
+    )
+    hardening = Diagnosis(
+        cause="invalid-routing",
+        confidence=Confidence.HIGH if guarded else Confidence.MEDIUM,
+        summary=summary,
+        evidence=tuple(h_ev),
+        where=tuple(h_places),
+        repro=_repro(ctx.kernel, h_places, h_conds),
+        severity="hardening",
+    )
+    return replace(
+        fault,
+        hardening=(hardening,),
+        accounts_for=fault.accounts_for | frozenset(h_explained),
+        explanations=(
+            *fault.explanations,
+            "hardening (reported, exit 0): invalid-routing: "
+            + summary
+            + " (cells: "
+            + ", ".join(sorted(h_explained))
+            + ")",
+        ),
     )
 
 
@@ -556,12 +653,49 @@ def interpreter_unavailable(matrix: Matrix, ctx: RuleContext) -> Finding:
     for c in matrix.cells.values():
         if c.outcome.spec.condition is Condition.INTERPRETER_CHECK and c.failed:
             explained.add(c.outcome.probe_id)
+            # a child that never started (a missing or broken Python) ran no interpreter at all
+            what = (
+                "no probe child could start on this machine"
+                if c.outcome.phase is Phase.SPAWN
+                else "the Triton interpreter cannot run a trivial reference kernel on this machine"
+            )
             explanations.append(
-                "the Triton interpreter cannot run a trivial reference kernel on this machine ("
+                what
+                + " ("
                 + describe(c)
                 + "): the CPU tier was skipped; that says nothing about the kernel under test"
             )
     return Finding(explanations=tuple(explanations), accounts_for=frozenset(explained))
+
+
+def contract_refusals(matrix: Matrix, ctx: RuleContext) -> Finding:
+    """Not a cause: cells whose input the kernel refused loudly before launch (``rejected``),
+    with the input each refuses. The kernel honours its contract; the report says what it is."""
+    explanations: list[str] = []
+    for group in matrix.groups():
+        parts = []
+        for (g, _cond, _variant), c in matrix.cells.items():
+            refused = refusal(c.outcome) if g == group and c.label == "rejected" else None
+            if refused is not None:
+                cell = c.outcome.spec.placement.cell_name(c.outcome.spec.condition)
+                parts.append(f"{cell}: {refused.operand} ({refused.statement})")
+        if parts:
+            explanations.append(
+                f"{ctx.where(group)}: the kernel refused inputs its contract excludes, loudly and "
+                "before any launch (rejected, not a fault): " + "; ".join(parts)
+            )
+    return Finding(explanations=tuple(explanations))
+
+
+def unchecked_cells(matrix: Matrix, ctx: RuleContext) -> Finding:
+    """Not a cause: cells that passed although their check could not see what they claim
+    (``unchecked``, docs/cells.md), each with the reason."""
+    explanations: list[str] = []
+    for c in matrix.cells.values():
+        reason = unchecked_reason(c.outcome) if c.label == "unchecked" else None
+        if reason is not None:
+            explanations.append(f"{c.outcome.probe_id} unchecked: {reason}")
+    return Finding(explanations=tuple(explanations))
 
 
 #: The rules in the order their diagnoses are reported. Order matters once: the first-call rule
@@ -576,7 +710,11 @@ RULES: tuple[Rule, ...] = (
     autotune_inplace_rerun,
     launch_config_fault,
     interpreter_unavailable,
+    contract_refusals,
+    unchecked_cells,
 )
+#: The rules that name no cause: they explain cells.
+NOTE_RULES: tuple[Rule, ...] = (interpreter_unavailable, contract_refusals, unchecked_cells)
 
 
 def classify(
@@ -590,22 +728,28 @@ def classify(
     matrix = build_matrix(outcomes)
     ctx = RuleContext(kernel=kernel, names=gpu_names or {}, debug_runs=debug_reruns(outcomes))
     diagnoses: list[Diagnosis] = []
+    hardening: list[Diagnosis] = []
     explanations: list[str] = []
     accounted: set[str] = set()
     for rule in RULES:
         found = rule(matrix, replace(ctx, accounted=frozenset(accounted)))
         diagnoses += found.diagnoses
+        hardening += found.hardening
         explanations += found.explanations
         accounted |= found.accounts_for
     unexplained = tuple(
         evidence(c) for c in matrix.cells.values() if c.failed and c.outcome.probe_id not in accounted
     )
     return Classification(
-        diagnoses=tuple(diagnoses), explanations=tuple(explanations), unexplained=unexplained
+        diagnoses=tuple(diagnoses),
+        explanations=tuple(explanations),
+        unexplained=unexplained,
+        hardening=tuple(hardening),
     )
 
 
 __all__ = [
+    "NOTE_RULES",
     "RULES",
     "SETTLED_BY",
     "Classification",
@@ -614,6 +758,8 @@ __all__ = [
     "RuleContext",
     "autotune_inplace_rerun",
     "classify",
+    "contract_refusals",
+    "debug_evidence",
     "cross_device_stream_race",
     "default_device_buffer",
     "int32_offset_overflow",
@@ -621,5 +767,6 @@ __all__ = [
     "invalid_routing",
     "launch_config_fault",
     "missing_device_guard",
+    "unchecked_cells",
     "wrong_device_stream",
 ]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from qmoe_doctor.core.error_kind import classify_error
 from qmoe_doctor.core.records import SCHEMA_VERSION, ErrorKind
 from qmoe_doctor.diagnose.device_assert import DeviceAssert, is_device_assert_line, parse_device_assert
-from qmoe_doctor.diagnose.log_lines import strip_prefix
+from qmoe_doctor.diagnose.log_lines import LogNumberError, parse_int, strip_prefix
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,13 +118,23 @@ def parse_traceback(text: str) -> TracebackReport:
         if fm:
             file = fm.group("file")
             frame = PyFrame(
-                file=file, line=int(fm.group("line")), function=fm.group("func"), user=is_user_path(file)
+                file=file,
+                line=parse_int(fm.group("line")),
+                function=fm.group("func"),
+                user=is_user_path(file),
             )
             frames.append(frame)
             all_frames.append(frame)
             expect_code.add(tag)
             continue
-        found = parse_device_assert(line)
+        try:
+            found = parse_device_assert(line)
+            if found is not None:
+                found.overflow_bits  # noqa: B018 -- read now: the property converts the int width
+        except ValueError:  # its line number or int width has thousands of digits (int() refuses)
+            raise LogNumberError(
+                "a device-side assertion line holds a number of thousands of digits"
+            ) from None
         if found is not None:
             asserts.append(found)
             continue

@@ -3,6 +3,8 @@ that vary one condition at a time, including the near-misses that must stay sile
 
 from __future__ import annotations
 
+import dataclasses
+import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -11,13 +13,16 @@ import pytest
 
 from qmoe_doctor.core.records import (
     Condition,
+    Diagnosis,
     ErrorKind,
+    Evidence,
     Outcome,
     Phase,
     ProbeSpec,
     Shape,
     Status,
     from_jsonable,
+    legacy_placement,
 )
 from qmoe_doctor.diagnose.matrix import build_matrix, cell_label
 from qmoe_doctor.diagnose.scan_rules import classify
@@ -31,16 +36,20 @@ def load_recorded(run: str, name: str) -> tuple[str, list[Outcome]]:
     return report["kernel"], [from_jsonable(Outcome, o) for o in report["outcomes"]]
 
 
-# Which causes each recorded report must yield: exactly these, nothing else.
+# Which causes each recorded report must yield: exactly these, nothing else. unmasked_rows: the
+# recorded over-routed cells passed with no canary after the kernel's output (blind: unchecked
+# now), and its -1 sentinel cell shifts rows inside y with the canaries intact: wrong values in
+# bounds, a hardening finding, not a fault. Its write past y is caught since the guard rows.
 RUN1_EXPECTED = {
     "builtin": set(),
     "torch": set(),
     "unguarded": {"missing-device-guard"},
     "default_buffer": {"default-device-buffer"},
     "wrong_stream": {"wrong-device-stream"},
-    "unmasked_rows": {"invalid-routing"},
+    "unmasked_rows": set(),
     "int32_offsets": {"int32-offset-overflow"},
 }
+HARDENING = {"unmasked_rows": {"invalid-routing"}, "scan-unmasked_rows": {"invalid-routing"}}
 
 
 @pytest.mark.parametrize("name", sorted(RUN1_EXPECTED))
@@ -48,6 +57,8 @@ def test_recorded_run1_each_kernel_gets_its_cause_and_no_other(name: str) -> Non
     kernel, outcomes = load_recorded("h200x2-run1", name)
     result = classify(outcomes, kernel=kernel)
     assert {d.cause for d in result.diagnoses} == RUN1_EXPECTED[name]
+    assert {d.cause for d in result.hardening} == HARDENING.get(name, set())
+    assert all(d.severity == "hardening" for d in result.hardening)
     assert result.unexplained == ()
 
 
@@ -57,7 +68,7 @@ RUN2_EXPECTED = {
     "scan-unguarded": {"missing-device-guard"},
     "scan-default_buffer": {"default-device-buffer"},
     "scan-wrong_stream": {"wrong-device-stream"},
-    "scan-unmasked_rows": {"invalid-routing"},
+    "scan-unmasked_rows": set(),
     "scan-int32_offsets": {"int32-offset-overflow"},
     "sweep-int32-1gpu": {"int32-offset-overflow"},
     "sweep-launch-config": {"launch-config-fault"},
@@ -71,6 +82,7 @@ def test_recorded_run2_each_kernel_gets_its_cause_and_no_other(name: str) -> Non
     outcomes = [from_jsonable(Outcome, o) for o in report["outcomes"]]
     result = classify(outcomes, kernel=report["kernel"])
     assert {d.cause for d in result.diagnoses} == RUN2_EXPECTED[name]
+    assert {d.cause for d in result.hardening} == HARDENING.get(name, set())
     assert result.unexplained == ()
     assert all(str(d.confidence) == "high" for d in result.diagnoses)
 
@@ -131,6 +143,7 @@ def mk(
         probe_id=probe_id,
         kernel="k:fn",
         condition=cond,
+        placement=legacy_placement(probe_id),  # the tables name cells by their old probe ids
         device=1 if pair else 0,
         current=0,
         shape=SHAPE,
@@ -259,15 +272,53 @@ def test_side_stream_names_wrong_stream_only_against_a_passing_single() -> None:
 
 @pytest.mark.parametrize("cond", [Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES])
 def test_invalid_routing_uses_the_in_probe_baseline(cond: Condition) -> None:
+    """A write outside y (a canary hit) under invalid routing is a fault."""
     single = healthy_single()
-    single[cond] = mk(
+    wrong = mk(
         f"GPU 1/{cond.value}",
         cond,
         Status.WRONG,
         rel=0.3,
-        facts={"baseline_ok": True, "baseline_rel_error": 1e-3, "variant_ok": False},
+        facts={"baseline_ok": True, "baseline_rel_error": 1e-3, "variant_ok": False, "canary_after_output": True},
     )
-    assert causes(single) == {"invalid-routing"}
+    single[cond] = dataclasses.replace(wrong, canary_hits=("after y",))
+    result = classify(list(single.values()), kernel="k:fn")
+    (diag,) = result.diagnoses
+    assert diag.cause == "invalid-routing" and diag.severity == "fault" and result.hardening == ()
+    assert "wrote past the output (after y)" in " ".join(e.detail for e in diag.evidence)
+
+
+@pytest.mark.parametrize(("guarded", "confidence"), [(True, "high"), (False, "medium")])
+def test_wrong_values_in_bounds_under_invalid_routing_are_hardening(guarded: bool, confidence: str) -> None:
+    """A plain per-expert loop under a -1 sentinel: wrong rows, nothing touched outside its
+    tensors. Not a fault (no diagnosis, exit 0): a hardening finding, high when guard rows
+    around y show every write in bounds, medium when no canary could follow the output."""
+    single = healthy_single()
+    single[Condition.NEGATIVE_SIZES] = mk(
+        "GPU 1/negative-sizes",
+        Condition.NEGATIVE_SIZES,
+        Status.WRONG,
+        rel=0.17,
+        facts={"baseline_ok": True, "variant_ok": False, "canary_after_output": guarded},
+    )
+    result = classify(list(single.values()), kernel="k:fn")
+    assert result.diagnoses == () and result.unexplained == ()
+    (hard,) = result.hardening
+    assert (hard.cause, hard.severity, str(hard.confidence)) == ("invalid-routing", "hardening", confidence)
+    assert any(e.startswith("hardening (reported, exit 0): invalid-routing") for e in result.explanations)
+
+
+def test_a_crash_under_invalid_routing_is_a_fault() -> None:
+    single = healthy_single()
+    single[Condition.OVER_ROUTED] = mk(
+        "GPU 1/over-routed",
+        Condition.OVER_ROUTED,
+        Status.ERROR,
+        kind=ErrorKind.ILLEGAL_ADDRESS,
+        facts={"baseline_ok": True, "variant_ok": False},
+    )
+    result = classify(list(single.values()), kernel="k:fn")
+    assert [d.cause for d in result.diagnoses] == ["invalid-routing"] and result.hardening == ()
 
 
 def test_failed_in_probe_baseline_blames_nothing_about_routing() -> None:
@@ -422,7 +473,7 @@ def test_one_rule_per_cause_named_after_it_and_the_docstring_table_lists_them() 
     from qmoe_doctor.core.conditions import DEFAULT_CONDITIONS
     from qmoe_doctor.diagnose import scan_rules
 
-    causes = [r.__name__.replace("_", "-") for r in scan_rules.RULES if r is not scan_rules.interpreter_unavailable]
+    causes = [r.__name__.replace("_", "-") for r in scan_rules.RULES if r not in scan_rules.NOTE_RULES]
     assert len(causes) == 8 and set(causes) <= set(CAUSES)
     assert set(scan_rules.SETTLED_BY) == set(causes)
     assert all(set(conds) <= DEFAULT_CONDITIONS for conds in scan_rules.SETTLED_BY.values())
@@ -451,3 +502,229 @@ def test_each_rule_accounts_only_for_failing_cells_it_cites() -> None:
                 assert found.accounts_for and found.accounts_for <= cited, (name, rule)
             elif not found.explanations:
                 assert found.accounts_for == frozenset(), (name, rule)
+
+
+# --- cells that cannot see what they claim, contract refusals, device-assert evidence ---------
+
+
+def _recorded(run: str, report: str, probe_id: str) -> Outcome:
+    doc = json.loads((RECORDED / run / "scans" / f"{report}.json").read_text())
+    (found,) = [from_jsonable(Outcome, o) for o in doc["outcomes"] if o["probe_id"] == probe_id]
+    return found
+
+
+def test_recorded_blind_over_routed_passes_are_unchecked_not_pass() -> None:
+    """Recorded (2x H200, run 1): the built-in's over-routed cells passed with no canary after
+    the output (``canary_after_output: false``): they could not see a write past y."""
+    kernel, outcomes = load_recorded("h200x2-run1", "builtin")
+    matrix = build_matrix(outcomes)
+    for group in ("GPU 0", "GPU 1"):
+        over = matrix.get(group, Condition.OVER_ROUTED)
+        assert over is not None and over.outcome.facts["canary_after_output"] is False
+        assert over.label == "unchecked" and not over.failed and not over.ok
+        sentinel = matrix.get(group, Condition.NEGATIVE_SIZES)  # the trap worked there
+        assert sentinel is not None and sentinel.label == "pass"
+    result = classify(outcomes, kernel=kernel)
+    assert result.diagnoses == () and result.unexplained == ()
+    blind = [e for e in result.explanations if "over-routed unchecked: no canary could follow" in e]
+    assert len(blind) == 2
+
+
+def test_recorded_coverage_counts_unchecked_cells_and_what_did_not_run() -> None:
+    from qmoe_doctor.core.coverage import coverage_of
+
+    _, outcomes = load_recorded("h200x2-run1", "builtin")
+    labels = {c.outcome.probe_id: c.label for c in build_matrix(outcomes).cells.values()}
+    cov = coverage_of(outcomes, labels)
+    assert cov.unchecked == ("GPU 1/over-routed", "GPU 0/over-routed") or set(cov.unchecked) == {
+        "GPU 1/over-routed",
+        "GPU 0/over-routed",
+    }
+    assert not cov.complete and "2 unchecked" in cov.sentence()
+    assert not any("two GPUs" in n for n in cov.not_covered)  # the pair cells ran
+
+
+def test_a_memcheck_follow_up_settles_a_blind_cell() -> None:
+    from qmoe_doctor.diagnose.followups import needs_memcheck, verdict_of, with_memcheck
+
+    blind = _recorded("h200x2-run2", "scan-unmasked_rows", "GPU 1/over-routed")
+    assert needs_memcheck(blind)
+    confirmed = with_memcheck(
+        blind,
+        verdict_of("confirmed", 514),
+        "memcheck confirms the access fault: 514 errors",
+        first_error="Invalid __global__ write of size 16 bytes",
+        touched="1,281 bytes after y",
+    )
+    assert cell_label(confirmed, None)[0] == "wrong" and not needs_memcheck(confirmed)
+    clean = with_memcheck(blind, verdict_of("clean", 0), "memcheck reported 0 errors")
+    assert cell_label(clean, None)[0] == "pass"
+    missing = with_memcheck(blind, "unavailable", "compute-sanitizer was not found")
+    assert cell_label(missing, None)[0] == "unchecked"
+    # the recorded scan of that run, its blind cell settled by memcheck errors: now a fault
+    outcomes = [confirmed if o.probe_id == blind.probe_id else o for o in _recorded_run("h200x2-run2", "scan-unmasked_rows")]
+    result = classify(outcomes, kernel="specimen:unmasked_rows")
+    (fault,) = result.diagnoses
+    assert fault.cause == "invalid-routing" and fault.severity == "fault"
+    assert any("memcheck: Invalid __global__ write" in e.detail for e in fault.evidence)
+    needs = [o for o in _recorded_run("h200x2-run2", "scan-builtin") if needs_memcheck(o)]
+    assert {o.spec.condition for o in needs} == {Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES}
+
+
+def _recorded_run(run: str, report: str) -> list[Outcome]:
+    doc = json.loads((RECORDED / run / "scans" / f"{report}.json").read_text())
+    return [from_jsonable(Outcome, o) for o in doc["outcomes"]]
+
+
+def _refused(base: Outcome, *, message: str, source: str, raised_in: str = "kernel", launches: int = 0) -> Outcome:
+    """``base`` (a recorded cell) as the probe records a contract refusal: the outcome the CPU
+    tier records for specimen:contiguous_only (tests/unit/test_real_kernels.py), built on the
+    recorded GPU cell of the same variant."""
+    return dataclasses.replace(
+        base,
+        status=Status.ERROR,
+        phase=Phase.LAUNCH,
+        error_kind=ErrorKind.BAD_INPUT,
+        error_type="AssertionError",
+        error_message=message,
+        rel_error=None,
+        facts={**base.facts, "raised_in": raised_in, "raise_site": "contig.py:32", "raise_source": source,
+               "kernel_launches": launches},
+        notes=("x rows padded: row stride K + 24 (a slice of a wider buffer)",),
+    )
+
+
+def test_a_contract_refusal_is_rejected_and_names_the_input() -> None:
+    base = _recorded("h200x2-run2", "sweep-offsets", "GPU 0/offsets:padded-rows")
+    bare = _refused(base, message="AssertionError()", source="assert x.is_contiguous()")
+    assert cell_label(bare, None)[0] == "rejected"
+    from qmoe_doctor.diagnose.matrix import Cell, describe
+
+    text = describe(Cell(outcome=bare, label="rejected"))
+    assert text.startswith("the kernel refuses x before launch (`assert x.is_contiguous()` at contig.py:32)")
+    transposed = _recorded("h200x2-run2", "sweep-offsets", "GPU 0/offsets:transposed-w")
+    named = _refused(transposed, message="w must be contiguous (E, N, K)", source='assert w.is_contiguous(), "..."')
+    assert cell_label(named, None)[0] == "rejected"
+    doc = json.loads((RECORDED / "h200x2-run2" / "scans" / "sweep-offsets.json").read_text())
+    outcomes = [from_jsonable(Outcome, o) for o in doc["outcomes"]]
+    outcomes = [{bare.probe_id: bare, named.probe_id: named}.get(o.probe_id, o) for o in outcomes]
+    result = classify(outcomes, kernel="k:fn")
+    assert result.diagnoses == () and result.unexplained == ()
+    (note,) = [e for e in result.explanations if "refused" in e]
+    assert "offsets:padded-rows: x (`assert x.is_contiguous()`)" in note
+    assert "offsets:transposed-w: w (AssertionError: w must be contiguous (E, N, K))" in note
+
+
+@pytest.mark.parametrize(
+    ("raised_in", "launches", "label"),
+    [("doctor", 0, "bad-input"), ("triton", 0, "bad-input"), ("kernel", 2, "bad-input"), ("kernel", 0, "rejected")],
+)
+def test_only_the_kernel_s_own_check_before_launch_is_a_refusal(raised_in: str, launches: int, label: str) -> None:
+    """A ValueError the doctor's probe code raised, one from inside Triton, or one the wrapper
+    raised after it had launched, is a failing cell; only the kernel's own check before any
+    launch is its contract."""
+    base = _recorded("h200x2-run2", "sweep-offsets", "GPU 0/offsets:padded-rows")
+    o = _refused(base, message="x must be contiguous", source="raise ValueError(...)", raised_in=raised_in, launches=launches)
+    assert cell_label(o, None)[0] == label
+
+
+def test_invalid_routing_refused_by_a_device_assert_stays_rejected() -> None:
+    """Recorded-style (run 3): torch._grouped_mm device-asserts on offsets past M, raised at the
+    synchronize after the launch: for the invalid-routing cells that is a loud refusal."""
+    single = healthy_single()
+    single[Condition.OVER_ROUTED] = mk(
+        "GPU 1/over-routed", Condition.OVER_ROUTED, Status.ERROR, kind=ErrorKind.DEVICE_ASSERT,
+        facts={"baseline_ok": True, "raised_in": "torch", "kernel_launches": 1},
+    )
+    assert build_matrix(single.values()).get("GPU 1", Condition.OVER_ROUTED).label == "rejected"  # type: ignore[union-attr]
+
+
+def test_a_repeat_call_whose_first_call_did_not_benchmark_is_unchecked() -> None:
+    o = mk("GPU 1/repeat-call", Condition.REPEAT_CALL, calls=(1e-3, 1e-3),
+           facts={"first_call_autotuned_launches": 1, "first_call_autotune_benchmarked": False})
+    assert cell_label(o, None)[0] == "unchecked"
+    o = mk("GPU 1/repeat-call", Condition.REPEAT_CALL, calls=(1e-3, 1e-3),
+           facts={"first_call_autotuned_launches": 1, "first_call_autotune_benchmarked": True})
+    assert cell_label(o, None)[0] == "pass"
+
+
+def _traceback_only(dbg: Outcome) -> Outcome:
+    """A recorded TRITON_DEBUG=1 rerun whose log tail holds only the traceback, as the parent
+    attaches it when thousands of assertion lines come before it (the H100 run of FINDINGS.md,
+    2026-11-25): the lines that name the source are gone from the tail."""
+    tail = dbg.stderr_tail[dbg.stderr_tail.index("Traceback") :] if "Traceback" in dbg.stderr_tail else ""
+    tail = tail or dbg.stderr_tail.splitlines()[-1]
+    assert "Assertion" not in tail and "Assertion" not in (dbg.error_message or "")
+    return dataclasses.replace(dbg, stderr_tail=tail)
+
+
+def _with_device_log(dbg: Outcome) -> Outcome:
+    """The facts the worker now adds: the assertion lines of the recorded stderr of that rerun
+    (run 1, ``sanitizer/traceback-int32-debug.stderr.gz``), through the worker's own extractor."""
+    from qmoe_doctor.probes.device_log import assertion_lines
+
+    stderr = gzip.decompress((RECORDED / "h200x2-run1" / "sanitizer" / "traceback-int32-debug.stderr.gz").read_bytes())
+    lines, count = assertion_lines(stderr)
+    return dataclasses.replace(dbg, facts={**dbg.facts, "device_assert_lines": lines, "device_assert_count": count})
+
+
+RUN1_DEBUG = "GPU 1/int32-boundary+debug"
+
+
+def _int32_diagnosis(dbg: Outcome) -> Diagnosis:
+    outcomes = [dbg if o.probe_id == dbg.probe_id else o for o in _recorded_run("h200x2-run1", "scan-int32_offsets")]
+    (diag,) = classify(outcomes, kernel="specimen:int32_offsets").diagnoses
+    return diag
+
+
+def _debug_ev(diag: Diagnosis) -> Evidence:
+    (ev,) = [e for e in diag.evidence if e.probe_id == RUN1_DEBUG]
+    return ev
+
+
+def test_device_assert_lines_of_recorded_stderr_are_kept_by_the_worker() -> None:
+    facts = _with_device_log(_recorded("h200x2-run1", "scan-int32_offsets", RUN1_DEBUG)).facts
+    lines, count = facts["device_assert_lines"], facts["device_assert_count"]
+    assert len(lines) == 64 and count == 3936
+    assert lines[0].startswith("/work/main/kernels/specimens/int32_offsets.py:102: unknown: block: [101,0,0]")
+
+
+def test_recorded_debug_rerun_evidence_names_the_site_from_the_log_tail() -> None:
+    """Recorded (run 1): the rerun's log tail holds assertion lines after its error text; the
+    evidence quoted the error's last line ("Compile with `TORCH_USE_CUDA_DSA` ...") before."""
+    dbg = _recorded("h200x2-run1", "scan-int32_offsets", RUN1_DEBUG)
+    ev = _debug_ev(_int32_diagnosis(dbg))
+    assert ev.site == "/work/main/kernels/specimens/int32_offsets.py:102"
+    assert ev.check == "int32 overflow detected for operation mul"
+    assert "TORCH_USE_CUDA_DSA" not in ev.detail
+
+
+def test_int32_diagnosis_evidence_carries_the_assert_file_line_and_operation() -> None:
+    from qmoe_doctor.core.records import to_jsonable
+
+    dbg = _with_device_log(_traceback_only(_recorded("h200x2-run1", "scan-int32_offsets", RUN1_DEBUG)))
+    diag = _int32_diagnosis(dbg)
+    ev = _debug_ev(diag)
+    assert ev.site == "/work/main/kernels/specimens/int32_offsets.py:102"
+    assert ev.check == "int32 overflow detected for operation mul"
+    assert ev.detail == (
+        "with TRITON_DEBUG=1: int32 overflow in mul at /work/main/kernels/specimens/int32_offsets.py:102 "
+        "(3,936 failing threads)"
+    )
+    as_json = to_jsonable(diag)
+    (ev_json,) = [e for e in as_json["evidence"] if e["probe_id"] == RUN1_DEBUG]
+    assert ev_json["site"].endswith("int32_offsets.py:102") and ev_json["check"].endswith("operation mul")
+    assert as_json["severity"] == "fault"
+
+
+def test_without_the_lines_the_evidence_falls_back_to_the_error_text() -> None:
+    ev = _debug_ev(_int32_diagnosis(_traceback_only(_recorded("h200x2-run1", "scan-int32_offsets", RUN1_DEBUG))))
+    assert ev.site is None and ev.check is None and ev.detail.startswith("with TRITON_DEBUG=1: ")
+
+
+def test_a_kernel_that_returned_none_is_described_as_such() -> None:
+    from qmoe_doctor.diagnose.matrix import Cell, describe
+
+    o = mk("GPU 1/repeat-call", Condition.REPEAT_CALL, Status.WRONG, rel=None, calls=(float("nan"), float("nan")),
+           facts={"returned": "NoneType"})
+    assert describe(Cell(outcome=o, label="wrong")) == "the kernel returned None, not the (M, N) output tensor"

@@ -82,3 +82,60 @@ def test_wrong_kernel_output_device_or_shape_is_wrong() -> None:
     nan = torch.full((4, 3), float("nan"))
     fields = conditions.compare(ctx, nan, ref, ref.device)
     assert fields["status"] is Status.WRONG and fields["unwritten"] == 12
+
+
+# --- guard rows, watched calls, the autotune policy -----------------------------------------
+
+
+def test_output_guard_serves_the_output_shape_and_sees_writes_outside_it() -> None:
+    import torch
+
+    from qmoe_doctor.probes.output_guard import OutputGuard
+
+    real_empty, real_new_empty = torch.empty, torch.Tensor.new_empty
+    guard = OutputGuard((6, 4), guard_rows=3)
+    with guard:
+        y = torch.empty((6, 4), dtype=torch.float32)
+        other = torch.empty(5, 4)  # another shape: untouched
+        z = torch.zeros(6, 4)  # varargs form, zeros
+        t = y.new_empty((6, 4))  # the method form
+    assert torch.empty is real_empty and torch.Tensor.new_empty is real_new_empty  # restored
+    assert guard.served_for(other) is None
+    assert len(guard.served) == 3 and bool(torch.isnan(y).all()) and bool((z == 0).all())
+    assert guard.served_for(t) is not None
+    buf, view = guard.served[0]
+    assert view.data_ptr() == y.data_ptr() and buf.shape == (12, 4) and y.is_contiguous()
+    ctx = ProbeContext(ProbeSpec(probe_id="p", kernel="builtin", condition=Condition.OVER_ROUTED, shape=SHAPE))
+    assert guard.report(ctx, y) == [] and ctx.facts["canary_after_output"] is True
+    buf[-1, 0] = 1.0  # a row written past y
+    buf[0, 2] = 1.0  # and one before it
+    assert guard.report(ctx, y) == ["before y", "after y"]
+    assert ctx.facts["rows_written_after_y"] == 1 and ctx.facts["rows_written_before_y"] == 1
+    other_ctx = ProbeContext(ctx.spec)
+    assert guard.report(other_ctx, other) == [] and other_ctx.facts["output_guard"] is False
+
+
+def test_a_contract_refusal_is_recorded_where_it_was_raised() -> None:
+    shape = Shape(m=40, e=4, n=24, k=32, dtype="float32", routing="random")
+    spec = ProbeSpec(probe_id="CPU/offsets:padded-rows", kernel="specimen:contiguous_only",
+                     condition=Condition.OFFSETS, shape=shape, params={"variant": "padded-rows"})
+    ctx = ProbeContext(spec)
+    with pytest.raises(AssertionError):
+        conditions.run_probe(ctx)
+    assert ctx.facts["raised_in"] == "kernel" and ctx.facts["kernel_launches"] == 0
+    assert ctx.facts["raise_source"] == "assert x.is_contiguous()"
+    assert ctx.facts["raise_site"].startswith("contiguous_only.py:")
+
+
+def test_torch_control_is_skipped_on_the_cpu_with_the_reason() -> None:
+    fields, ctx = run("torch:grouped_mm", Condition.SINGLE)
+    assert fields["status"] is Status.SKIPPED
+    assert "needs a CUDA GPU" in " ".join(ctx.notes)
+
+
+def test_the_over_routed_cell_guards_the_output_the_kernel_allocates() -> None:
+    fields, ctx = run("specimen:running_row_mask", Condition.OVER_ROUTED, Shape(m=40, e=4, n=24, k=32, dtype="float32", routing="uniform"))
+    assert fields["status"] is Status.WRONG and fields["canary_hits"] == ("after y",)
+    assert ctx.facts["output_guard"] is True and ctx.facts["rows_written_after_y"] == 64
+    fields, ctx = run("builtin", Condition.OVER_ROUTED, Shape(m=40, e=4, n=24, k=32, dtype="float32", routing="uniform"))
+    assert fields["status"] is Status.PASS and ctx.facts["canary_after_output"] is True
