@@ -133,4 +133,10 @@ PY
 finish() { pack; echo "==== SUMMARY"; cat "$S"; }
 
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$R/install.log" 2>&1 || say "install failed: $R/install.log"
+# The `qmoe-doctor` script pip writes may belong to another Python on the machine: every recipe's
+# `qmoe-doctor` is this python3's module, through a wrapper first on PATH.
+mkdir -p /tmp/qmoe-bin
+printf '#!/bin/sh\nexec python3 -m qmoe_doctor "$@"\n' > /tmp/qmoe-bin/qmoe-doctor
+chmod +x /tmp/qmoe-bin/qmoe-doctor
+export PATH=/tmp/qmoe-bin:$PATH
 NG=$(nvidia-smi -L 2>/dev/null | wc -l); ALL=$(seq -s, 0 $((NG - 1)))
