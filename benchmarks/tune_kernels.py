@@ -1,18 +1,29 @@
 """Measure candidate launch configs of our forward, dx and dw kernels on this GPU, side by side
 with ``torch._grouped_mm``, over the presets' GEMM shapes and several token counts; write the
-best per (op, shape) as a config table (``kernels/configs_sm90.json`` is one such file).
+best per (op, shape) as this device's config table (``kernels/configs-<device key>.json``, the
+key from what the device reports: ``qmoe_doctor.core.launch_configs.DeviceFacts``).
 
+    python benchmarks/tune_kernels.py --install                   # tune this card once, for this user
     python benchmarks/tune_kernels.py --out tune/                 # every preset shape, 4 token counts
+    python benchmarks/tune_kernels.py --set card --deadline-s 200 --package --out tune/   # tools/gpu/perf_card.sh
     python benchmarks/tune_kernels.py --shapes 30b-gate_up:2048 --ops forward --out tune/
     python benchmarks/tune_kernels.py --tiny                      # CPU, interpreter: a smoke run
 
 Writes ``OUT/tune.json`` (every measurement: config, ms, TFLOP/s, relative difference from
 ``torch._grouped_mm``'s result) and ``OUT/configs.json`` (the table: the fastest correct config
-per point). Compilation is spread over ``--jobs`` processes first (it fills the Triton cache;
+per point), and a copy of the table named for the device, ``OUT/configs-<key>.json``.
+``--install`` also puts it in this user's cache folder, where the kernels find it for this
+device from then on (``kernels/tuning.py``; nothing ever tunes at run time); ``--package``
+beside ``kernels/tuning.py`` (in a checkout: the file to commit).
+
+At every point the config the device uses today (its current table's pick: the incumbent) is
+measured with the candidates, so a new table is never slower than the old one at a point it
+measured. Compilation is spread over ``--jobs`` processes first (it fills the Triton cache;
 nothing is timed then); timing runs in this process alone, one kernel at a time, with
 ``triton.testing.do_bench`` (median, L2 flushed between calls). A config that fails to compile
 or launch, or whose result differs from torch's by more than ``--max-rel-diff``, is recorded
-with its reason and never chosen.
+with its reason and never chosen. Past ``--deadline-s`` only the incumbents are measured, so
+the table stays complete.
 """
 
 from __future__ import annotations
@@ -130,7 +141,63 @@ DW_CONFIGS = [
     "16x128x128-w8-s2-tma-ov2",
     "16x128x128-w8-s2-tma-ov4",
 ]
+# Where an H100 lost to the public design's best fixed tile with the H200's table (30b and 235b
+# gate_up at 2048 tokens, 2026-11-25): 128x256x64 tiles in every form the H100's 227 KiB of
+# shared memory holds (4 stages: 192 KiB), two programs per SM of 128x128 tiles, and 256-row
+# tiles for the 8192-token points (experts of ~512 rows).
+FWD_CONFIGS += [
+    "128x256x64-w8-s4",
+    "128x256x64-w8-s4-tma",
+    "128x128x64-w4-s3-p2-tma-flat",
+    "256x128x64-w8-s3-tma-flat",
+]
+# dw at 8192 tokens is compute-bound (experts of ~512 rows): larger dw tiles, deeper steps.
+DW_CONFIGS += ["128x128x128-w8-s3-tma", "64x256x64-w8-s4-tma", "128x128x64-w8-s4-tma"]
 CONFIGS = {"forward": FWD_CONFIGS, "dx": FWD_CONFIGS, "dw": DW_CONFIGS}
+#: The per-card set (``--set card``, tools/gpu/perf_card.sh): about 3 minutes on an H100 with the
+#: incumbents, compile included. Forward/dx: the public design's tile in each of our kernels,
+#: the H100 additions, the 128x128 and 64-row tiles of the few-row points; dw: every config a
+#: packaged table picked at some point, the compute-bound candidates, the overlapped kernel's
+#: paired and one-tile items.
+CARD_FWD_CONFIGS = [
+    "128x256x64-w8-s3",
+    "128x256x64-w8-s4",
+    "128x256x64-w8-s3-tma",
+    "128x256x64-w8-s4-tma",
+    "128x256x64-w8-s3-flat",
+    "128x256x64-w8-s3-tma-flat",
+    "128x256x64-w8-s4-tma-flat",
+    "128x128x64-w8-s4-tma-flat",
+    "128x128x64-w4-s4-tma-flat",
+    "128x128x64-w4-s3-p2-tma-flat",
+    "128x128x128-w8-s3-tma-flat",
+    "256x128x64-w8-s3-tma-flat",
+    "64x256x64-w4-s4-tma-flat",
+    "64x256x64-w8-s4-tma-flat",
+    "64x128x64-w4-s4-p2-tma-flat",
+    "64x128x64-w4-s5-tma-flat",
+]
+CARD_DW_CONFIGS = [
+    "32x128x128-w4-s5-p2-tma",
+    "32x128x128-w4-s4-p2-tma",
+    "64x128x128-w8-s3-tma",
+    "64x256x128-w8-s3-tma",
+    "128x128x128-w8-s3-tma",
+    "64x256x64-w8-s4-tma",
+    "128x128x64-w8-s4-tma",
+    "64x128x128-w8-s3-tma-r3",
+    "32x128x128-w8-s3-tma-r6",
+    "32x256x128-w8-s2-tma-ov5",
+    "32x256x128-w8-s3-tma-ov4",
+    "16x256x128-w8-s2-tma-ov8",
+    "64x256x128-w8-s2-tma-ov2",
+    "32x128x128-w8-s2-tma-ov5",
+    "16x128x128-w8-s2-tma-ov4",
+]
+CONFIG_SETS = {
+    "full": CONFIGS,
+    "card": {"forward": CARD_FWD_CONFIGS, "dx": CARD_FWD_CONFIGS, "dw": CARD_DW_CONFIGS},
+}
 TINY_CONFIGS = {
     "forward": ["32x32x32-w4-s1", "32x32x32-w4-s1-tma", "32x32x32-w4-s1-flat", "32x32x32-w4-s1-tma-flat"],
     "dx": ["32x32x32-w4-s1", "32x32x32-w4-s1-tma", "32x32x32-w4-s1-flat", "32x32x32-w4-s1-tma-flat"],
@@ -243,16 +310,49 @@ def rel_diff(a: Any, b: Any) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
+def incumbent(op: str, label: str, e: int, n: int, k: int, tokens: int, top_k: int, device: Any, dtype: Any) -> str:
+    """The config this device uses today at this point (its current table, ``kernels/tuning.py``);
+    "" on the CPU (the interpreter's config is not a candidate)."""
+    if device.type != "cuda":
+        return ""
+    from qmoe_doctor.kernels.backward import pick_dw_config
+    from qmoe_doctor.kernels.grouped_gemm import pick_config
+
+    m = tokens * top_k
+    if op == "dw":
+        return pick_dw_config(n, k, device, dtype, avg_rows=m / e).name
+    if op == "dx":  # the forward kernel on w.T: N and K trade places
+        return pick_config(m, k, n, e, device, dtype, op="dx").name
+    return pick_config(m, n, k, e, device, dtype, op="forward").name
+
+
+def candidates(args: argparse.Namespace, op: str, point: tuple[str, int, int, int, int], device: Any, dtype: Any) -> list[str]:
+    """This point's candidates for ``op``: the set's (or ``--configs``), then the incumbent."""
+    names = configs_for(args, op)
+    if args.configs or args.tiny:
+        return names
+    label, e, n, k, tokens = point
+    today = incumbent(op, label, e, n, k, tokens, args.top_k, device, dtype)
+    return names + ([today] if today and today not in names else [])
+
+
 def warm(args: argparse.Namespace, job: int, jobs: int) -> int:
-    """Compile this job's share of (op, config) pairs at the first point (nothing timed)."""
+    """Compile this job's share of (op, config) pairs at the first point (nothing timed); the
+    incumbents of every point are compiled too (the integer arguments of the preset points all
+    specialise alike, so one compile per config serves them)."""
     import torch
 
     from qmoe_doctor.kernels.tuning import config_from_name
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    label, e, n, k, tokens = parse_points(args.shapes, args.tiny)[0]
-    pt = Point(label, e, n, k, tokens, device, torch.bfloat16 if not args.tiny else torch.float16, args.top_k)
-    pairs = [(op, c) for op in args.ops for c in configs_for(args, op)]
+    dtype = torch.bfloat16 if not args.tiny else torch.float16
+    points = parse_points(args.shapes, args.tiny)
+    label, e, n, k, tokens = points[0]
+    pt = Point(label, e, n, k, tokens, device, dtype, args.top_k)
+    pairs: list[tuple[str, str]] = []
+    for op in args.ops:
+        for point in points:
+            pairs += [(op, c) for c in candidates(args, op, point, device, dtype) if (op, c) not in pairs]
     for i, (op, name) in enumerate(pairs):
         if i % jobs != job:
             continue
@@ -270,7 +370,19 @@ def warm(args: argparse.Namespace, job: int, jobs: int) -> int:
 def configs_for(args: argparse.Namespace, op: str) -> list[str]:
     if args.configs:
         return [c.strip() for c in args.configs.split(",") if c.strip()]
-    return (TINY_CONFIGS if args.tiny else CONFIGS)[op]
+    return (TINY_CONFIGS if args.tiny else CONFIG_SETS[args.set])[op]
+
+
+def device_facts(device: Any) -> Any:
+    """The device's facts as the config tables are keyed (the CPU smoke run: a "cpu" device no
+    GPU matches)."""
+    from qmoe_doctor.core.launch_configs import DeviceFacts
+
+    if device.type != "cuda":
+        return DeviceFacts(name="cpu (Triton interpreter)", capability=(0, 0), sms=os.cpu_count() or 1)
+    from qmoe_doctor.kernels.tuning import device_facts as facts_of
+
+    return facts_of(device.index or 0)
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -278,13 +390,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import triton
     import triton.testing
 
-    from qmoe_doctor.kernels.tuning import config_from_name
+    from qmoe_doctor.kernels.tuning import config_from_name, describe_device_table
 
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     dtype = torch.float16 if args.tiny else torch.bfloat16
     timed = device.type == "cuda"
+    facts = device_facts(device)
+    table_before = describe_device_table(0) if timed else ""
+    t0 = getattr(args, "started", None) or time.perf_counter()
+    late: list[str] = []
     rows: list[dict[str, Any]] = []
-    for label, e, n, k, tokens in parse_points(args.shapes, args.tiny):
+    for point in parse_points(args.shapes, args.tiny):
+        label, e, n, k, tokens = point
         pt = Point(label, e, n, k, tokens, device, dtype, args.top_k)
         log(f"{label} T={tokens} M={pt.m} E={e} N={n} K={k}")
         for op in args.ops:
@@ -304,12 +421,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     "note": "",
                 }
             )
-            for name in configs_for(args, op):
+            names = candidates(args, op, point, device, dtype)
+            today = incumbent(op, label, e, n, k, tokens, args.top_k, device, dtype) if not args.configs else ""
+            if args.deadline_s and time.perf_counter() - t0 > args.deadline_s and today:
+                names = [today]  # past the deadline: the table stays complete, with today's pick
+                late.append(f"{op} {label}:{tokens}")
+            for name in names:
                 cfg = config_from_name(name)
                 row = {
                     **base,
                     "impl": "qmoe",
                     "config": name,
+                    "incumbent": name == today,
                     "path": "",
                     "ms": None,
                     "tflops": None,
@@ -329,16 +452,21 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     row["note"] = f"{type(exc).__name__}: {str(exc)[:160]}".replace("\n", " ")
                 rows.append(row)
                 shown = f"{row['tflops']:7.1f} TFLOP/s" if row["tflops"] else row["note"][:60] or "ok"
-                log(f"  {op:<8} {name:<28} {row['path']:<8} {shown}")
+                log(f"  {op:<8} {name:<28} {row['path']:<8} {shown}{'  (incumbent)' if row['incumbent'] else ''}")
             del ref
         del pt
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    if late:
+        log(f"past --deadline-s {args.deadline_s}: only the incumbent at {', '.join(late)}")
     return {
         "format": 1,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "capability": list(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None,
+        "device": facts.name,
+        "capability": list(facts.capability),
+        "sms": facts.sms,
+        "key": facts.key,
+        "table_before": table_before,
         "versions": {
             "torch": torch.__version__,
             "triton": triton.__version__,
@@ -347,6 +475,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         },
         "command": " ".join(["benchmarks/tune_kernels.py", *sys.argv[1:]]),
         "timed": timed,
+        "incumbents_only": late,
         "rows": rows,
     }
 
@@ -363,6 +492,8 @@ def best_table(result: dict[str, Any]) -> dict[str, Any]:
             continue
         best = min(ours, key=lambda r: r["ms"])
         first = rows[1] if len(rows) > 1 else None
+        today = next((r for r in ours if r.get("incumbent")), None)
+        extra = {"incumbent": today["config"], "incumbent_tflops": round(today["tflops"], 1)} if today else {}
         entries.append(
             {
                 "op": op,
@@ -377,12 +508,15 @@ def best_table(result: dict[str, Any]) -> dict[str, Any]:
                 "tflops": round(best["tflops"], 1),
                 "grouped_mm_tflops": round(theirs["tflops"], 1) if theirs and theirs["tflops"] else None,
                 "previous_rule_tflops": round(first["tflops"], 1) if first and first["tflops"] else None,
+                **extra,  # the config the device used before this table, measured beside the rest
             }
         )
     return {
         "format": 1,
-        "about": "launch configs measured by benchmarks/tune_kernels.py; kernels/tuning.py reads this",
-        "tuned_on": {k: result[k] for k in ("date", "device", "capability", "versions", "command")},
+        "about": "launch configs measured by benchmarks/tune_kernels.py on one device; kernels/tuning.py reads this",
+        "tuned_on": {
+            k: result[k] for k in ("date", "device", "capability", "sms", "versions", "command") if k in result
+        },
         "entries": entries,
     }
 
@@ -434,6 +568,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--ops", default="forward,dx,dw", help="any of forward,dx,dw")
     ap.add_argument("--configs", default="", help="pin the candidate list (BMxBNxBK-wW-sS[-pP][-tma],...)")
+    ap.add_argument(
+        "--set", choices=sorted(CONFIG_SETS), default="full",
+        help="candidate set: full (every candidate) or card (the per-card set of tools/gpu/perf_card.sh)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--deadline-s", type=float, default=0.0,
+        help="seconds from the start (compile included) after which only the incumbents are measured (0: none)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--install", action="store_true",
+        help="also put the table in this user's cache folder, where the kernels find it for this device",
+    )  # fmt: skip
+    ap.add_argument(
+        "--package", action="store_true",
+        help="also write the table beside kernels/tuning.py (in a checkout: the file to commit)",
+    )  # fmt: skip
     ap.add_argument("--top-k", type=int, default=TOP_K)
     ap.add_argument(
         "--jobs", type=int, default=min(8, os.cpu_count() or 1), help="compile processes (0: none)"
@@ -464,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.warm_job:
         job, jobs = (int(v) for v in args.warm_job.split("/"))
         return warm(args, job, jobs)
-    t0 = time.perf_counter()
+    t0 = args.started = time.perf_counter()
     if args.jobs > 0:
         log(f"compiling in {args.jobs} processes")
         procs = [
@@ -490,7 +640,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge is not None:
         measured = {(r["op"], r["point"], r["tokens"]) for r in result["rows"]}
         table = merge_tables(table, json.loads(args.merge.read_text()), measured, str(args.merge))
-    (args.out / "configs.json").write_text(json.dumps(table, indent=1))
+    text = json.dumps(table, indent=1) + "\n"
+    (args.out / "configs.json").write_text(text)
+    written = [write_table(args.out / table_name(result), text)]
+    if args.install:
+        written.append(write_table(user_table(result), text))
+    if args.package:
+        from qmoe_doctor.kernels.tuning import PACKAGE_DIR
+
+        written.append(write_table(PACKAGE_DIR / table_name(result), text))
     if result["timed"]:
         print(render(table))
     else:
@@ -500,8 +658,39 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {r['op']} {r['config']}: {r['note']}")
         if failed:
             return 1
-    log(f"wrote {args.out / 'tune.json'} and {args.out / 'configs.json'} ({result['wall_s']} s)")
+    log(f"wrote {args.out / 'tune.json'}, {args.out / 'configs.json'} ({result['wall_s']} s)")
+    for path in written:
+        log(f"table for {result['device']} ({result['key']}): {path}")
     return 0
+
+
+def _facts(result: dict[str, Any]) -> Any:
+    from qmoe_doctor.core.launch_configs import DeviceFacts
+
+    cc = result.get("capability") or [0, 0]
+    return DeviceFacts(name=result["device"], capability=(int(cc[0]), int(cc[1])), sms=int(result["sms"]))
+
+
+def table_name(result: dict[str, Any]) -> str:
+    """``configs-<device key>.json``: the name the kernels look for (packaged or installed)."""
+    from qmoe_doctor.core.launch_configs import table_file_name
+
+    return str(table_file_name(_facts(result)))
+
+
+def user_table(result: dict[str, Any]) -> Path:
+    from qmoe_doctor.core.launch_configs import user_table_path
+
+    return Path(user_table_path(_facts(result)))
+
+
+def write_table(path: Path, text: str) -> Path:
+    """Write atomically: a kernel reading the table meanwhile sees the old one or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
 
 
 if __name__ == "__main__":

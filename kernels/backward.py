@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -38,27 +39,33 @@ from qmoe_doctor.kernels._details.backward_kernels import (
     _row_bounds_kernel,
 )
 from qmoe_doctor.kernels.dw_overlap import (
+    dw_overlap_kernel,
     dw_overlap_plan,
     dw_overlap_smem_bytes,
-    launch_dw_overlap,
+    overlap_args,
     overlap_halves,
 )
 from qmoe_doctor.kernels.grouped_gemm import (
+    PLAN_LIMIT,
     GemmConfig,
     _clamped_sizes,
+    _operand_key,
     _tma_ready,
-    capability,
+    check_dx_shapes,
     check_routing_sizes,
     device_guard,
+    grouped_gemm_call,
     interpreting,
     moe_grouped_gemm,
     moe_grouped_gemm_torch,
     persistent_sms,
+    plan_stats,
     reserved_sms,
     sm_reserve,
     smem_limit,
     tensor_descriptor_class,
 )
+from qmoe_doctor.kernels.launch import Launch, rebase
 
 __all__ = [
     "GroupedGemm",
@@ -92,15 +99,6 @@ _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # --------------------------------------------------------------------------------------------
 
 
-def _check_dx_shapes(dy: torch.Tensor, w: torch.Tensor) -> None:
-    # checked here so the message speaks of dy and w, not of the transposed view the kernel sees
-    if isinstance(dy, torch.Tensor) and isinstance(w, torch.Tensor) and dy.dim() == 2 and w.dim() == 3:
-        if dy.shape[1] != w.shape[1]:
-            raise ValueError(
-                f"dy has N={dy.shape[1]} columns but w is (E, N, K)={tuple(w.shape)}: N must match"
-            )
-
-
 def moe_grouped_gemm_dx(
     dy: torch.Tensor,
     w: torch.Tensor,
@@ -112,11 +110,9 @@ def moe_grouped_gemm_dx(
     """``dx[m] = dy[m] @ w[e(m)]``: dy (M, N), w (E, N, K), m_sizes (E,) -> dx (M, K).
 
     Rows ``m_sizes`` does not cover are zero; the device guard, buffers and masking are the
-    forward's (it is the forward kernel on ``w.transpose(1, 2)``).
+    forward's (it is the forward kernel on ``w.transpose(1, 2)``, read through swapped strides).
     """
-    _check_dx_shapes(dy, w)
-    w_t = w.transpose(1, 2) if isinstance(w, torch.Tensor) and w.dim() == 3 else w
-    return moe_grouped_gemm(dy, w_t, m_sizes, check_routing=check_routing, config=config)
+    return grouped_gemm_call(dy, w, m_sizes, transposed=True, check_routing=check_routing, config=config)
 
 
 def moe_grouped_gemm_dx_torch(
@@ -128,7 +124,7 @@ def moe_grouped_gemm_dx_torch(
     config: GemmConfig | None = None,
 ) -> torch.Tensor:
     """The slow, obvious twin of ``moe_grouped_gemm_dx``."""
-    _check_dx_shapes(dy, w)
+    check_dx_shapes(dy, w)
     return moe_grouped_gemm_torch(dy, w.transpose(1, 2), m_sizes, check_routing=check_routing, config=config)
 
 
@@ -175,18 +171,61 @@ def row_bounds(m_sizes: torch.Tensor, m: int) -> torch.Tensor:
     The same clamping as the forward's tile walk: negative counts are 0, nothing passes M
     (``min(cumsum, M)``). int64: the cumsum of int32 counts can pass 2**31. No synchronization.
     One small Triton launch (``_row_bounds_kernel``): the six torch ops of ``row_bounds_torch``
-    cost 56 us of host time per dw call on an H200 host (run 44), a third of the whole call.
+    cost 56 us of host time per dw call on an H200 host, a third of the whole call.
     """
-    e = m_sizes.shape[0]
-    on_triton = m_sizes.device.type == "cuda" or (interpreting() and m_sizes.device.type == "cpu")
-    if not on_triton or e > _BOUNDS_MAX_EXPERTS:
-        return row_bounds_torch(m_sizes, m)
     with device_guard(m_sizes.device):
-        bounds = torch.empty(e + 1, dtype=torch.int64, device=m_sizes.device)
-        _row_bounds_kernel[(1,)](
-            m_sizes, bounds, e, m, BLOCK_E=triton.next_power_of_2(max(e, 1)), num_warps=4
-        )
-    return bounds
+        return _bounds_plan(m_sizes, m)(m_sizes)
+
+
+class _BoundsPlan:
+    """``row_bounds`` of one (m_sizes layout, M): its Triton launch, or the torch twin."""
+
+    __slots__ = ("device", "e", "launch", "m")
+
+    def __init__(self, m_sizes: torch.Tensor, m: int) -> None:
+        e = m_sizes.shape[0]
+        self.e, self.m, self.device = e, m, m_sizes.device
+        on_triton = m_sizes.device.type == "cuda" or (interpreting() and m_sizes.device.type == "cpu")
+        self.launch: Launch | None = None
+        if on_triton and e <= _BOUNDS_MAX_EXPERTS:
+            index = _guard_index(m_sizes.device)
+            self.launch = Launch(
+                _row_bounds_kernel,
+                1,
+                {"E": e, "M": m, "BLOCK_E": triton.next_power_of_2(max(e, 1))},
+                ("sizes_ptr", "bounds_ptr"),
+                {"num_warps": 4},
+                device_index=index,
+            )
+
+    def __call__(self, m_sizes: torch.Tensor) -> torch.Tensor:
+        """The bounds on m_sizes' device (the launch holds its guard)."""
+        if self.launch is None:
+            return row_bounds_torch(m_sizes, self.m)
+        bounds = torch.empty(self.e + 1, dtype=torch.int64, device=self.device)
+        self.launch(m_sizes, bounds)
+        return bounds
+
+
+_BOUNDS_PLANS: dict[tuple[Any, ...], _BoundsPlan] = {}
+
+
+def _bounds_plan(m_sizes: torch.Tensor, m: int) -> _BoundsPlan:
+    key = (_operand_key(m_sizes), m)
+    plan = _BOUNDS_PLANS.get(key)
+    if plan is None:
+        plan = _BoundsPlan(m_sizes, m)
+        if len(_BOUNDS_PLANS) >= PLAN_LIMIT:
+            _BOUNDS_PLANS.clear()
+        _BOUNDS_PLANS[key] = plan
+    return plan
+
+
+def _guard_index(device: torch.device) -> int:
+    """The device guard's index of ``device``; -1 for CPU tensors (no guard)."""
+    if device.type != "cuda":
+        return -1
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def row_bounds_torch(m_sizes: torch.Tensor, m: int) -> torch.Tensor:
@@ -233,7 +272,7 @@ def pick_dw_config(
 def _pick_dw_config(n: int, k: int, index: int, dtype: torch.dtype, avg_rows: float) -> GemmConfig:
     from qmoe_doctor.kernels import tuning
 
-    cfg = tuning.lookup("dw", avg_rows, n, k, capability(index))
+    cfg = tuning.lookup("dw", avg_rows, n, k, tuning.device_facts(index))
     if cfg is None:
         cfg = GemmConfig.from_tile(dw_fallback(n, k))
     return _fit_dw(cfg, index, dtype)
@@ -305,7 +344,9 @@ def launch_grouped_gemm_dw(
 
     dy (M, N), x (M, K), dw (E, N, K) any strides, bounds (E + 1,) int64 from ``row_bounds``.
     """
-    _grouped_gemm_dw_kernel[(num_programs,)](
+    # launches on the current device by contract (callers hold the guard): our own calls go
+    # through the guarded launch plans, tests and tools call it inside a guard
+    _grouped_gemm_dw_kernel[(num_programs,)](  # qmoe-doctor: ignore[unguarded-launch]
         dy, x, dw, bounds, *_dw_sizes(dy, x, dw), NUM_PROGRAMS=num_programs, **_launch_options(cfg)
     )
 
@@ -362,7 +403,9 @@ def launch_grouped_gemm_dw_tma(
     and stream. Callers hold the device guard."""
     dy_desc, x_desc, dw_desc = plan
     if cfg.resident:
-        _grouped_gemm_dw_resident_kernel[(num_programs,)](
+        # launches on the current device by contract (callers hold the guard): our own calls go
+        # through the guarded launch plans, tests and tools call it inside a guard
+        _grouped_gemm_dw_resident_kernel[(num_programs,)](  # qmoe-doctor: ignore[unguarded-launch]
             dy_desc,
             x_desc,
             dw_desc,
@@ -382,7 +425,9 @@ def launch_grouped_gemm_dw_tma(
             **_launch_options(cfg),
         )
         return
-    _grouped_gemm_dw_tma_kernel[(num_programs,)](
+    # launches on the current device by contract (callers hold the guard): our own calls go
+    # through the guarded launch plans, tests and tools call it inside a guard
+    _grouped_gemm_dw_tma_kernel[(num_programs,)](  # qmoe-doctor: ignore[unguarded-launch]
         dy_desc,
         x_desc,
         dw_desc,
@@ -406,7 +451,9 @@ def launch_grouped_gemm_dw_flat(
     num_programs: int,
 ) -> None:
     """Launch the flattened dw kernel on the current device and stream. Callers hold the guard."""
-    _grouped_gemm_dw_flat_kernel[(num_programs,)](
+    # launches on the current device by contract (callers hold the guard): our own calls go
+    # through the guarded launch plans, tests and tools call it inside a guard
+    _grouped_gemm_dw_flat_kernel[(num_programs,)](  # qmoe-doctor: ignore[unguarded-launch]
         dy,
         x,
         dw,
@@ -416,6 +463,162 @@ def launch_grouped_gemm_dw_flat(
         E_POW2=triton.next_power_of_2(dw.shape[0]),
         **_launch_options(cfg),
     )
+
+
+# --------------------------------------------------------------------------------------------
+# dw launch plans (as the forward's, ``grouped_gemm._GemmPlan``): made once per operand layout,
+# device and config; a call allocates dw and the row bounds and launches.
+# --------------------------------------------------------------------------------------------
+
+
+def _dw_args(dy: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, cfg: GemmConfig, programs: int) -> dict[str, Any]:
+    """The pointer, TMA and flat dw kernels' scalar arguments by name (``_dw_sizes``'s order)."""
+    names = ("M", "N", "K", "E", "stride_dym", "stride_dyn", "stride_xm", "stride_xk")
+    args: dict[str, Any] = dict(zip(names + ("stride_we", "stride_wn", "stride_wk"), _dw_sizes(dy, x, dw), strict=True))
+    args.update(NUM_PROGRAMS=programs, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k)
+    return args
+
+
+@dataclass(frozen=True, slots=True)
+class _DwPlan:
+    """One dw call shape. ``sources`` index (dy, x, dw, bounds, *descriptors) per tensor
+    argument of ``launch``; ``descriptors`` are (template, index into (dy, x, dw)) pairs."""
+
+    e: int
+    n: int
+    k: int
+    m: int
+    device: torch.device
+    guard_index: int
+    out_dtype: torch.dtype
+    zero_only: bool  # M == 0: dw is zeros, nothing launches
+    launch: Launch | None
+    bounds: _BoundsPlan | None = None
+    sources: tuple[int, ...] = ()
+    descriptors: tuple[tuple[Any, int], ...] = ()
+    config: GemmConfig | None = None
+    path: str = ""
+
+    def run(self, dy: torch.Tensor, x: torch.Tensor, m_sizes: torch.Tensor) -> torch.Tensor:
+        # as the forward plan's: allocations name the device, each launch holds its guard
+        dw = torch.empty((self.e, self.n, self.k), device=self.device, dtype=self.out_dtype)
+        if self.launch is None or self.bounds is None:
+            return dw.zero_() if self.zero_only else dw
+        bounds = self.bounds(m_sizes)  # on x.device's current stream, before the dw launch
+        values: tuple[Any, ...] = (dy, x, dw, bounds)
+        if self.descriptors:
+            values += tuple(rebase(template, values[i]) for template, i in self.descriptors)
+        self.launch(*[values[i] for i in self.sources])
+        return dw
+
+
+_DW_PLANS: dict[tuple[Any, ...], _DwPlan] = {}
+
+
+def _dw_plan(
+    dy: torch.Tensor, x: torch.Tensor, m_sizes: torch.Tensor, out_dtype: torch.dtype | None, config: GemmConfig | None
+) -> _DwPlan:
+    try:
+        key: tuple[Any, ...] | None = (
+            _operand_key(dy), _operand_key(x), _operand_key(m_sizes), out_dtype, config, sm_reserve()
+        )  # fmt: skip
+    except AttributeError:  # not a tensor: check_dw_operands says which argument
+        key = None
+    plan = _DW_PLANS.get(key) if key is not None else None
+    if plan is not None:
+        plan_stats.hits += 1
+        return plan
+    plan_stats.misses += 1
+    plan = _make_dw_plan(dy, x, m_sizes, out_dtype, config)
+    if key is not None:
+        if len(_DW_PLANS) >= PLAN_LIMIT:
+            _DW_PLANS.clear()
+        _DW_PLANS[key] = plan
+    return plan
+
+
+def _template(desc: Any) -> Any:
+    return rebase(desc, None)  # no tensor kept alive by a plan (grouped_gemm._template)
+
+
+def _make_dw_plan(
+    dy: torch.Tensor, x: torch.Tensor, m_sizes: torch.Tensor, out_dtype: torch.dtype | None, config: GemmConfig | None
+) -> _DwPlan:
+    check_dw_operands(dy, x, m_sizes)
+    m, n = dy.shape
+    k = x.shape[1]
+    e = m_sizes.shape[0]
+    device = x.device
+    guard = _guard_index(device)
+    out = out_dtype or x.dtype
+    base = functools.partial(_DwPlan, e=e, n=n, k=k, m=m, device=device, guard_index=guard, out_dtype=out)
+    if e * n * k == 0 or m == 0:
+        return base(zero_only=e * n * k > 0, launch=None)
+    common = {"device_index": guard}
+    with device_guard(device):
+        dw = torch.empty((e, n, k), device=device, dtype=out)  # the layout every call's dw has
+        bounds = _bounds_plan(m_sizes, m)
+        cfg = config or pick_dw_config(n, k, device, x.dtype, avg_rows=m / max(1, e))
+        if cfg.overlap:
+            overlap_plan = dw_overlap_plan(dy, x, dw, cfg)
+            if overlap_plan is not None:
+                programs = dw_grid_size(e, n, k, cfg, device)
+                launch = Launch(
+                    dw_overlap_kernel(),
+                    programs,
+                    overlap_args(dy, x, dw, cfg, programs),
+                    ("dy_desc", "x_desc", "dw_desc", "bounds_ptr"),
+                    {},
+                    **common,
+                )
+                dy_desc, x_desc, dw_desc = overlap_plan
+                return base(
+                    zero_only=False, launch=launch, bounds=bounds, sources=(4, 5, 6, 3),
+                    descriptors=((_template(dy_desc), 0), (_template(x_desc), 1), (_template(dw_desc), 2)),
+                    config=cfg, path="gluon+overlap",
+                )  # fmt: skip
+            cfg = overlap_fallback(cfg)
+            if device.type == "cuda":  # the Triton kernel of the same tiles may need more
+                cfg = _fit_dw(cfg, guard, x.dtype)
+        programs = dw_grid_size(e, n, k, cfg, device)
+        plan = None if cfg.flat else dw_tma_plan(dy, x, dw, cfg)
+    opts = _launch_options(cfg)
+    tiles = {"num_warps": opts.pop("num_warps"), "num_stages": opts.pop("num_stages")}
+    args = _dw_args(dy, x, dw, cfg, programs)
+    if cfg.flat:
+        args.update(E_POW2=triton.next_power_of_2(e))
+        launch = Launch(_grouped_gemm_dw_flat_kernel, programs, args, ("dy_ptr", "x_ptr", "dw_ptr", "bounds_ptr"), tiles, **common)
+        return base(zero_only=False, launch=launch, bounds=bounds, sources=(0, 1, 2, 3), config=cfg, path="pointer+flat")
+    if plan is None:
+        launch = Launch(_grouped_gemm_dw_kernel, programs, args, ("dy_ptr", "x_ptr", "dw_ptr", "bounds_ptr"), tiles, **common)
+        return base(zero_only=False, launch=launch, bounds=bounds, sources=(0, 1, 2, 3), config=cfg, path="pointer")
+    dy_desc, x_desc, dw_desc = plan
+    descriptors: tuple[tuple[Any, int], ...] = ((_template(dy_desc), 0), (_template(x_desc), 1))
+    names = ["dy_desc", "x_desc"]
+    sources = [4, 5]
+    if dw_desc is not None:
+        names.append("dw_desc")
+        sources.append(6)
+        descriptors += ((_template(dw_desc), 2),)
+    else:
+        args["dw_desc"] = None
+    if cfg.resident:
+        for name in ("stride_dym", "stride_dyn", "stride_xm", "stride_xk"):
+            del args[name]
+        args.update(MAX_CHUNKS=cfg.resident, DW_TMA=dw_desc is not None, X_RES=cfg.resident_x)
+        kernel, path = _grouped_gemm_dw_resident_kernel, "tma+resident"
+        names += ["dw_ptr", "bounds_ptr"]
+        sources += [2, 3]
+    else:
+        args.update(DW_TMA=dw_desc is not None)
+        kernel, path = _grouped_gemm_dw_tma_kernel, "tma"
+        names += ["dy_ptr", "x_ptr", "dw_ptr", "bounds_ptr"]
+        sources += [0, 1, 2, 3]
+    launch = Launch(kernel, programs, args, names, tiles, **common)
+    return base(
+        zero_only=False, launch=launch, bounds=bounds, sources=tuple(sources), descriptors=descriptors,
+        config=cfg, path=path,
+    )  # fmt: skip
 
 
 def moe_grouped_gemm_dw(
@@ -430,44 +633,13 @@ def moe_grouped_gemm_dw(
     """``dw[e] = dy_e.T @ x_e``: dy (M, N), x (M, K), m_sizes (E,) -> dw (E, N, K).
 
     Every element of dw is written (empty experts give zeros). ``check_routing=True`` also
-    verifies ``m_sizes`` (no negatives, sums to M); it synchronizes: off by default.
+    verifies ``m_sizes`` (no negatives, sums to M); it synchronizes: off by default. Nothing
+    else reads a tensor on the host: a cached launch plan, two allocations, two launches.
     """
-    check_dw_operands(dy, x, m_sizes)
-    m, n = dy.shape
-    k = x.shape[1]
-    e = m_sizes.shape[0]
+    plan = _dw_plan(dy, x, m_sizes, out_dtype, config)
     if check_routing:
-        check_routing_sizes(m_sizes, m)
-    out_dtype = out_dtype or x.dtype
-    with device_guard(x.device):
-        dw = torch.empty((e, n, k), device=x.device, dtype=out_dtype)
-        if dw.numel() == 0:
-            return dw
-        if m == 0:
-            return dw.zero_()
-        bounds = row_bounds(m_sizes, m)  # on x.device, inside the guard: the current stream
-        cfg = config or pick_dw_config(n, k, x.device, x.dtype, avg_rows=m / max(1, e))
-        if cfg.overlap:
-            overlap_plan = dw_overlap_plan(dy, x, dw, cfg)
-            if overlap_plan is not None:
-                launch_dw_overlap(overlap_plan, dy, x, dw, bounds, cfg, dw_grid_size(e, n, k, cfg, x.device))
-                return dw
-            cfg = overlap_fallback(cfg)
-            if x.device.type == "cuda":  # the Triton kernel of the same tiles may need more
-                cfg = _fit_dw(
-                    cfg,
-                    x.device.index if x.device.index is not None else torch.cuda.current_device(),
-                    x.dtype,
-                )
-        programs = dw_grid_size(e, n, k, cfg, x.device)
-        plan = None if cfg.flat else dw_tma_plan(dy, x, dw, cfg)
-        if cfg.flat:
-            launch_grouped_gemm_dw_flat(dy, x, dw, bounds, cfg, programs)
-        elif plan is not None:
-            launch_grouped_gemm_dw_tma(plan, dy, x, dw, bounds, cfg, programs)
-        else:
-            launch_grouped_gemm_dw(dy, x, dw, bounds, cfg, programs)
-    return dw
+        check_routing_sizes(m_sizes, plan.m)
+    return plan.run(dy, x, m_sizes)
 
 
 def moe_grouped_gemm_dw_torch(

@@ -30,7 +30,8 @@ import torch
 import triton
 
 from qmoe_doctor.kernels._details.combine_kernels import _combine_backward_kernel, _segment_sum_kernel
-from qmoe_doctor.kernels.grouped_gemm import device_guard
+from qmoe_doctor.kernels.grouped_gemm import PLAN_LIMIT, _operand_key, device_guard
+from qmoe_doctor.kernels.launch import Launch
 
 __all__ = [
     "combine_rows",
@@ -73,28 +74,69 @@ def _check(
 def segment_sum(
     rows: torch.Tensor, order: torch.Tensor, starts: torch.Tensor, weights: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """(S, H): out[s] = sum over j in [starts[s], starts[s+1]) of weights[j] * rows[order[j]]."""
-    _check(rows, order, starts, weights)
-    rows = rows if rows.stride(1) == 1 else rows.contiguous()
-    segments = starts.shape[0] - 1
-    h = rows.shape[1]
-    with device_guard(rows.device):
-        out = torch.empty((segments, h), device=rows.device, dtype=rows.dtype)
-        if segments == 0 or h == 0:
-            return out
-        _segment_sum_kernel[(segments, triton.cdiv(h, BLOCK_H))](
-            rows,
-            order.to(torch.int64),
-            starts.to(torch.int64),
-            weights if weights is not None else rows,
-            out,
-            h,
-            rows.stride(0),
-            out.stride(0),
-            HAS_W=weights is not None,
-            BLOCK_H=BLOCK_H,
+    """(S, H): out[s] = sum over j in [starts[s], starts[s+1]) of weights[j] * rows[order[j]].
+
+    The MoE block calls it twice per step: its launch is a cached plan per operand layout
+    (``grouped_gemm``'s launch plans), no check or argument binding repeated per call."""
+    try:
+        key: tuple[Any, ...] | None = (
+            _operand_key(rows), _operand_key(order), _operand_key(starts),
+            None if weights is None else _operand_key(weights),
+        )  # fmt: skip
+    except AttributeError:
+        key = None
+    plan = _SUM_PLANS.get(key) if key is not None else None
+    if plan is None:
+        _check(rows, order, starts, weights)
+        plan = _SumPlan(rows, starts, weights)
+        if key is not None:
+            if len(_SUM_PLANS) >= PLAN_LIMIT:
+                _SUM_PLANS.clear()
+            _SUM_PLANS[key] = plan
+    return plan.run(rows, order, starts, weights)
+
+
+class _SumPlan:
+    """One segment_sum layout: output shape, the launch, which operands need converting."""
+
+    __slots__ = ("contiguous", "device", "dtype", "guard_index", "h", "launch", "segments")
+
+    def __init__(self, rows: torch.Tensor, starts: torch.Tensor, weights: torch.Tensor | None) -> None:
+        self.contiguous = rows.stride(1) != 1  # the kernel walks a row with stride 1
+        self.segments = starts.shape[0] - 1
+        self.h = rows.shape[1]
+        self.device, self.dtype = rows.device, rows.dtype
+        self.guard_index = (
+            (rows.device.index if rows.device.index is not None else torch.cuda.current_device())
+            if rows.device.type == "cuda"
+            else -1
         )
-    return out
+        self.launch: Launch | None = None
+        if self.segments and self.h:
+            stride_r = rows.stride(0) if not self.contiguous else self.h
+            self.launch = Launch(
+                _segment_sum_kernel,
+                (self.segments, triton.cdiv(self.h, BLOCK_H)),
+                {"H": self.h, "stride_r": stride_r, "stride_o": self.h, "HAS_W": weights is not None, "BLOCK_H": BLOCK_H},
+                ("rows_ptr", "order_ptr", "starts_ptr", "w_ptr", "out_ptr"),
+                {},
+                device_index=self.guard_index,
+            )
+
+    def run(
+        self, rows: torch.Tensor, order: torch.Tensor, starts: torch.Tensor, weights: torch.Tensor | None
+    ) -> torch.Tensor:
+        if self.contiguous:
+            rows = rows.contiguous()
+        out = torch.empty((self.segments, self.h), device=self.device, dtype=self.dtype)
+        if self.launch is not None:  # it holds the rows' device guard
+            self.launch(
+                rows, order.to(torch.int64), starts.to(torch.int64), weights if weights is not None else rows, out
+            )
+        return out
+
+
+_SUM_PLANS: dict[tuple[Any, ...], _SumPlan] = {}
 
 
 def segment_sum_torch(

@@ -53,6 +53,8 @@ from qmoe_doctor.kernels._details import dw_overlap_kernels as _gluon
 
 __all__ = [
     "HAVE_GLUON",
+    "dw_overlap_kernel",
+    "overlap_args",
     "dw_overlap_ok",
     "dw_overlap_plan",
     "dw_overlap_smem_bytes",
@@ -180,27 +182,36 @@ def dw_overlap_plan(
     return dy_desc, x_desc, dw_desc
 
 
+def dw_overlap_kernel() -> Any:
+    """The Gluon kernel (only where HAVE_GLUON)."""
+    return _gluon._grouped_gemm_dw_overlap_kernel
+
+
+def overlap_args(dy: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, cfg: Any, num_programs: int) -> dict[str, Any]:
+    """Every argument of the overlapped kernel but the three descriptors and the bounds, by name
+    (``num_warps`` is a parameter of the Gluon kernel and its launch option at once)."""
+    return {
+        "M": dy.shape[0],
+        "N": dy.shape[1],
+        "K": x.shape[1],
+        "E": dw.shape[0],
+        "NUM_PROGRAMS": num_programs,
+        "CHUNKS": cfg.overlap,
+        "STAGES": cfg.num_stages,
+        "E_POW2": _pow2(dw.shape[0]),
+        "HALVES": overlap_halves(cfg.block_n),
+        "num_warps": cfg.num_warps,
+    }
+
+
 def launch_dw_overlap(
     plan: tuple[Any, Any, Any], dy: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, bounds: torch.Tensor,
     cfg: Any, num_programs: int,
 ) -> None:  # fmt: skip
     """Launch the overlapped dw kernel on the current device and stream (callers hold the guard)."""
     dy_desc, x_desc, dw_desc = plan
-    _gluon._grouped_gemm_dw_overlap_kernel[(num_programs,)](
-        dy_desc,
-        x_desc,
-        dw_desc,
-        bounds,
-        dy.shape[0],
-        dy.shape[1],
-        x.shape[1],
-        dw.shape[0],
-        num_programs,
-        CHUNKS=cfg.overlap,
-        STAGES=cfg.num_stages,
-        E_POW2=_pow2(dw.shape[0]),
-        HALVES=overlap_halves(cfg.block_n),
-        num_warps=cfg.num_warps,
+    dw_overlap_kernel()[(num_programs,)](
+        dy_desc=dy_desc, x_desc=x_desc, dw_desc=dw_desc, bounds_ptr=bounds, **overlap_args(dy, x, dw, cfg, num_programs)
     )
 
 

@@ -19,8 +19,10 @@ What makes it right under every placement (each item is a cause in ``qmoe_doctor
   write outside x or y (``invalid-routing``). Rows that ``m_sizes`` does not cover are zero.
 
 ``moe_grouped_gemm_torch`` is the slow, obvious twin with the same signature and semantics.
-This module is the host side (checks, config choice, launchers); the Triton kernels themselves
-are in ``kernels/_details/grouped_gemm_kernels.py``.
+This module is the host side (checks, config choice, launchers, launch plans: what a call's
+shapes, strides, dtypes, alignment and device decide is worked out once per such combination
+and cached, and the launch goes through ``kernels/launch.py``; nothing is read on the host); the
+Triton kernels themselves are in ``kernels/_details/grouped_gemm_kernels.py``.
 """
 
 from __future__ import annotations
@@ -42,12 +44,18 @@ from qmoe_doctor.kernels._details.grouped_gemm_kernels import (
     _grouped_gemm_kernel,
     _grouped_gemm_tma_kernel,
 )
+from qmoe_doctor.kernels.launch import Launch, rebase
 
 __all__ = [
     "GemmConfig",
+    "PLAN_LIMIT",
+    "clear_plans",
+    "grouped_gemm_call",
+    "plan_stats",
     "moe_grouped_gemm",
     "moe_grouped_gemm_torch",
     "pick_config",
+    "check_dx_shapes",
     "check_operands",
     "device_guard",
     "num_sms",
@@ -219,6 +227,16 @@ def check_operands(x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor, *, w
         raise ValueError(f"{what} is on {x.device}; only CUDA devices are supported")
 
 
+def check_dx_shapes(dy: torch.Tensor, w: torch.Tensor) -> None:
+    """dx's own shape check, so the message speaks of dy and w, not of the transposed view the
+    kernel sees."""
+    if isinstance(dy, torch.Tensor) and isinstance(w, torch.Tensor) and dy.dim() == 2 and w.dim() == 3:
+        if dy.shape[1] != w.shape[1]:
+            raise ValueError(
+                f"dy has N={dy.shape[1]} columns but w is (E, N, K)={tuple(w.shape)}: N must match"
+            )
+
+
 def check_routing_sizes(m_sizes: torch.Tensor, m: int) -> None:
     """Opt-in routing check: synchronizes (reads m_sizes on the host)."""
     sizes = m_sizes.detach().to("cpu", torch.int64)
@@ -231,7 +249,7 @@ def check_routing_sizes(m_sizes: torch.Tensor, m: int) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Config choice: the measured table (kernels/tuning.py), else the fallback table
+# Config choice: the device's measured table (kernels/tuning.py), else the fallback table
 # (qmoe_doctor.core.launch_configs), pruned against the device's shared memory (no autotune at
 # run time: a 1000-config autotune took 49 s for one shape on an H200).
 # --------------------------------------------------------------------------------------------
@@ -240,10 +258,10 @@ def check_routing_sizes(m_sizes: torch.Tensor, m: int) -> None:
 def pick_config(
     m: int, n: int, k: int, e: int, device: torch.device, dtype: torch.dtype, *, op: str = "forward"
 ) -> GemmConfig:
-    """The launch config of one call: the measured table (``kernels/tuning.py``) on the
-    devices it was measured for, the fallback table (``core.launch_configs``) elsewhere;
-    pruned to the device's shared memory either way. ``op`` is "forward" or "dx" (the forward
-    kernel on w.T)."""
+    """The launch config of one call: the device's measured table (``kernels/tuning.py``
+    says which one), the fallback table (``core.launch_configs``) where none applies; pruned to
+    the device's shared memory either way. ``op`` is "forward" or "dx" (the forward kernel on
+    w.T)."""
     if device.type != "cuda":
         return GemmConfig.from_tile(GEMM_CONFIGS["interpreter"])
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -252,13 +270,12 @@ def pick_config(
 
 @functools.lru_cache(maxsize=4096)
 def _pick_config(m: int, n: int, k: int, e: int, index: int, dtype: torch.dtype, op: str) -> GemmConfig:
-    """pick_config per (shape, device index, dtype, op), cached: a call with few rows takes tens
-    of microseconds on the GPU, and the table lookup must not add more on the host."""
+    """pick_config per (shape, device index, dtype, op), cached."""
     from qmoe_doctor.kernels import tuning
 
     avg_rows = max(1, m // max(1, e))
     device = torch.device("cuda", index)
-    cfg = tuning.lookup(op, m / max(1, e), n, k, capability(index))
+    cfg = tuning.lookup(op, m / max(1, e), n, k, tuning.device_facts(index))
     if cfg is None:
         cfg = GemmConfig.from_tile(gemm_fallback(avg_rows, n))
     return fit_config(cfg, device, dtype)
@@ -276,8 +293,60 @@ def fit_config(cfg: GemmConfig, device: torch.device, dtype: torch.dtype) -> Gem
 
 
 # --------------------------------------------------------------------------------------------
-# Launchers (the kernels: kernels/_details/grouped_gemm_kernels.py).
+# Kernel arguments (the kernels: kernels/_details/grouped_gemm_kernels.py). Each builder returns
+# every argument but the tensors, by the kernel's parameter names; the launchers below and the
+# launch plans further down share them.
 # --------------------------------------------------------------------------------------------
+
+Strides = tuple[int, ...]
+
+
+def _tiles(cfg: GemmConfig) -> dict[str, int]:
+    return {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}
+
+
+def _options(cfg: GemmConfig) -> dict[str, int]:
+    return {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+
+
+def _pointer_args(
+    sizes: tuple[int, int, int, int], xs: Strides, ws: Strides, ys: Strides, cfg: GemmConfig, programs: int
+) -> dict[str, Any]:
+    m, n, k, e = sizes
+    return {
+        "M": m, "N": n, "K": k, "E": e,
+        "stride_xm": xs[0], "stride_xk": xs[1],
+        "stride_we": ws[0], "stride_wn": ws[1], "stride_wk": ws[2],
+        "stride_ym": ys[0], "stride_yn": ys[1],
+        "NUM_PROGRAMS": programs, **_tiles(cfg),
+    }  # fmt: skip
+
+
+def _tma_args(
+    sizes: tuple[int, int, int, int], ys: Strides, w_rows: int, w_kn: bool, y_tma: bool, cfg: GemmConfig, programs: int
+) -> dict[str, Any]:
+    m, n, k, e = sizes
+    return {
+        "M": m, "N": n, "K": k, "E": e, "W_ROWS": w_rows,
+        "stride_ym": ys[0], "stride_yn": ys[1],
+        "NUM_PROGRAMS": programs, "W_KN": w_kn, "Y_TMA": y_tma, **_tiles(cfg),
+    }  # fmt: skip
+
+
+def _flat_args(
+    sizes: tuple[int, int, int, int],
+    xs: Strides,
+    ws: Strides,
+    ys: Strides,
+    w_rows: int,
+    w_kn: bool,
+    use_tma: bool,
+    cfg: GemmConfig,
+    programs: int,
+) -> dict[str, Any]:
+    args = _pointer_args(sizes, xs, ws, ys, cfg, programs)
+    args.update(W_ROWS=w_rows, E_POW2=triton.next_power_of_2(sizes[3] + 1), USE_TMA=use_tma, W_KN=w_kn)
+    return args
 
 
 def launch_grouped_gemm(
@@ -291,29 +360,10 @@ def launch_grouped_gemm(
     """Launch on the current device and stream. Callers hold the device guard."""
     m, k = x.shape
     e, n, _ = w.shape
-    _grouped_gemm_kernel[(num_programs,)](
-        x,
-        w,
-        y,
-        m_sizes,
-        m,
-        n,
-        k,
-        e,
-        x.stride(0),
-        x.stride(1),
-        w.stride(0),
-        w.stride(1),
-        w.stride(2),
-        y.stride(0),
-        y.stride(1),
-        NUM_PROGRAMS=num_programs,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
+    args = _pointer_args((m, n, k, e), x.stride(), w.stride(), y.stride(), cfg, num_programs)
+    # launches on the current device by contract (callers hold the guard): our calls go through
+    # the guarded launch plans; the specimens call this unguarded to plant their fault
+    _grouped_gemm_kernel[(num_programs,)](x, w, y, m_sizes, **args, **_options(cfg))  # qmoe-doctor: ignore[unguarded-launch]
 
 
 # --------------------------------------------------------------------------------------------
@@ -394,27 +444,11 @@ def launch_grouped_gemm_tma(
 ) -> None:
     """Launch the TMA kernel on the current device and stream. Callers hold the device guard."""
     x_desc, w_desc, y_desc, w_rows, w_kn = plan
-    _grouped_gemm_tma_kernel[(num_programs,)](
-        x_desc,
-        w_desc,
-        y,
-        y_desc,
-        m_sizes,
-        m,
-        n,
-        k,
-        e,
-        w_rows,
-        y.stride(0),
-        y.stride(1),
-        NUM_PROGRAMS=num_programs,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        W_KN=w_kn,
-        Y_TMA=y_desc is not None,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+    args = _tma_args((m, n, k, e), y.stride(), w_rows, w_kn, y_desc is not None, cfg, num_programs)
+    # launches on the current device by contract (callers hold the guard): our calls go through
+    # the guarded launch plans; the specimens call this unguarded to plant their fault
+    _grouped_gemm_tma_kernel[(num_programs,)](  # qmoe-doctor: ignore[unguarded-launch]
+        x_desc=x_desc, w_desc=w_desc, y_ptr=y, y_desc=y_desc, m_sizes_ptr=m_sizes, **args, **_options(cfg)
     )
 
 
@@ -431,34 +465,13 @@ def launch_grouped_gemm_flat(
     m, k = x.shape
     e, n, _ = w.shape
     x_desc, w_desc, _, w_rows, w_kn = plan if plan is not None else (None, None, None, 0, False)
-    _grouped_gemm_flat_kernel[(num_programs,)](
-        x,
-        w,
-        y,
-        m_sizes,
-        x_desc,
-        w_desc,
-        m,
-        n,
-        k,
-        e,
-        w_rows,
-        x.stride(0),
-        x.stride(1),
-        w.stride(0),
-        w.stride(1),
-        w.stride(2),
-        y.stride(0),
-        y.stride(1),
-        num_programs,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        E_POW2=triton.next_power_of_2(e + 1),
-        USE_TMA=plan is not None,
-        W_KN=w_kn,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+    args = _flat_args(
+        (m, n, k, e), x.stride(), w.stride(), y.stride(), w_rows, w_kn, plan is not None, cfg, num_programs
+    )
+    # launches on the current device by contract (callers hold the guard): our calls go through
+    # the guarded launch plans; the specimens call this unguarded to plant their fault
+    _grouped_gemm_flat_kernel[(num_programs,)](  # qmoe-doctor: ignore[unguarded-launch]
+        x_ptr=x, w_ptr=w, y_ptr=y, m_sizes_ptr=m_sizes, x_desc=x_desc, w_desc=w_desc, **args, **_options(cfg)
     )
 
 
@@ -478,6 +491,197 @@ def grid_size(m: int, n: int, e: int, cfg: GemmConfig, device: torch.device) -> 
     return max(1, min(4, max_tiles))  # interpreter: a few programs exercise the tile walk
 
 
+# --------------------------------------------------------------------------------------------
+# Launch plans: everything a call's shapes, strides, dtypes, alignment and device decide, made
+# once per such combination and kept (per device: the device is part of the key). A call then
+# checks nothing it already checked, picks nothing, builds one output and launches.
+# --------------------------------------------------------------------------------------------
+
+#: Plans kept per process (a few hundred bytes each); past this many the cache starts over, so a
+#: process that sees ever new shapes (dynamic token counts) stays bounded.
+PLAN_LIMIT = 4096
+
+
+@dataclass(slots=True)
+class PlanStats:
+    """Plan lookups since the process started (tests and tools read them)."""
+
+    hits: int = 0
+    misses: int = 0
+
+
+plan_stats = PlanStats()
+_PLANS: dict[tuple[Any, ...], _GemmPlan] = {}
+
+
+def clear_plans() -> None:
+    """Forget every launch plan (a test that changes the config table, a tuning run)."""
+    _PLANS.clear()
+    _pick_config.cache_clear()
+
+
+def _operand_key(t: torch.Tensor) -> tuple[Any, ...]:
+    """What a plan depends on of one operand: everything Triton specialises a pointer argument
+    on and every integer argument comes from (shape, strides), dtype, device, 16-byte alignment."""
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+
+
+@dataclass(frozen=True, slots=True)
+class _GemmPlan:
+    """One forward-kernel call shape: ``run`` allocates the output and launches.
+
+    ``sources`` says which of (x, w, y, m_sizes, *descriptors) fills each tensor argument of
+    ``launch``; ``descriptors`` are (template, operand index into (x, w, y)) pairs re-based
+    per call (``launch.rebase``)."""
+
+    m: int
+    n: int
+    device: torch.device
+    guard_index: int  # the device the launch guards; -1: none (CPU tensors)
+    out_dtype: torch.dtype
+    zero_only: bool  # K == 0: y is zeros, nothing launches
+    launch: Launch | None  # None: nothing launches (M == 0 or N == 0, or K == 0)
+    sources: tuple[int, ...] = ()
+    descriptors: tuple[tuple[Any, int], ...] = ()
+    config: GemmConfig | None = None
+    path: str = ""
+
+    def run(self, x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor) -> torch.Tensor:
+        # y on the operands' device (its allocation follows that device's current stream); the
+        # launch holds that device's guard (kernels/launch.py)
+        y = torch.empty((self.m, self.n), device=self.device, dtype=self.out_dtype)
+        if self.launch is None:
+            return y.zero_() if self.zero_only else y
+        values: tuple[Any, ...] = (x, w, y, m_sizes)
+        if self.descriptors:
+            values += tuple(rebase(template, values[i]) for template, i in self.descriptors)
+        self.launch(*[values[i] for i in self.sources])
+        return y
+
+
+def _gemm_plan(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    m_sizes: torch.Tensor,
+    out_dtype: torch.dtype | None,
+    config: GemmConfig | None,
+    transposed: bool,
+) -> _GemmPlan:
+    """The plan of this call, made on the first call of its kind (operands checked then: a
+    later call with the same key passes the same checks)."""
+    try:
+        key = (
+            _operand_key(x), _operand_key(w), _operand_key(m_sizes), out_dtype, config, transposed, _SM_RESERVE[0]
+        )  # fmt: skip
+    except AttributeError:  # not a tensor: check_operands says which argument
+        key = None
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is not None:
+        plan_stats.hits += 1
+        return plan
+    plan_stats.misses += 1
+    plan = _make_gemm_plan(x, w, m_sizes, out_dtype, config, transposed)
+    if key is not None:
+        if len(_PLANS) >= PLAN_LIMIT:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+def _make_gemm_plan(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    m_sizes: torch.Tensor,
+    out_dtype: torch.dtype | None,
+    config: GemmConfig | None,
+    transposed: bool,
+) -> _GemmPlan:
+    if transposed:
+        check_dx_shapes(x, w)
+    w_view = w.transpose(1, 2) if transposed and isinstance(w, torch.Tensor) and w.dim() == 3 else w
+    check_operands(x, w_view, m_sizes)  # dx's messages name x too, as they always have
+    m, k = x.shape
+    e, n, _ = w_view.shape
+    device = x.device
+    guard = (device.index if device.index is not None else torch.cuda.current_device()) if device.type == "cuda" else -1
+    out = out_dtype or x.dtype
+    base = functools.partial(_GemmPlan, m=m, n=n, device=device, guard_index=guard, out_dtype=out)
+    if m == 0 or n == 0 or k == 0:
+        return base(zero_only=k == 0 and m * n > 0, launch=None)
+    # dx passes w.transpose(1, 2): the table has its own entries for that layout
+    op = "dx" if w_view.stride(1) == 1 and w_view.stride(2) != 1 else "forward"
+    with device_guard(device):
+        cfg = config or pick_config(m, n, k, e, device, x.dtype, op=op)
+        programs = grid_size(m, n, e, cfg, device)
+        y = torch.empty((m, n), device=device, dtype=out)  # the layout every call's y has
+        plan = tma_plan(x, w_view, y, cfg)
+    sizes = (m, n, k, e)
+    xs, ws, ys = x.stride(), w_view.stride(), y.stride()
+    opts = _options(cfg)
+    common = {"device_index": guard}
+    if cfg.flat:
+        x_desc, w_desc, _, w_rows, w_kn = plan if plan is not None else (None, None, None, 0, False)
+        args = _flat_args(sizes, xs, ws, ys, w_rows, w_kn, plan is not None, cfg, programs)
+        names = ["x_ptr", "w_ptr", "y_ptr", "m_sizes_ptr"]
+        descriptors: tuple[tuple[Any, int], ...] = ()
+        if plan is not None:
+            names += ["x_desc", "w_desc"]
+            descriptors = ((_template(x_desc), 0), (_template(w_desc), 1))
+        else:
+            args.update(x_desc=None, w_desc=None)
+        launch = Launch(_grouped_gemm_flat_kernel, programs, args, names, opts, **common)
+        path = "tma+flat" if plan is not None else "pointer+flat"
+        return base(
+            zero_only=False, launch=launch, sources=tuple(range(len(names))), descriptors=descriptors,
+            config=cfg, path=path,
+        )  # fmt: skip
+    if plan is not None:
+        x_desc, w_desc, y_desc, w_rows, w_kn = plan
+        args = _tma_args(sizes, ys, w_rows, w_kn, y_desc is not None, cfg, programs)
+        names = ["x_desc", "w_desc", "y_ptr", "m_sizes_ptr"]
+        sources = [4, 5, 2, 3]
+        descriptors = ((_template(x_desc), 0), (_template(w_desc), 1))
+        if y_desc is not None:
+            names.append("y_desc")
+            sources.append(6)
+            descriptors += ((_template(y_desc), 2),)
+        else:
+            args["y_desc"] = None
+        launch = Launch(_grouped_gemm_tma_kernel, programs, args, names, opts, **common)
+        return base(
+            zero_only=False, launch=launch, sources=tuple(sources), descriptors=descriptors,
+            config=cfg, path="tma",
+        )  # fmt: skip
+    args = _pointer_args(sizes, xs, ws, ys, cfg, programs)
+    names = ["x_ptr", "w_ptr", "y_ptr", "m_sizes_ptr"]
+    launch = Launch(_grouped_gemm_kernel, programs, args, names, opts, **common)
+    return base(zero_only=False, launch=launch, sources=(0, 1, 2, 3), config=cfg, path="pointer")
+
+
+def _template(desc: Any) -> Any:
+    """A descriptor made at plan time, without its tensor (a plan must not keep the first
+    call's activations alive): every call puts its own in (``launch.rebase``)."""
+    return rebase(desc, None)
+
+
+def grouped_gemm_call(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    m_sizes: torch.Tensor,
+    *,
+    transposed: bool,
+    out_dtype: torch.dtype | None = None,
+    check_routing: bool = False,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """``moe_grouped_gemm`` (``transposed=False``) and dx (``transposed=True``: the forward
+    kernel on ``w.transpose(1, 2)``, read through swapped strides, no view made per call)."""
+    plan = _gemm_plan(x, w, m_sizes, out_dtype, config, transposed)
+    if check_routing:
+        check_routing_sizes(m_sizes, plan.m)
+    return plan.run(x, w, m_sizes)
+
+
 def moe_grouped_gemm(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -490,31 +694,12 @@ def moe_grouped_gemm(
     """``y[m] = x[m] @ w[e(m)].T`` for rows sorted by expert. See the module docstring.
 
     ``check_routing=True`` also verifies ``m_sizes`` (no negatives, sums to M); it reads
-    m_sizes on the host and so synchronizes: off by default.
+    m_sizes on the host and so synchronizes: off by default. Nothing else reads a tensor on the
+    host: the call is a cached launch plan, an output and a launch.
     """
-    check_operands(x, w, m_sizes)
-    m, k = x.shape
-    e, n, _ = w.shape
-    if check_routing:
-        check_routing_sizes(m_sizes, m)
-    out_dtype = out_dtype or x.dtype
-    with device_guard(x.device):
-        y = torch.empty((m, n), device=x.device, dtype=out_dtype)
-        if m == 0 or n == 0:
-            return y
-        if k == 0:
-            return y.zero_()
-        op = "dx" if w.stride(1) == 1 and w.stride(2) != 1 else "forward"  # dx passes w.transpose(1, 2)
-        cfg = config or pick_config(m, n, k, e, x.device, x.dtype, op=op)
-        programs = grid_size(m, n, e, cfg, x.device)
-        plan = tma_plan(x, w, y, cfg)
-        if cfg.flat:
-            launch_grouped_gemm_flat(x, w, y, m_sizes, cfg, programs, plan)
-        elif plan is not None:
-            launch_grouped_gemm_tma(plan, y, m_sizes, m, n, k, e, cfg, programs)
-        else:
-            launch_grouped_gemm(x, w, y, m_sizes, cfg, programs)
-    return y
+    return grouped_gemm_call(
+        x, w, m_sizes, transposed=False, out_dtype=out_dtype, check_routing=check_routing, config=config
+    )
 
 
 def moe_grouped_gemm_torch(

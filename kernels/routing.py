@@ -77,13 +77,14 @@ def sort_by_expert(topk_ids: torch.Tensor, num_experts: int, *, check: bool = Fa
     if check:
         check_expert_ids(topk_ids, num_experts)
     k = topk_ids.shape[1]
-    flat = topk_ids.reshape(-1).to(torch.int64)
-    valid = (flat >= 0) & (flat < num_experts)
-    key = torch.where(valid, flat, torch.full_like(flat, num_experts))  # bad ids: after all experts
+    flat = topk_ids.reshape(-1)
+    # bad ids sort after every expert: clamped into [-1, E], then -1 -> E by the remainder
+    # (two ops where a where/mask took five: the eager block issues this per step, host-bound)
+    key = flat.clamp(-1, num_experts).remainder(num_experts + 1)
     sorted_key, perm = torch.sort(key, stable=True)
     # bounds[e] = first sorted position of expert e (searchsorted: deterministic, no atomics)
-    bounds = torch.searchsorted(sorted_key, torch.arange(num_experts + 1, device=flat.device))
-    m_sizes = (bounds[1:] - bounds[:-1]).to(torch.int32)
+    bounds = torch.searchsorted(sorted_key, torch.arange(num_experts + 1, device=flat.device, dtype=key.dtype))
+    m_sizes = bounds.diff().to(torch.int32)
     inv_perm = torch.empty_like(perm)
     inv_perm[perm] = torch.arange(perm.shape[0], device=perm.device)
     return Routing(m_sizes=m_sizes, token_idx=perm // max(k, 1), perm=perm, inv_perm=inv_perm)

@@ -1,15 +1,23 @@
-"""Launch configs measured once per device class and kept in a file, instead of an autotune
-at run time (the public kernel's 1000-config autotune took 49 s for one shape on an H200).
+"""Launch configs measured once per device and kept in a file, instead of an autotune at run
+time (the public kernel's 1000-config autotune took 49 s for one shape on an H200).
 
-``configs_sm90.json`` beside this module holds, for Hopper (compute capability 9.0: H100 and
-H200, 132 SMs and 227 KiB of shared memory per block on both), the best config that
-``benchmarks/tune_kernels.py`` measured for each (op, rows per expert, N, K) it swept, with what
-it measured. ``lookup`` returns the entry nearest the call's shape (distance in log2 of rows per
-expert, N and K); the caller still prunes the config against the device's shared memory.
+A table holds, for one device, the best config ``benchmarks/tune_kernels.py`` measured for each
+(op, rows per expert, N, K) it swept, with what it measured. Which table a device gets is
+decided once per device from what the device reports (name, compute capability, SM count:
+``qmoe_doctor.core.launch_configs.DeviceFacts`` says why those three), by
+``core.launch_configs.choose_table``, first that applies:
 
-``QMOE_CONFIG_TABLE=PATH`` replaces the packaged table (the tuner writes one; a benchmark run
-can then measure exactly that table before it is committed). A table that does not parse is
-an error that names the file, never a silent fallback.
+1. ``$QMOE_CONFIG_TABLE=PATH`` (a tuning run measures its table before it is committed);
+2. this user's own table for this device, ``<user cache>/configs/configs-<key>.json``
+   (``tune_kernels.py --install`` writes it; nothing here ever tunes at run time);
+3. the packaged table of this kind of device, ``configs-<key>.json`` beside this module;
+4. the packaged table of the nearest device of the same compute capability (said so in
+   ``describe``: the bench header and the reports print it);
+5. no table: the fallback table of ``core.launch_configs``.
+
+``lookup`` returns the entry nearest the call's shape (distance in log2 of rows per expert, N
+and K); the caller still prunes the config against the device's shared memory. A table that
+does not parse is an error that names the file, never a silent fallback.
 """
 
 from __future__ import annotations
@@ -22,13 +30,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from qmoe_doctor.core.launch_configs import (
+    TABLE_ENV,
+    TABLE_PREFIX,
+    ConfigTableError,
+    DeviceFacts,
+    TableChoice,
+    TableHeader,
+    choose_table,
+    read_table_header,
+    user_table_path,
+)
 from qmoe_doctor.kernels.grouped_gemm import GemmConfig
 
-__all__ = ["OPS", "TABLE_ENV", "TableEntry", "config_from_name", "load_table", "lookup", "table_path"]
+__all__ = [
+    "OPS",
+    "TABLE_ENV",
+    "TableEntry",
+    "choice_for",
+    "config_from_name",
+    "describe_device_table",
+    "device_facts",
+    "load_table",
+    "lookup",
+    "packaged_tables",
+]
 
-TABLE_ENV = "QMOE_CONFIG_TABLE"
 OPS = ("forward", "dx", "dw")
-_PACKAGED = Path(__file__).with_name("configs_sm90.json")
+PACKAGE_DIR = Path(__file__).parent
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,20 +124,66 @@ def config_from_name(text: str) -> GemmConfig:
     return cfg
 
 
-def table_path() -> Path:
-    override = os.environ.get(TABLE_ENV, "")
-    return Path(override) if override else _PACKAGED
+# --------------------------------------------------------------------------------------------
+# Which table: per device, from its facts.
+# --------------------------------------------------------------------------------------------
 
 
 @functools.cache
-def load_table(path: Path) -> tuple[TableEntry, ...]:
-    """The entries of a table file; () when the packaged table is absent."""
-    if not path.exists():
-        if path == _PACKAGED:
-            return ()
-        raise FileNotFoundError(f"{TABLE_ENV}={path}: no such config table")
+def device_facts(device_index: int) -> DeviceFacts:
+    """What CUDA device ``device_index`` reports (cached per index, never "the first device")."""
+    import torch
+
+    props = torch.cuda.get_device_properties(device_index)
+    return DeviceFacts(
+        name=str(props.name), capability=(int(props.major), int(props.minor)), sms=int(props.multi_processor_count)
+    )
+
+
+@functools.cache
+def packaged_tables(folder: Path = PACKAGE_DIR) -> tuple[TableHeader, ...]:
+    """The headers of the tables shipped beside this module, in file-name order."""
+    return tuple(read_table_header(p) for p in sorted(folder.glob(f"{TABLE_PREFIX}*.json")))
+
+
+@functools.cache
+def _header(path: Path, mtime_ns: int) -> TableHeader:
+    del mtime_ns  # part of the cache key: a table rewritten by a tuning run is read again
+    return read_table_header(path)
+
+
+def _header_of(path: Path) -> TableHeader:
     try:
-        data: Any = json.loads(path.read_text())
+        mtime = path.stat().st_mtime_ns
+    except OSError:
+        raise ConfigTableError(f"{TABLE_ENV}={path}: no such config table") from None
+    return _header(path, mtime)
+
+
+def choice_for(facts: DeviceFacts) -> TableChoice:
+    """The table this device gets now (``core.launch_configs.choose_table``): reads the
+    environment and this user's cache folder, so a table installed since is seen; the kernels
+    call it once per shape (their launch plans are cached)."""
+    override = os.environ.get(TABLE_ENV, "").strip()
+    user = user_table_path(facts)
+    return choose_table(
+        facts,
+        packaged=packaged_tables(),
+        user_table=_header_of(user) if user.is_file() else None,
+        override=_header_of(Path(override)) if override else None,
+    )
+
+
+def describe_device_table(device_index: int) -> str:
+    """One line for reports: which config table device ``device_index`` uses and why."""
+    return choice_for(device_facts(device_index)).describe()
+
+
+@functools.cache
+def _entries(path: Path, mtime_ns: int) -> tuple[TableEntry, ...]:
+    del mtime_ns
+    try:
+        data: Any = json.loads(path.read_text(encoding="utf-8"))
         entries = tuple(
             TableEntry(
                 op=str(item["op"]),
@@ -120,11 +195,20 @@ def load_table(path: Path) -> tuple[TableEntry, ...]:
             for item in data["entries"]
         )
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"config table {path}: {exc}") from exc
+        raise ConfigTableError(f"config table {path}: {exc}") from exc
     for entry in entries:
         if entry.op not in OPS:
-            raise ValueError(f"config table {path}: unknown op {entry.op!r} (expected one of {OPS})")
+            raise ConfigTableError(f"config table {path}: unknown op {entry.op!r} (expected one of {OPS})")
     return entries
+
+
+def load_table(path: Path) -> tuple[TableEntry, ...]:
+    """The entries of a table file. Raises ConfigTableError (a ValueError) naming the file."""
+    try:
+        mtime = path.stat().st_mtime_ns
+    except OSError:
+        raise ConfigTableError(f"config table {path}: no such file") from None
+    return _entries(path, mtime)
 
 
 def _distance(entry: TableEntry, avg_rows: float, n: int, k: int) -> float:
@@ -135,11 +219,13 @@ def _distance(entry: TableEntry, avg_rows: float, n: int, k: int) -> float:
     return 2.0 * gap(avg_rows, entry.avg_rows) + gap(n, entry.n) + gap(k, entry.k)
 
 
-def lookup(op: str, avg_rows: float, n: int, k: int, capability: tuple[int, int]) -> GemmConfig | None:
-    """The table's config for the nearest measured shape, or None (no table for this device)."""
-    if capability[0] != 9:
-        return None  # measured on Hopper only: other devices keep the built-in defaults
-    entries = [e for e in load_table(table_path()) if e.op == op]
+def lookup(op: str, avg_rows: float, n: int, k: int, facts: DeviceFacts) -> GemmConfig | None:
+    """The config of the device's table for the nearest measured shape, or None (no table
+    applies to this device, or it has no entry for ``op``: the fallback table serves)."""
+    choice = choice_for(facts)
+    if choice.path is None:
+        return None
+    entries = [e for e in load_table(choice.path) if e.op == op]
     if not entries:
         return None
     best = min(entries, key=lambda e: _distance(e, avg_rows, n, k))

@@ -5,7 +5,10 @@
 * offsets just under and just over 2**31 elements (expert * stride_we, row * stride_xm);
 * a moderately large shape (M=4096, E=128, N=768, K=2048: the FINDINGS shape);
 * ``multigpu``: operands on cuda:1 while cuda:0 is current (and touched), including x still
-  being written on cuda:1's stream: our kernels launch on the operands' device and stream.
+  being written on cuda:1's stream: our kernels launch on the operands' device and stream;
+* the lean launch path (``kernels/launch.py``): bitwise the standard launch's results, no host
+  synchronization in steady state (torch's sync debug mode), CUDA-graph capture, and a launch
+  hook turning it off.
 
 Run on a GPU machine: ``python -m pytest tests/gpu -q`` (skipped without GPUs).
 """
@@ -566,3 +569,115 @@ def test_row_combine_on_gpu_matches_its_twin() -> None:
     got = segment_sum(rows, order, starts, w)
     want = segment_sum_torch(rows.float(), order, starts, w.float())
     assert rel_err(want, got) < tolerance("bfloat16")
+
+
+# --------------------------------------------------------------------------------------------
+# The lean launch path (kernels/launch.py) and the launch plans, compiled
+# --------------------------------------------------------------------------------------------
+
+LEAN_CONFIGS = [None, "128x256x64-w8-s4-tma-flat", "128x256x64-w8-s3-tma", "64x128x64-w4-s4-p2", "32x256x128-w8-s2-tma-ov5"]
+
+
+def _lean_operands(seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator(device=CUDA).manual_seed(seed)
+    x = torch.randn(2048, 512, generator=gen, device=CUDA).to(BF16)
+    w = (torch.randn(16, 256, 512, generator=gen, device=CUDA) / 512**0.5).to(BF16)
+    dy = torch.randn(2048, 256, generator=gen, device=CUDA).to(BF16)
+    sizes = torch.tensor([200, 0, 131, 64, 97, 300, 5, 128, 128, 100, 200, 11, 300, 100, 84, 200], device=CUDA, dtype=torch.int32)
+    return x, w, dy, sizes
+
+
+def _fresh_plans() -> None:
+    from qmoe_doctor.kernels import backward, grouped_gemm
+
+    grouped_gemm.clear_plans()
+    backward._DW_PLANS.clear()
+    backward._BOUNDS_PLANS.clear()
+
+
+@pytest.mark.parametrize("name", LEAN_CONFIGS, ids=str)
+def test_lean_launch_gives_what_the_standard_launch_gives(name: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Second and later calls take the compiled kernel's launcher; their results are bitwise the
+    results of the same plans launched through JITFunction.run (QMOE_DOCTOR_LEAN_LAUNCH=0)."""
+    from qmoe_doctor.core.launch_configs import LEAN_LAUNCH_ENV
+    from qmoe_doctor.kernels import launch
+    from qmoe_doctor.kernels.tuning import config_from_name
+
+    cfg = config_from_name(name) if name else None
+    x, w, dy, sizes = _lean_operands(0)
+    calls = {
+        "forward": lambda: moe_grouped_gemm(x, w, sizes, config=cfg if cfg and not cfg.overlap else None),
+        "dx": lambda: moe_grouped_gemm_dx(dy, w, sizes, config=cfg if cfg and not cfg.overlap else None),
+        "dw": lambda: moe_grouped_gemm_dw(dy, x, sizes, config=cfg if cfg and cfg.overlap else None),
+    }
+    _fresh_plans()
+    monkeypatch.setenv(LEAN_LAUNCH_ENV, "0")
+    standard = {op: fn() for op, fn in calls.items()}
+    _fresh_plans()
+    monkeypatch.delenv(LEAN_LAUNCH_ENV)
+    for fn in calls.values():
+        fn()  # the first call of each plan goes through JITFunction.run
+    before = launch.counts.lean
+    lean = {op: fn() for op, fn in calls.items()}
+    torch.cuda.synchronize()
+    assert launch.counts.lean > before, "no call took the lean path"
+    for op in calls:
+        assert torch.equal(lean[op], standard[op]), op
+    ref = moe_grouped_gemm_torch(x.double(), w.double(), sizes)
+    assert rel_err(lean["forward"], ref) < tolerance("bfloat16")
+
+
+def test_lean_plans_read_nothing_on_the_host_and_capture_in_a_graph() -> None:
+    """Steady-state calls synchronize nothing (torch's sync debug mode raises on any op that
+    would), and a CUDA graph captures them (capture fails on a host read)."""
+    x, w, dy, sizes = _lean_operands(1)
+    ops = (
+        lambda: moe_grouped_gemm(x, w, sizes),
+        lambda: moe_grouped_gemm_dx(dy, w, sizes),
+        lambda: moe_grouped_gemm_dw(dy, x, sizes),
+    )
+    for fn in ops:
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        eager = [fn() for fn in ops]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for fn in ops:
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        captured = [fn() for fn in ops]
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(eager, captured, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_lean_path_steps_aside_for_a_launch_hook() -> None:
+    """A profiler's launch hook must see every launch: with one installed, calls go through
+    JITFunction.run again."""
+    from triton import knobs
+
+    from qmoe_doctor.kernels import launch
+
+    x, w, _, sizes = _lean_operands(2)
+    moe_grouped_gemm(x, w, sizes)
+    seen: list[object] = []
+
+    def hook(metadata: object) -> None:
+        seen.append(metadata)
+
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        before = launch.counts.standard
+        moe_grouped_gemm(x, w, sizes)
+        torch.cuda.synchronize()
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert launch.counts.standard == before + 1 and seen

@@ -1,5 +1,6 @@
-"""The Hopper paths (TMA loads, flattened persistent loop), the measured config table, and the
-row-combine kernels, against their float64 twins in the interpreter.
+"""The Hopper paths (TMA loads, flattened persistent loop), the config names, and the
+row-combine kernels, against their float64 twins in the interpreter (which table a device gets:
+tests/unit/test_configs_per_device.py).
 
 On a GPU the same kernels run compiled (tests/gpu/test_kernels_gpu.py takes the table's picks);
 here the interpreter runs them on CPU tensors. A case that the TMA path cannot serve (an
@@ -7,9 +8,6 @@ unaligned stride) must fall back to the pointer kernel and still be right.
 """
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -158,76 +156,6 @@ def test_resident_dw_grid_and_shared_memory_follow_the_resident_operand() -> Non
     assert _dw_smem_bytes(dy_res, 2) == (3 * 64 * 128 * 3 + 3 * 64 * 128 + 128 * 128) * 2 == 229376
     narrow = GemmConfig(64, 128, 64, 4, 2, tma=True, resident=3, resident_x=True)
     assert _dw_smem_bytes(narrow, 2) == (3 * 64 * 128 * 2 + 3 * 64 * 64 + 128 * 64) * 2
-
-
-def test_packaged_table_parses_and_every_entry_beats_or_names_its_figures() -> None:
-    entries = tuning.load_table(tuning._PACKAGED)
-    assert entries, "kernels/configs_sm90.json is missing or empty"
-    data = json.loads(Path(tuning._PACKAGED).read_text())
-    assert data["tuned_on"]["capability"] == [9, 0]
-    assert {e.op for e in entries} == set(tuning.OPS)
-    for item in data["entries"]:  # what the tuner measured travels with the choice
-        assert item["tflops"] > 0 and item["config"]
-
-
-def test_lookup_picks_the_nearest_shape_and_only_on_hopper(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    table = {
-        "entries": [
-            {"op": "forward", "avg_rows": 16, "n": 1536, "k": 2048, "config": "64x128x64-w4-s4"},
-            {"op": "forward", "avg_rows": 128, "n": 1536, "k": 2048, "config": "128x256x64-w8-s4-tma-flat"},
-            {"op": "dw", "avg_rows": 128, "n": 1536, "k": 2048, "config": "32x128x128-w4-s4-p2-tma"},
-        ]
-    }
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps(table))
-    monkeypatch.setenv(tuning.TABLE_ENV, str(path))
-    assert tuning.lookup("forward", 100, 1536, 2048, (9, 0)).name == "128x256x64-w8-s4-tma-flat"
-    assert tuning.lookup("forward", 20, 2048, 2048, (9, 0)).name == "64x128x64-w4-s4"
-    assert tuning.lookup("dw", 20, 1536, 2048, (9, 0)).name == "32x128x128-w4-s4-p2-tma"
-    assert tuning.lookup("dx", 128, 1536, 2048, (9, 0)) is None  # no dx entry: the built-in rule
-    assert tuning.lookup("forward", 128, 1536, 2048, (8, 0)) is None  # not measured on Ampere
-
-
-def test_off_the_table_the_kernels_pick_from_the_one_fallback_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where no measured table covers the device (compute capability 8.0 here), pick_config and
-    pick_dw_config take core.launch_configs' entry for the shape class, pruned to the device's
-    shared memory; on the CPU (the interpreter) its "interpreter" entry."""
-    from qmoe_doctor.core.launch_configs import DW_CONFIGS, GEMM_CONFIGS
-    from qmoe_doctor.kernels import backward as bw
-    from qmoe_doctor.kernels import grouped_gemm as gg
-
-    for module in (gg, bw):
-        monkeypatch.setattr(module, "capability", lambda index: (8, 0))
-        monkeypatch.setattr(module, "smem_limit", lambda index: 10**9)
-    pick, pick_dw = gg._pick_config.__wrapped__, bw._pick_dw_config.__wrapped__  # past the caches
-    f32 = torch.float32
-    assert pick(64 * 8, 1024, 512, 8, 0, f32, "forward").tile == GEMM_CONFIGS["few-rows"]
-    assert pick(65 * 8, 256, 512, 8, 0, f32, "forward").tile == GEMM_CONFIGS["wide-n"]
-    assert pick(65 * 8, 255, 512, 8, 0, f32, "dx").tile == GEMM_CONFIGS["default"]
-    assert pick_dw(128, 128, 0, f32, 128.0).tile == DW_CONFIGS["wide"]
-    assert pick_dw(127, 4096, 0, f32, 128.0).tile == DW_CONFIGS["narrow"]
-    default = GEMM_CONFIGS["default"]
-    monkeypatch.setattr(gg, "smem_limit", lambda index: default.smem_bytes(4) - 1)
-    pruned = pick(65 * 8, 255, 512, 8, 0, f32, "forward")
-    assert pruned.tile == default._replace(num_stages=default.num_stages - 1)
-    cpu = torch.device("cpu")
-    assert gg.pick_config(64, 32, 32, 4, cpu, f32).tile == GEMM_CONFIGS["interpreter"]
-    assert bw.pick_dw_config(32, 32, cpu, f32).tile == GEMM_CONFIGS["interpreter"]
-
-
-def test_a_broken_table_is_an_error_naming_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "bad.json"
-    path.write_text(
-        json.dumps({"entries": [{"op": "forward", "avg_rows": 1, "n": 1, "k": 1, "config": "nope"}]})
-    )
-    monkeypatch.setenv(tuning.TABLE_ENV, str(path))
-    with pytest.raises(ValueError, match="bad.json"):
-        tuning.lookup("forward", 1, 1, 1, (9, 0))
-    monkeypatch.setenv(tuning.TABLE_ENV, str(tmp_path / "missing.json"))
-    with pytest.raises(FileNotFoundError, match="missing.json"):
-        tuning.lookup("forward", 1, 1, 1, (9, 0))
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,11 +8,14 @@
 #   bash tools/gpu/bench.sh [STEPS...]
 #
 # Steps (default: bench balanced host roofline):
-#   bench      qmoe-doctor bench --gpus 0 --tokens $TOKENS (the packaged config table, or
-#              QMOE_CONFIG_TABLE) -> the device's table in docs/performance.md
+#   bench      qmoe-doctor bench --gpus 0 --tokens $TOKENS (the device's config table, which
+#              kernels/tuning.py picks, or QMOE_CONFIG_TABLE) -> the device's table in
+#              docs/performance.md (the side-by-side against the peers and the targets:
+#              tools/gpu/perf_card.sh)
 #   balanced   the GEMM rows with every expert M/E rows (--routing balanced --no-block)
 #   host       tools/profile/host_overhead.py --tokens 128: host microseconds per call, ours
-#              against torch._grouped_mm, and where ours go
+#              (lean launch, and through JITFunction.run) against torch._grouped_mm, and where
+#              ours go
 #   roofline   tools/profile/routing_probe.py: read / write / copy rates of the 30b gate_up
 #              weight stack and the forward and dw at 2048 tokens under both routings
 #   block      tools/profile/block_profile.py --tokens 2048: where a block step's GPU time goes

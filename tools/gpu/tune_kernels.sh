@@ -6,7 +6,7 @@
 # `--ops dw` alone about 2).
 #
 #   bash tools/gpu/tune_kernels.sh [STEPS...]
-#   TUNE_ARGS="--ops dw --configs A,B --merge kernels/configs_sm90.json" bash tools/gpu/tune_kernels.sh
+#   TUNE_ARGS="--ops dw --configs A,B --merge kernels/configs-nvidia-h200-sm90-132sm.json" bash tools/gpu/tune_kernels.sh
 #
 # Steps (default: tune bench tests):
 #   tune     python3 benchmarks/tune_kernels.py --out $R/tune $TUNE_ARGS; the table it writes
@@ -18,8 +18,9 @@
 #   dw       tools/profile/dw_overlap_check.py with the table's dw pick: uniform, 5% and 20% of
 #            the rows on one expert, and 8192 tokens
 #   regs     tools/profile/kernel_regs.py: registers and spills of REGS_CONFIGS (op dw)
-# To package the result, copy $R/tune/configs.json over kernels/configs_sm90.json (the H200
-# table) and record the sweep in docs/validation/kernels.md.
+# To package the result, commit $R/tune/configs-<device key>.json as kernels/configs-<device key>.json
+# (TUNE_ARGS=--package writes it there) and record the sweep in docs/validation/kernels.md. The
+# per-card run against the targets, tune and side-by-side in one call: tools/gpu/perf_card.sh.
 # Knobs: TUNE_ARGS, BENCH_TOKENS (default 128,512,2048,8192), REGS_CONFIGS, BUDGET (560).
 DEFAULT_STEPS="tune bench tests"
 source "$(dirname "${BASH_SOURCE[0]}")/run_common.sh" "$@"

@@ -2,11 +2,14 @@
 
     python3 tools/profile/host_overhead.py --tokens 128
 
-Small batches are launch-bound: the GPU finishes a 128-token grouped GEMM faster than Python
-issues the next. This times N back-to-back calls on the host (no synchronization inside the
-loop; the queue is drained before and after), per op and implementation, then profiles our
-forward with cProfile and prints the functions that take the time, and times the dw call's
-host path stage by stage (bounds, config, descriptors, the launch alone).
+Small batches are launch-bound: the GPU finishes a 128-token grouped GEMM about as fast as Python
+issues the next. This times back-to-back calls on the host (no synchronization inside the loop;
+the queue is drained before and after), per op: ours on the lean launch path (a cached launch
+plan, the compiled kernel's launcher: ``kernels/launch.py``), ours through Triton's
+``JITFunction.run`` (``QMOE_DOCTOR_LEAN_LAUNCH=0``), ``torch._grouped_mm``
+(``benchmarks.side_by_side.measure_host``, which the per-card run reports against its 25 us
+target); then the forward's and dw's steady-state path stage by stage (plan key, lookup, device
+guard, output, descriptors, the launch alone), and a cProfile of the forward.
 """
 
 from __future__ import annotations
@@ -16,135 +19,97 @@ import cProfile
 import io
 import pstats
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
 
-def _per_call(fn, calls: int) -> float:
-    """Host microseconds per call of ``fn`` (the GPU queue drained before, not inside)."""
+def _stages(title: str, stages: dict[str, Callable[[], Any]], calls: int) -> None:
     import torch
 
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = (time.perf_counter() - t0) / calls
-    torch.cuda.synchronize()
-    return host * 1e6
+    from benchmarks.side_by_side import host_us
 
-
-def _print_stages(title: str, stages: dict, calls: int) -> None:
     print(title)
     for name, fn in stages.items():
-        print(f"  {name:34} {_per_call(fn, calls):7.1f} us/call")
+        print(f"  {name:40} {host_us(fn, calls, torch.cuda.synchronize):7.1f} us/call")
 
 
-def dw_stages(point, calls: int) -> None:
-    """The dw call's host path, one stage at a time, with the packaged config."""
-    import torch
-
-    from qmoe_doctor.kernels import backward as bw
-    from qmoe_doctor.kernels import dw_overlap as ov
-
-    dy, x, sizes = point.dy, point.x, point.m_sizes
-    m, n = dy.shape
-    k, e = x.shape[1], sizes.shape[0]
-    cfg = bw.pick_dw_config(n, k, x.device, x.dtype, avg_rows=m / e)
-    dw = torch.empty((e, n, k), device=x.device, dtype=x.dtype)
-    bounds = bw.row_bounds(sizes, m)
-    programs = bw.dw_grid_size(e, n, k, cfg, x.device)
-    stages = {
-        "check_dw_operands": lambda: bw.check_dw_operands(dy, x, sizes),
-        "torch.empty (dw)": lambda: torch.empty((e, n, k), device=x.device, dtype=x.dtype),
-        "row_bounds": lambda: bw.row_bounds(sizes, m),
-        "pick_dw_config": lambda: bw.pick_dw_config(n, k, x.device, x.dtype, avg_rows=m / e),
-        "dw_grid_size": lambda: bw.dw_grid_size(e, n, k, cfg, x.device),
-    }
-    if cfg.overlap and ov.dw_overlap_plan(dy, x, dw, cfg) is not None:
-        plan = ov.dw_overlap_plan(dy, x, dw, cfg)
-        stages["dw_overlap_plan (3 descriptors)"] = lambda: ov.dw_overlap_plan(dy, x, dw, cfg)
-        stages["launch_dw_overlap (Gluon launch)"] = lambda: ov.launch_dw_overlap(
-            plan, dy, x, dw, bounds, cfg, programs
-        )
-    else:
-        cfg = bw.overlap_fallback(cfg) if cfg.overlap else cfg
-        plan = bw.dw_tma_plan(dy, x, dw, cfg)
-        if plan is not None:
-            stages["dw_tma_plan (3 descriptors)"] = lambda: bw.dw_tma_plan(dy, x, dw, cfg)
-            stages["launch_grouped_gemm_dw_tma"] = lambda: bw.launch_grouped_gemm_dw_tma(
-                plan, dy, x, dw, bounds, cfg, programs
-            )
-    stages["row_bounds_torch (the six torch ops)"] = lambda: bw.row_bounds_torch(sizes, m)
-    stages["device_guard enter/exit"] = lambda: _guarded(x.device)
-    stages["moe_grouped_gemm_dw (whole call)"] = lambda: bw.moe_grouped_gemm_dw(dy, x, sizes)
-    _print_stages(f"dw host path by stage (config {cfg.name}):", stages, calls)
-
-
-def _guarded(device) -> None:
-    from qmoe_doctor.kernels.grouped_gemm import device_guard
-
-    with device_guard(device):
-        pass
-
-
-def forward_stages(point, calls: int) -> None:
-    """The forward call's host path, one stage at a time, with the packaged config."""
+def forward_stages(point: Any, calls: int) -> None:
+    """The forward's steady-state path, one stage at a time."""
     import torch
 
     from qmoe_doctor.kernels import grouped_gemm as gg
+    from qmoe_doctor.kernels.launch import rebase
 
     x, w, sizes = point.x, point.w, point.m_sizes
-    m, k = x.shape
-    e, n, _ = w.shape
-    cfg = gg.pick_config(m, n, k, e, x.device, x.dtype, op="forward")
-    y = torch.empty((m, n), device=x.device, dtype=x.dtype)
-    programs = gg.grid_size(m, n, e, cfg, x.device)
-    plan = gg.tma_plan(x, w, y, cfg)
-    stages = {
-        "check_operands": lambda: gg.check_operands(x, w, sizes),
-        "torch.empty (y)": lambda: torch.empty((m, n), device=x.device, dtype=x.dtype),
-        "pick_config": lambda: gg.pick_config(m, n, k, e, x.device, x.dtype, op="forward"),
-        "grid_size": lambda: gg.grid_size(m, n, e, cfg, x.device),
-        "tma_plan (3 descriptors)": lambda: gg.tma_plan(x, w, y, cfg),
+    gg.moe_grouped_gemm(x, w, sizes)  # the plan
+    plan = gg._gemm_plan(x, w, sizes, None, None, False)
+    y = torch.empty((plan.m, plan.n), device=x.device, dtype=x.dtype)
+    values = (x, w, y, sizes, *(rebase(t, (x, w, y)[i]) for t, i in plan.descriptors))
+    args = [values[i] for i in plan.sources]
+    assert plan.launch is not None
+
+    def guard() -> None:
+        with torch.cuda.device(plan.guard_index):
+            pass
+
+    stages: dict[str, Callable[[], Any]] = {
+        "plan key (3 operands)": lambda: (gg._operand_key(x), gg._operand_key(w), gg._operand_key(sizes)),
+        "plan lookup (key + dict)": lambda: gg._gemm_plan(x, w, sizes, None, None, False),
+        "device guard enter/exit": guard,
+        "torch.empty (y)": lambda: torch.empty((plan.m, plan.n), device=x.device, dtype=x.dtype),
+        "descriptors re-based": lambda: [rebase(t, x) for t, _ in plan.descriptors],
+        f"launch alone ({plan.path}, lean: {plan.launch.lean})": lambda: plan.launch(*args),  # type: ignore[misc]
+        "moe_grouped_gemm (whole call)": lambda: gg.moe_grouped_gemm(x, w, sizes),
     }
-    if plan is not None and not cfg.flat:
-        stages["launch_grouped_gemm_tma (Triton launch)"] = lambda: gg.launch_grouped_gemm_tma(
-            plan, y, sizes, m, n, k, e, cfg, programs
-        )
-    stages["moe_grouped_gemm (whole call)"] = lambda: gg.moe_grouped_gemm(x, w, sizes)
-    _print_stages(f"forward host path by stage (config {cfg.name}):", stages, calls)
+    _stages(f"forward steady-state path by stage (config {plan.config.name if plan.config else '-'}):", stages, calls)
+
+
+def dw_stages(point: Any, calls: int) -> None:
+    """The dw call's steady-state path, one stage at a time."""
+    import torch
+
+    from qmoe_doctor.kernels import backward as bw
+
+    dy, x, sizes = point.dy, point.x, point.m_sizes
+    bw.moe_grouped_gemm_dw(dy, x, sizes)
+    plan = bw._dw_plan(dy, x, sizes, None, None)
+    assert plan.bounds is not None
+    stages: dict[str, Callable[[], Any]] = {
+        "plan lookup (key + dict)": lambda: bw._dw_plan(dy, x, sizes, None, None),
+        "torch.empty (dw)": lambda: torch.empty((plan.e, plan.n, plan.k), device=x.device, dtype=x.dtype),
+        "row bounds (allocation + launch)": lambda: plan.bounds(sizes),  # type: ignore[misc]
+        "row_bounds_torch (the six torch ops)": lambda: bw.row_bounds_torch(sizes, plan.m),
+        "moe_grouped_gemm_dw (whole call)": lambda: bw.moe_grouped_gemm_dw(dy, x, sizes),
+    }
+    _stages(f"dw steady-state path by stage (config {plan.config.name if plan.config else '-'}, {plan.path}):", stages, calls)
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch
-
-    from benchmarks.tune_kernels import PRESET_GEMMS, Point
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="30b-gate_up")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--calls", type=int, default=200)
     args = ap.parse_args(argv)
+
+    import torch
+
+    from benchmarks.side_by_side import measure_host
+    from benchmarks.tune_kernels import PRESET_GEMMS, Point
+    from qmoe_doctor.kernels.tuning import describe_device_table
+
     e, n, k = PRESET_GEMMS[args.shape]
     point = Point(args.shape, e, n, k, args.tokens, torch.device("cuda", 0), torch.bfloat16, 8)
-    for op in ("forward", "dx", "dw"):
-        for impl, fn in (("qmoe", point.ours(op, None)), ("torch._grouped_mm", point.theirs(op))):
-            for _ in range(5):
-                fn()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(args.calls):
-                fn()
-            host = (time.perf_counter() - t0) / args.calls
-            torch.cuda.synchronize()
-            wall = (time.perf_counter() - t0) / args.calls
-            print(f"{op:8} {impl:18} host {host * 1e6:7.1f} us/call   host+GPU {wall * 1e6:7.1f} us/call")
-    dw_stages(point, args.calls)
+    print(f"{torch.cuda.get_device_name(0)}; config table: {describe_device_table(0)}")
+    for row in measure_host(point, args.calls):
+        print(
+            f"{row['op']:8} ours {row['ours']:7.1f} us/call (lean: {row['lean_used']})   "
+            f"through JITFunction.run {row['ours_standard']:7.1f}   torch._grouped_mm {row['grouped_mm']:7.1f}"
+        )
     forward_stages(point, args.calls)
+    dw_stages(point, args.calls)
     fn = point.ours("forward", None)
     prof = cProfile.Profile()
     prof.enable()
