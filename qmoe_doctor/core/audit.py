@@ -23,6 +23,7 @@ Definitions used throughout (element offsets, contiguous layouts):
 from __future__ import annotations
 
 import json
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -249,6 +250,13 @@ _INT_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+#: How a config value is quoted in a message: a few levels, a few items, short strings. A value
+#: from the file may be a 60 MB string or an object nested thousands deep (repr would recurse).
+_QUOTE = reprlib.Repr()
+_QUOTE.maxlevel, _QUOTE.maxdict, _QUOTE.maxlist = 2, 4, 4
+_QUOTE.maxstring, _QUOTE.maxother, _QUOTE.maxlong = 60, 60, 40
+
+
 def _read_int(cfg: Mapping[str, Any], key: str, aliases: tuple[str, ...], where: str, path: Path) -> int:
     present = [a for a in aliases if a in cfg]
     if not present:
@@ -261,7 +269,7 @@ def _read_int(cfg: Mapping[str, Any], key: str, aliases: tuple[str, ...], where:
     value = cfg[name]
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(
-            f"{path}: {where + name!r} must be a positive integer, got {value!r} ({type(value).__name__})."
+            f"{path}: {where + name!r} must be a positive integer, got {_QUOTE.repr(value)} ({type(value).__name__})."
         )
     if value <= 0:
         raise ConfigError(f"{path}: {where + name!r} must be a positive integer, got {value}.")
@@ -323,7 +331,7 @@ def load_hf_config(path: str | Path) -> MoEShape:
         )
     norm = cfg.get("norm_topk_prob", True)
     if not isinstance(norm, bool):
-        raise ConfigError(f"{p}: {where + 'norm_topk_prob'!r} must be true or false, got {norm!r}.")
+        raise ConfigError(f"{p}: {where + 'norm_topk_prob'!r} must be true or false, got {_QUOTE.repr(norm)}.")
 
     name = data.get("_name_or_path")
     if not isinstance(name, str) or not name:

@@ -224,6 +224,20 @@ class _Session:
         self.live: set[_Worker] = set()
         self.broken: dict[tuple[tuple[str, str], ...], ChildEnd] = {}
 
+    def _named_by(self) -> str:
+        """``$QMOE_DOCTOR_CHILD_PYTHON=PATH`` when the user chose the interpreter, else "": said
+        first after a start-up failure (reports cut long lines), as the cause to look at before
+        the kernel or Triton."""
+        chosen = knobs.child_python()
+        return f"${knobs.QMOE_CHILD_PYTHON}={self.python}" if chosen and chosen == self.python else ""
+
+    def _not_started(self, exc: SpawnError) -> str:
+        cause = exc.__cause__
+        if not self._named_by():
+            return str(exc)
+        why = cause.strerror if isinstance(cause, OSError) and cause.strerror else str(exc)
+        return f"cannot start {self._named_by()}: {why}"
+
     def _new_log(self) -> tuple[int, Path]:
         """The next worker number and its log, ``worker-NNN.log``, created empty. Numbers
         continue past logs already in log_dir, so sessions sharing a directory never overwrite
@@ -271,7 +285,10 @@ class _Session:
         except SpawnError as exc:
             os.close(read_fd)
             not_started = ChildEnd(
-                ending=Ending.NOT_STARTED, who=f"worker {index}", ready=False, detail=str(exc)
+                ending=Ending.NOT_STARTED,
+                who=f"worker {index}",
+                ready=False,
+                detail=self._not_started(exc),
             )
             self.emit(EventKind.WORKER_FAILED, worker=index, detail=not_started.detail)
             raise _SpawnFailed(not_started) from exc
@@ -297,6 +314,8 @@ class _Session:
             hint = ""
             if "No module named 'qmoe_doctor" in tail or "No module named qmoe_doctor" in tail:
                 hint = _MISSING_PACKAGE_HINT.format(python=self.python)
+            elif self._named_by():
+                hint = f"the interpreter is {self._named_by()}"
             end = ChildEnd(
                 ending=Ending.EXITED,
                 who=worker.name,

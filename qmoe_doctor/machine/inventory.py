@@ -684,6 +684,15 @@ def _match_uuid(gpus: Sequence[GpuInfo], candidate: str) -> tuple[GpuInfo, str, 
 # Selection and probe children
 
 
+#: A GPU index has a few digits; a longer run of digits is refused before int() reads it.
+_MAX_INDEX_DIGITS = 6
+
+
+def _shown(text: str, limit: int = 60) -> str:
+    """``repr(text)``, cut to ``limit`` characters: a --gpus value is echoed, not a 5 kB one."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
+
+
 def select_gpus(inv: Inventory, spec: str | None) -> tuple[GpuInfo, ...]:
     """The GPUs ``--gpus`` names, in the order given. ``spec`` is NVML indices as nvidia-smi
     prints them ("0,1"), "all", or None (all GPUs). Raises GpuSelectionError."""
@@ -692,22 +701,24 @@ def select_gpus(inv: Inventory, spec: str | None) -> tuple[GpuInfo, ...]:
     text = spec.strip()
     if not inv.gpus:
         why = f" ({inv.nvml_error})" if inv.nvml_error else ""
-        raise GpuSelectionError(f"--gpus {spec!r}: this machine has no GPU that NVML can see{why}")
+        raise GpuSelectionError(f"--gpus {_shown(spec)}: this machine has no GPU that NVML can see{why}")
     parts = [p.strip() for p in text.split(",")]
     if not text or any(not p for p in parts):
         raise GpuSelectionError(
-            f"--gpus {spec!r} is malformed: give NVML indices separated by commas (e.g. --gpus 0,1) or 'all'"
+            f"--gpus {_shown(spec)} is malformed: give NVML indices separated by commas (e.g. --gpus 0,1) or 'all'"
         )
     indices: list[int] = []
     for part in parts:
-        if not part.isdigit():
+        # ASCII digits only: str.isdigit() also takes '²' (int() refuses it) and '١' (int()
+        # reads it as 1), and a number of thousands of digits is refused by int() itself.
+        if not (part.isascii() and part.isdigit()) or len(part) > _MAX_INDEX_DIGITS:
             raise GpuSelectionError(
-                f"--gpus {spec!r}: {part!r} is not a GPU index; give NVML indices as nvidia-smi "
-                "prints them (e.g. --gpus 0,1) or 'all'"
+                f"--gpus {_shown(spec)}: {_shown(part)} is not a GPU index; give NVML indices as "
+                "nvidia-smi prints them (e.g. --gpus 0,1) or 'all'"
             )
         value = int(part)
         if value in indices:
-            raise GpuSelectionError(f"--gpus {spec!r} names GPU {value} twice")
+            raise GpuSelectionError(f"--gpus {_shown(spec)} names GPU {value} twice")
         indices.append(value)
     known = {g.index: g for g in inv.gpus}
     missing = [i for i in indices if i not in known]
@@ -715,7 +726,7 @@ def select_gpus(inv: Inventory, spec: str | None) -> tuple[GpuInfo, ...]:
         listing = "; ".join(g.describe() for g in inv.gpus)
         names = ", ".join(str(i) for i in missing)
         raise GpuSelectionError(
-            f"--gpus {spec!r}: no GPU {names}. This machine has {len(inv.gpus)}: {listing}"
+            f"--gpus {_shown(spec)}: no GPU {names}. This machine has {len(inv.gpus)}: {listing}"
         )
     return tuple(known[i] for i in indices)
 

@@ -16,7 +16,7 @@ import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -213,12 +213,15 @@ def test_unreadable_file_is_an_error_and_the_rest_is_linted(
     locked = walked / "locked.py"
     locked.write_text("x = 1\n")
 
-    def refusing_open(path: object, *args: object, **kwargs: object) -> object:
+    real_open = os.open
+
+    def refusing_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
         if Path(str(path)).name == "locked.py":
             raise PermissionError(13, "Permission denied", str(path))
-        return open(path, *args, **kwargs)
+        return real_open(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(inputs, "open", refusing_open, raising=False)
+    # the reader opens with os.open (O_NONBLOCK: a FIFO swapped in after the stat cannot block)
+    monkeypatch.setattr(inputs.os, "open", refusing_open)
     report = lint_paths([walked])
     (error,) = report.errors
     assert (error.path, error.kind) == (locked.as_posix(), "unreadable")
