@@ -271,9 +271,14 @@ def main() -> None:
     if hasattr(signal, "SIGUSR1"):
         # The parent sends SIGUSR1 before killing a hung child: the stacks show where it hung.
         faulthandler.register(signal.SIGUSR1, all_threads=True)
-    given_fd = knobs.result_fd()
-    result_fd = given_fd if given_fd is not None else os.dup(1)  # run by hand: protocol on stdout
-    os.set_inheritable(result_fd, False)  # programs a probe runs must not hold the pipe open
+    try:
+        given_fd = knobs.result_fd()
+        result_fd = given_fd if given_fd is not None else os.dup(1)  # run by hand: protocol on stdout
+        os.set_inheritable(result_fd, False)  # programs a probe runs must not hold the pipe open
+    except (ValueError, OSError) as exc:  # a worker started by hand with a bad descriptor
+        why = exc if isinstance(exc, ValueError) else f"{knobs.QMOE_RESULT_FD}: {exc.strerror or exc}"
+        print(f"error: {why}", file=sys.stderr)
+        sys.exit(2)
     # Specs arrive on the original stdin; the probe sees /dev/null there, so nothing it runs can
     # swallow a spec line.
     spec_fd = os.dup(0)

@@ -839,11 +839,6 @@ def test_a_bad_value_of_a_declared_variable_is_one_line_naming_it(
     assert message.startswith(name) and "\n" not in message and len(message) < 300, message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="probes/worker.py (child side; no helper owns it in this round) lets knobs.result_fd's "
-    "ValueError and a closed descriptor's OSError escape as tracebacks",
-)
 @pytest.mark.parametrize("value", ["abc", "999"])
 def test_a_bad_result_fd_in_a_worker_started_by_hand_is_one_line(value: str) -> None:
     proc = _result_fd_in_a_worker(value)
