@@ -119,7 +119,9 @@ _TRACEBACK_TYPE = re.compile(
     re.MULTILINE,
 )
 
-_POINTER_ARG = re.compile(r"Pointer argument \(at (\d+)\) cannot be accessed from Triton", re.IGNORECASE)
+# at most 6 digits: a kernel has fewer arguments than that, and int() of a pasted 5,000-digit run
+# raises (Python caps integer string conversion)
+_POINTER_ARG = re.compile(r"Pointer argument \(at (\d{1,6})\) cannot be accessed from Triton", re.IGNORECASE)
 
 
 def _short_type(error_type: str | None) -> str | None:
