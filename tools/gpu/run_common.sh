@@ -28,7 +28,8 @@
 #   cap SECONDS           SECONDS, or fewer when less than that (+ 10 s) is left of $BUDGET
 #   specimens_for WHERE   "NAME CAUSE" of each specimen whose planted fault shows WHERE: one (a
 #                         single GPU), pair (an ordered GPU pair) or parallel (ranks), read from
-#                         `qmoe-doctor specimens --json`
+#                         `qmoe-doctor specimens --json`; CAUSE "-" for a specimen whose scan must
+#                         come out healthy (a correct kernel, or a fault only the lint sees)
 #   expect_verdict FILE CAUSE   does a saved scan or parallel report name exactly CAUSE ("-":
 #                         none) and leave nothing unexplained? One "ok" / "NOT AS EXPECTED" line
 #   modes_table FILE      one line per mode of a `qmoe-doctor parallel --save` report
@@ -82,9 +83,12 @@ import json, sys
 PAIR = {"guarded", "untouched", "no-peer", "peer", "producer-race", "sizes-race"}
 for s in json.load(sys.stdin)["specimens"]:
     conds = set(s["misbehaves_under"])
-    where = "parallel" if any(c.startswith("parallel-") for c in conds) else "pair" if conds <= PAIR else "one"
+    # no condition: a correct kernel, or a fault only the lint sees (identical GPUs hide it):
+    # its scan must come out healthy anywhere ("-")
+    where = ("one" if not conds else "parallel" if any(c.startswith("parallel-") for c in conds)
+             else "pair" if conds <= PAIR else "one")
     if where == sys.argv[1]:
-        print(s["name"], s["cause"])
+        print(s["name"], s["cause"] if conds and s["cause"] else "-")
 ' "$1"
 }
 expect_verdict() {

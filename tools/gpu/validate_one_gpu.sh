@@ -17,11 +17,19 @@
 #   sweeps     the int32 boundary (specimen:int32_offsets), an over-limit launch config, the
 #              offset/stride cells of the built-in kernel
 #   check      qmoe-doctor check --require-gpus 1 on the built-in kernel (exit 0) and on each
-#              one-GPU specimen (exit 1)
+#              one-GPU specimen (exit 1; a correct specimen 0)
+#   autotune   the default scan of specimen:autotuned (1,000 configs) from a cold Triton cache,
+#              then warm: wall seconds of each (target: 60 s or less cold)
+#   run        qmoe-doctor run on examples/qwen3_moe_device_map.py: our kernel (no finding),
+#              specimen:unmasked_rows over-routed (CUDA error, --blocking names the kernel,
+#              --sanitize attributes an address), specimen:int32_offsets at the 480B stack
+#              (int32-offset-overflow from lint + size, live)
+#   overhead   benchmarks/monitor_overhead.py: the MoE block training step with and without the
+#              launch monitor (2048 and 128 tokens)
 # Knobs: BUDGET (seconds for the whole call, default 560), TEST_TIMEOUT (default 300).
 # Results: $OUT/summary.txt (one line per step, verdicts), logs and JSON reports in
 # $OUT/logs.tar.gz. Record the run in docs/validation/ (gpu-tests.md, scan-specimens.md).
-DEFAULT_STEPS="env tests scan specimens sweeps check"
+DEFAULT_STEPS="env tests scan specimens sweeps check autotune run overhead"
 source "$(dirname "${BASH_SOURCE[0]}")/run_common.sh" "$@"
 header
 
@@ -65,5 +73,29 @@ if has check; then
       --junit "$R/check-$name.xml"
     say "   want exit 1 naming $cause: $(grep -o "type=\"$cause\"" "$R/check-$name.xml" 2>/dev/null | head -1)"
   done < <(specimens_for one)
+fi
+if has autotune; then
+  cold=$(mktemp -d)
+  TRITON_CACHE_DIR=$cold t autotune-cold "$(cap 200)" qmoe-doctor scan --gpus 0 --kernel specimen:autotuned \
+    --save "$R/scan-autotuned-cold.json"
+  expect_verdict "$R/scan-autotuned-cold.json" -
+  TRITON_CACHE_DIR=$cold t autotune-warm "$(cap 120)" qmoe-doctor scan --gpus 0 --kernel specimen:autotuned \
+    --save "$R/scan-autotuned-warm.json"
+  expect_verdict "$R/scan-autotuned-warm.json" -
+fi
+if has run; then
+  E=examples/qwen3_moe_device_map.py
+  t run-ours "$(cap 150)" qmoe-doctor run --save "$R/run-ours.json" -- python3 $E --gpus 0
+  tail -3 "$R/run-ours.log" | tee -a "$S"
+  t run-unmasked "$(cap 200)" qmoe-doctor run --blocking --sanitize --log-dir "$R/run-unmasked-logs" \
+    --save "$R/run-unmasked.json" -- python3 $E --gpus 0 --kernel specimen:unmasked_rows --over-route 1000000 --steps 1
+  grep -iE "faulting kernel|cuda error|invalid|placed|attribut" "$R/run-unmasked.log" | head -8 | tee -a "$S"
+  t run-int32 "$(cap 150)" qmoe-doctor run --save "$R/run-int32.json" -- python3 $E --gpus 0 \
+    --kernel specimen:int32_offsets --preset qwen3-coder-480b-a35b --layers 1 --tokens 256 --steps 1
+  grep -E "int32-offset-overflow" "$R/run-int32.log" | head -3 | tee -a "$S"
+fi
+if has overhead; then
+  t overhead "$(cap 240)" python3 -m benchmarks.monitor_overhead
+  tail -8 "$R/overhead.log" | tee -a "$S"
 fi
 finish
