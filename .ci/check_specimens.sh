@@ -4,8 +4,14 @@
 #
 #   specimen                 on a CPU                                what sees it
 #   unmasked_rows            must fail: invalid-routing              probes (over-routed, -1 sentinel)
+#   running_row_mask         must fail: invalid-routing              probes (over-routed: guard rows
+#                                                                    after its own y)
 #   autotune_inplace         must fail: autotune-inplace-rerun       probes (first vs second call) + lint
+#   contiguous_only          must pass (strided cells rejected)      probes: a contract, not a fault
+#   autotuned                must pass                               probes (first config; repeat-call
+#                                                                    autotunes for real)
 #   unguarded, default_buffer, wrong_stream, int32_offsets           lint only: their probes need GPUs
+#   cached_sms                                                       lint only: no probe can see it
 #
 # Usage: .ci/check_specimens.sh   (reports under $OUT, default a temp dir)
 set -uo pipefail
@@ -60,16 +66,23 @@ for f in "${OURS[@]}"; do LINT_OURS+=(--lint "$f"); done
 expect builtin 0 -- --cpu --kernel builtin "${LINT_OURS[@]}"
 
 # Specimens the CPU tier's probes can see: exit 1 and the planted cause.
-for pair in unmasked_rows:invalid-routing autotune_inplace:autotune-inplace-rerun; do
+for pair in unmasked_rows:invalid-routing running_row_mask:invalid-routing \
+            autotune_inplace:autotune-inplace-rerun; do
   name=${pair%%:*} cause=${pair#*:}
   expect "specimen-$name" 1 -- --cpu --kernel "specimen:$name" && causes "specimen-$name" diagnoses "$cause"
+done
+
+# Correct specimens in the public kernels' style: healthy on the CPU tier, lint included (a kernel
+# refusing strided inputs by contract is not a fault; a large autotune space is no fault either).
+for name in contiguous_only autotuned; do
+  expect "specimen-$name" 0 -- --cpu --kernel "specimen:$name"
 done
 
 # Specimens whose fault is a placement, stream or int32-offset fault: no probe can fail on a CPU
 # (no second device, no streams, and the interpreter does no bounds checking). Lint sees each one.
 for pair in unguarded:missing-device-guard default_buffer:default-device-buffer \
             wrong_stream:wrong-device-stream int32_offsets:int32-offset-overflow \
-            autotune_inplace:autotune-inplace-rerun; do
+            autotune_inplace:autotune-inplace-rerun cached_sms:per-device-state-cached; do
   name=${pair%%:*} cause=${pair#*:}
   source_file=$(find kernels -path '*/specimens/*' -name "$name.py" | head -1)
   expect "lint-$name" 1 -- --cpu --lint "${source_file:-kernels/specimens/$name.py}" && causes "lint-$name" lint "$cause"
@@ -77,6 +90,8 @@ done
 say "note: specimen:unguarded, default_buffer, wrong_stream and int32_offsets cannot fail the CPU tier's"
 say "      probes: they need two GPUs (placement, peer access, streams) or a >4 GiB expert stack"
 say "      (int32 offsets). Lint flags them here; tools/gpu/validate_multi_gpu.sh sees them fail on GPUs."
+say "      specimen:cached_sms computes right numbers everywhere (a grid sized for another GPU): lint"
+say "      alone names it."
 
 if [[ $FAILED -ne 0 ]]; then
   say "== check_specimens: FAILED (reports in $OUT)"

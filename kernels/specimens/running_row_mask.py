@@ -1,6 +1,3 @@
-# Device code below (a @triton.jit kernel: Triton values, unannotated), as in the specimens that
-# pyproject.toml's [tool.mypy] override lists:
-# mypy: disallow-untyped-decorators=False, disallow-untyped-defs=False, disallow-incomplete-defs=False
 """Specimen ``running_row_mask``: plants ``invalid-routing``, in the style of the public kernels.
 
 The public fused-MoE forward design (FINDINGS.md, "Measured on one H100 ... 2026-11-25"): the

@@ -26,6 +26,7 @@ import typer
 
 from qmoe_doctor.cli.errors import CliError
 from qmoe_doctor.core import knobs
+from qmoe_doctor.core.autotune import DEFAULT_AUTOTUNE, AutotunePolicy
 from qmoe_doctor.core.conditions import (
     CPU_CONDITIONS,
     DEFAULT_CONDITIONS,
@@ -71,6 +72,18 @@ LOG_DIR_HELP = (
     "the run starts."
 )
 JSON_HELP = "Write the versioned JSON document to stdout instead of the tables."
+AUTOTUNE_HELP = (
+    "How the kernel's own autotuner (@triton.autotune) runs in the probes. 'first' (default): each "
+    "probe runs the first config the autotuner keeps after its own pruning, without benchmarking: "
+    "one compile per shape, the fastest; the cells see that config, not the one it would pick. "
+    "'cached': the autotuner benchmarks as written, its results kept on disk in a Triton cache of "
+    "the scan's own (under the log folder) and shared by every probe process: each shape is "
+    "benchmarked once per scan, from a cold compile cache; the cells see the autotuner's choice. "
+    "'full': every probe process autotunes every new shape, as a fresh process of yours does: the "
+    "slowest (minutes for a kernel with a thousand configs). Under every policy the repeat-call "
+    "probe autotunes for real on the caller's buffers (the autotune-inplace-rerun cause needs it). "
+    "Kernels without an autotuner run the same under all three."
+)
 SAVE_HELP = "Also write the versioned JSON document to FILE (checked before the run starts)."
 
 KernelOpt = Annotated[str, typer.Option("--kernel", "-k", help=KERNEL_HELP)]
@@ -91,6 +104,7 @@ TimeoutOpt = Annotated[float, typer.Option("--timeout", min=1.0, max=MAX_TIMEOUT
 LogDirOpt = Annotated[Path | None, typer.Option("--log-dir", help=LOG_DIR_HELP)]
 JsonOpt = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
 SaveOpt = Annotated[Path | None, typer.Option("--save", metavar="FILE", help=SAVE_HELP)]
+AutotuneOpt = Annotated[AutotunePolicy, typer.Option("--autotune", case_sensitive=False, help=AUTOTUNE_HELP)]
 
 DEFAULT_PRESET = "qwen3-30b-a3b"
 DEFAULT_TIMEOUT_S = knobs.DEFAULT_PROBE_TIMEOUT_S
@@ -136,7 +150,10 @@ def given(ctx: typer.Context, name: str) -> bool:
 
 
 __all__ = [
+    "AUTOTUNE_HELP",
     "CONDITION_NAMES",
+    "DEFAULT_AUTOTUNE",
+    "AutotuneOpt",
     "CpuOpt",
     "GpusOpt",
     "JsonOpt",

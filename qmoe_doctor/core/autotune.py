@@ -30,11 +30,12 @@ from __future__ import annotations
 from qmoe_doctor.core import knobs
 from qmoe_doctor.core.compat import StrEnum
 
-#: Triton's switch for its on-disk autotune results (read by ``triton.knobs.autotuning.cache``).
-#: Declared here until ``core/knobs.py`` lists it beside ``TRITON_CACHE_DIR``.
-TRITON_CACHE_AUTOTUNING = "TRITON_CACHE_AUTOTUNING"
 #: The ``ProbeSpec.params`` key that carries the policy to the probe child.
 PARAM = "autotune"
+#: Under ``cached``: the scan's own Triton cache, a folder of the scan's log folder (kept and
+#: removed with it), so no result of an earlier scan or of the user's own runs is read, and none
+#: is left in theirs. Its price: the scan compiles from a cold cache.
+SCAN_CACHE_DIR = "triton-cache"
 
 
 class AutotunePolicy(StrEnum):
@@ -61,7 +62,7 @@ def session_env(policy: AutotunePolicy, cache_dir: str | None) -> dict[str, str]
     Triton's default folder, shared with the user's own runs). Nothing for the other policies."""
     if policy is not AutotunePolicy.CACHED:
         return {}
-    env = {TRITON_CACHE_AUTOTUNING: "1"}
+    env = {knobs.TRITON_CACHE_AUTOTUNING: "1"}
     if cache_dir:
         env[knobs.TRITON_CACHE_DIR] = cache_dir
     return env
@@ -87,7 +88,7 @@ def policy_of(params: dict[str, object]) -> AutotunePolicy:
 __all__ = [
     "DEFAULT_AUTOTUNE",
     "PARAM",
-    "TRITON_CACHE_AUTOTUNING",
+    "SCAN_CACHE_DIR",
     "AutotunePolicy",
     "parse_policy",
     "policy_of",

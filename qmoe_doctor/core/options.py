@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from qmoe_doctor.core import knobs
+from qmoe_doctor.core.autotune import DEFAULT_AUTOTUNE, AutotunePolicy
 from qmoe_doctor.core.conditions import DEFAULT_CONDITIONS
 from qmoe_doctor.core.launch_configs import TileConfig
 from qmoe_doctor.core.modes import USER_MODES, Mode
@@ -28,6 +29,11 @@ class ScanOptions:
     sweeps: bool = True
     launch_configs: tuple[TileConfig, ...] = ()  # () = the built-in kernel's own config table
     max_pairs: int | None = None  # ordered pairs to scan, first in --gpus order (None: all)
+    autotune: AutotunePolicy = DEFAULT_AUTOTUNE  # the kernel's autotuner in the probes (core.autotune)
+    # pair sessions run at once, on disjoint GPU pairs (plan.pair_rounds); None: every disjoint
+    # pair of a round. 1 runs the pairs one after another (the escape hatch when concurrent pairs
+    # must be ruled out, e.g. a shared PCIe switch suspected of skewing the race cells' timing).
+    pairs_at_once: int | None = None
 
 
 #: The fast GPU subset. Pair cells on the first ordered pair: guarded (baseline), no-peer and
@@ -64,6 +70,7 @@ class CheckOptions:
     timeout_s: float = knobs.DEFAULT_PROBE_TIMEOUT_S
     max_pairs: int = GPU_FAST_MAX_PAIRS
     cpu_tier: bool = True
+    autotune: AutotunePolicy = DEFAULT_AUTOTUNE  # the kernel's autotuner in the probes (core.autotune)
 
 
 #: Seconds one parallel launch may take, start-up and compilation included (a 30B-preset run on

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from qmoe_doctor import __version__
 from qmoe_doctor.core.audit import AuditReport
+from qmoe_doctor.core.coverage import Coverage
 from qmoe_doctor.core.exitcodes import ExitCode
 from qmoe_doctor.core.launches import FindingKind, Launch, LaunchFinding, ProcessRecord, SourceLint
 from qmoe_doctor.core.lint_findings import LintError, LintFinding
@@ -48,13 +49,17 @@ class ScanReport:
     gpus: tuple[int, ...]  # NVML indices scanned, in --gpus order
     sessions: tuple[SessionInfo, ...]
     outcomes: tuple[Outcome, ...]
-    diagnoses: tuple[Diagnosis, ...]
+    diagnoses: tuple[Diagnosis, ...]  # faults (exit 1)
     explanations: tuple[str, ...] = ()
     unexplained: tuple[Evidence, ...] = ()
     skipped: tuple[str, ...] = ()
     log_dir: str = ""
     inventory: dict[str, Any] = field(default_factory=dict)
     audit: tuple[AuditReport, ...] = ()  # int32 offset audit of the scanned presets
+    # severity "hardening": wrong values from input the kernel's contract excludes, every access
+    # in bounds; reported, not faults (exit 0)
+    hardening: tuple[Diagnosis, ...] = ()
+    coverage: Coverage | None = None  # what the verdict covers (None: a report from before it)
     # False in the reports written while the scan runs (``on_progress``): what ran so far, and the
     # sessions still to run. A scan that is killed leaves the last of them behind.
     complete: bool = True
@@ -131,6 +136,8 @@ class KernelCheck:
     unexplained: tuple[Evidence, ...] = ()
     explanations: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # what was not checked and why ("no lint: the source of ...")
+    hardening: tuple[Diagnosis, ...] = ()  # as ScanReport's, over every tier: not faults
+    coverage: Coverage | None = None  # what the cells of every tier covered (None: no tier ran)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -4,10 +4,15 @@ exit code from its lint, its tiers and its cells.
 =======  ==================================================================================
 verdict  when
 =======  ==================================================================================
-pass     ran and was right; or refused invalid input loudly (``rejected``: what it should do)
+pass     ran and was right; or refused an input its contract excludes, loudly and before launch
+         (``rejected``: what it should do; the refused input in the detail); or computed wrong
+         values for invalid routing with every access in bounds, cited by a hardening finding
+         and by no fault (label ``wrong``, the detail says "hardening": README, exit 0)
 fail     wrong, crashed, or correct but slow and cited by a diagnosis (it ran remotely)
 skip     did not apply (its reason in the detail); or the CPU tier's interpreter check failed
-         (the machine's interpreter, not the kernel: the tier did not run)
+         (the machine's interpreter, not the kernel: the tier did not run); or ran without a
+         failure but its check could not see what the cell claims (``unchecked``, the reason in
+         the detail: docs/cells.md), never a pass
 error    the check could not run it: its child did not start, or the kernel did not import
 =======  ==================================================================================
 
@@ -38,15 +43,19 @@ def _log(o: Outcome) -> str:
     return text[-LOG_CHARS:]
 
 
-def _verdict(o: Outcome, label: str, cited: Mapping[str, str]) -> Verdict:
+def _verdict(o: Outcome, label: str, cited: Mapping[str, str], hardened: Mapping[str, str]) -> Verdict:
     if o.status is Status.SKIPPED:
         return "skip"
     if label == "rejected":
         return "pass"  # the kernel refused invalid input loudly: what it should do
+    if label == "unchecked":
+        return "skip"  # no failure seen, but the check was blind: not a pass (the reason: detail)
     if o.spec.condition is Condition.INTERPRETER_CHECK and o.failed:
         return "skip"  # the machine's interpreter, not the kernel: the tier did not run
     if o.status is Status.ERROR and (o.phase is Phase.SPAWN or o.error_kind is ErrorKind.KERNEL_IMPORT):
         return "error"
+    if o.failed and o.probe_id in hardened and o.probe_id not in cited:
+        return "pass"  # a hardening finding: wrong values from excluded input, in bounds (exit 0)
     if o.failed or (label == "slow" and o.probe_id in cited):
         return "fail"
     return "pass"
@@ -68,11 +77,17 @@ def cell_results(report: ScanReport, tier: Tier) -> tuple[CellResult, ...]:
                 details[e.probe_id] = e.detail  # the failing entry comes after the baseline's
     for e in report.unexplained:
         details[e.probe_id] = e.detail
+    hardened = {
+        e.probe_id: f"hardening finding, not a fault (exit 0): {e.detail}"
+        for d in report.hardening
+        for e in d.evidence
+        if e.label != "pass"
+    }
     cells: list[CellResult] = []
     for o in report.outcomes:
         base = baselines.get(group_of(o)) if o.spec.condition.is_pair else None
         label, slowdown = cell_label(o, base)
-        verdict = _verdict(o, label, cited)
+        verdict = _verdict(o, label, cited, hardened)
         placement = o.spec.placement
         cells.append(
             CellResult(
@@ -82,7 +97,9 @@ def cell_results(report: ScanReport, tier: Tier) -> tuple[CellResult, ...]:
                 name=placement.cell_name(o.spec.condition),
                 label=label,
                 verdict=verdict,
-                detail=details.get(o.probe_id) or describe(Cell(outcome=o, label=label, slowdown=slowdown)),
+                detail=details.get(o.probe_id)
+                or (hardened[o.probe_id] if verdict == "pass" and o.probe_id in hardened else "")
+                or describe(Cell(outcome=o, label=label, slowdown=slowdown)),
                 cause=cited.get(o.probe_id) if verdict == "fail" else None,
                 wall_s=o.wall_s,
                 notes=o.notes,

@@ -27,6 +27,7 @@ def tier_options(tier: Tier, opts: CheckOptions) -> ScanOptions:
         conditions=conditions,
         timeout_s=opts.timeout_s,
         max_pairs=opts.max_pairs if tier == "gpu" else None,
+        autotune=opts.autotune,
     )
 
 

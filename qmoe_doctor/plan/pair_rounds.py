@@ -8,7 +8,8 @@ The rounds come from the circle method of a round-robin tournament: with n GPUs 
 round when n is odd) every unordered pair meets once in n - 1 rounds (n rounds for odd n) of
 disjoint pairs. The two directions of a pair share both GPUs, so a -> b is played in the first
 half of the schedule and b -> a in the second: 2 (n - 1) rounds for even n, every ordered pair
-exactly once, no GPU twice in a round. On 8 GPUs: 14 rounds of 4 pairs. Pure and deterministic:
+exactly once, no GPU twice in a round. On 8 GPUs: 14 rounds of 4 pairs; the first pair of the
+first round is the first pair in --gpus order (gpus[0] -> gpus[1]). Pure and deterministic:
 the same GPUs give the same rounds in the same order, and a report lists its sessions in plan
 order whatever order they finished in.
 """
@@ -24,7 +25,10 @@ def pair_rounds(gpus: Sequence[int]) -> list[list[tuple[int, int]]]:
     order = list(dict.fromkeys(gpus))
     if len(order) < 2:
         return []
-    seats: list[int | None] = [*order, None] if len(order) % 2 else list(order)
+    # The second GPU sits opposite the first, so the first round opens with the first pair in
+    # --gpus order (the scan's first session, which carries the sweeps; ``max_pairs=1``'s pair).
+    rest: list[int | None] = [*order[2:], None] if len(order) % 2 else list(order[2:])
+    seats: list[int | None] = [order[0], *rest, order[1]]
     n = len(seats)
     halves: list[list[tuple[int, int]]] = []
     for _ in range(n - 1):

@@ -8,6 +8,12 @@ inside it a is ordinal 0 (the process's default current device, never touched un
 untouched-context cell has run) and b is ordinal 1. The probes then go from least to most
 state: first call of the process, single-device cells on b, the guarded baseline, the
 untouched-context cell, no peer access, peer access a->b, and the two races.
+
+Pair sessions come in rounds of pairs that share no GPU (``plan.pair_rounds``): the sessions of
+one round run at once (``Session.round``; ``ScanOptions.pairs_at_once`` caps a round), and the
+report lists them in plan order whatever order they finish in. Every spec carries the scan's
+autotune policy in its params, every session the environment that policy needs
+(``core.autotune``).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Protocol
 
 from qmoe_doctor.core import knobs
 from qmoe_doctor.core.audit import first_wrapping_expert
+from qmoe_doctor.core.autotune import DEFAULT_AUTOTUNE, AutotunePolicy, probe_params, session_env
 from qmoe_doctor.core.conditions import CPU_CONDITIONS, PAIR_ORDER, SINGLE_ORDER
 from qmoe_doctor.core.launch_configs import GEMM_CONFIGS
 from qmoe_doctor.core.options import ScanOptions
@@ -31,6 +38,7 @@ from qmoe_doctor.core.records import (
     pair_placement,
 )
 from qmoe_doctor.core.shapes import MoEShape, get_preset
+from qmoe_doctor.plan.pair_rounds import pair_rounds
 
 
 class PlannedGpu(Protocol):
@@ -49,17 +57,31 @@ class Session:
     env: dict[str, str]  # environment of the child (CUDA_VISIBLE_DEVICES, TRITON_INTERPRET, ...)
     specs: tuple[ProbeSpec, ...]
     gpu_of_ordinal: dict[int, int] = field(default_factory=dict)  # child ordinal -> NVML index
+    round: int = 0  # sessions of one round pin disjoint GPUs and run at once; rounds run in order
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScanPlan:
     kernel: str
-    sessions: tuple[Session, ...]
+    sessions: tuple[Session, ...]  # in plan order: round by round
     skipped: tuple[str, ...] = ()  # what was not planned, and why
+    autotune: AutotunePolicy = DEFAULT_AUTOTUNE  # in every spec's params and session's env
 
     @property
     def specs(self) -> tuple[ProbeSpec, ...]:
         return tuple(s for session in self.sessions for s in session.specs)
+
+    @property
+    def rounds(self) -> tuple[tuple[Session, ...], ...]:
+        """The sessions grouped by round, in plan order (one round per session of a CPU or
+        one-GPU scan, and of a pair scan run one pair at a time)."""
+        grouped: list[list[Session]] = []
+        for session in self.sessions:
+            if grouped and grouped[-1][0].round == session.round:
+                grouped[-1].append(session)
+            else:
+                grouped.append([session])
+        return tuple(tuple(g) for g in grouped)
 
 
 def main_shape(opts: ScanOptions) -> Shape:
@@ -189,6 +211,24 @@ def _single_specs(
 def plan_scan(kernel: str, gpus: Sequence[PlannedGpu], opts: ScanOptions | None = None) -> ScanPlan:
     """Plan a scan of ``kernel`` over the selected GPUs (in --gpus order)."""
     opts = opts or ScanOptions()
+    plan = _plan(kernel, gpus, opts)
+    tuned = probe_params(opts.autotune)
+    env = session_env(opts.autotune, None)  # the run pins the scan's own cache folder (run_scan)
+    return replace(
+        plan,
+        autotune=opts.autotune,
+        sessions=tuple(
+            replace(
+                session,
+                env={**session.env, **env},
+                specs=tuple(replace(spec, params={**spec.params, **tuned}) for spec in session.specs),
+            )
+            for session in plan.sessions
+        ),
+    )
+
+
+def _plan(kernel: str, gpus: Sequence[PlannedGpu], opts: ScanOptions) -> ScanPlan:
     if not gpus:
         check = ProbeSpec(
             probe_id=CPU_PLACEMENT.probe_id(Condition.INTERPRETER_CHECK),
@@ -210,36 +250,36 @@ def plan_scan(kernel: str, gpus: Sequence[PlannedGpu], opts: ScanOptions | None 
                 "and stream conditions need CUDA GPUs",
             ),
         )
-    sessions: list[Session] = []
-    skipped: list[str] = []
-    singles_done: set[int] = set()
-    boundary_done = False
     if len(gpus) == 1:
         g = gpus[0]
         where = gpu_placement(g.index)
         specs = _single_specs(kernel, where, 0, opts, with_boundary=True)
         if opts.sweeps:
             specs += _sweep_specs(kernel, where, 0, opts)
-        sessions.append(
-            Session(label=where.label, env=_cvd(g), specs=tuple(specs), gpu_of_ordinal={0: g.index})
+        return ScanPlan(
+            kernel=kernel,
+            sessions=(
+                Session(label=where.label, env=_cvd(g), specs=tuple(specs), gpu_of_ordinal={0: g.index}),
+            ),
+            skipped=(
+                "one GPU selected: ran the single-GPU cells; placement, peer-access and cross-device "
+                "stream conditions need two GPUs (--gpus 0,1)",
+            ),
         )
-        skipped.append(
-            "one GPU selected: ran the single-GPU cells; placement, peer-access and cross-device "
-            "stream conditions need two GPUs (--gpus 0,1)"
-        )
-        return ScanPlan(kernel=kernel, sessions=tuple(sessions), skipped=tuple(skipped))
-    for a in gpus:
-        for b in gpus:
-            if a.index == b.index:
-                continue
-            if opts.max_pairs is not None and len(sessions) >= opts.max_pairs:
-                break  # one session per pair so far
+    by_index = {g.index: g for g in gpus}
+    rounds = _scheduled(list(by_index), opts)
+    sessions: list[Session] = []
+    singles_done: set[int] = set()
+    boundary_done = False
+    for number, pairs in enumerate(rounds):
+        for a_index, b_index in pairs:
+            a, b = by_index[a_index], by_index[b_index]
             pair = pair_placement(a.index, b.index)
             specs = []
             if b.index not in singles_done:
                 on_b = gpu_placement(b.index)
                 specs += _single_specs(kernel, on_b, 1, opts, with_boundary=not boundary_done)
-                if opts.sweeps and not boundary_done:  # sweeps on the first GPU only
+                if opts.sweeps and not boundary_done:  # sweeps on the first session's GPU only
                     specs += _sweep_specs(kernel, on_b, 1, opts)
                 boundary_done = True
                 singles_done.add(b.index)
@@ -271,15 +311,31 @@ def plan_scan(kernel: str, gpus: Sequence[PlannedGpu], opts: ScanOptions | None 
                     env=_cvd(a, b),
                     specs=tuple(specs),
                     gpu_of_ordinal={0: a.index, 1: b.index},
+                    round=number,
                 )
             )
-    n_pairs = len(gpus) * (len(gpus) - 1)
+    skipped: list[str] = []
+    n_pairs = len(by_index) * (len(by_index) - 1)
     if len(sessions) < n_pairs:
         skipped.append(
             f"{len(sessions)} of {n_pairs} ordered GPU pairs scanned (max_pairs={opts.max_pairs}); "
             "`qmoe-doctor scan` runs them all"
         )
     return ScanPlan(kernel=kernel, sessions=tuple(sessions), skipped=tuple(skipped))
+
+
+def _scheduled(gpus: list[int], opts: ScanOptions) -> list[list[tuple[int, int]]]:
+    """The ordered pairs a scan runs, in rounds of disjoint pairs: every pair, or the first
+    ``max_pairs`` in --gpus order (a -> every b, then the next a), each in its round; a round
+    split into runs of at most ``pairs_at_once`` pairs."""
+    rounds = pair_rounds(gpus)
+    if opts.max_pairs is not None:
+        wanted = set([(a, b) for a in gpus for b in gpus if a != b][: max(opts.max_pairs, 0)])
+        rounds = [[p for p in r if p in wanted] for r in rounds]
+    step = opts.pairs_at_once
+    if step is not None and step >= 1:
+        rounds = [r[i : i + step] for r in rounds for i in range(0, len(r), step)]
+    return [r for r in rounds if r]
 
 
 def _cvd(*gpus: PlannedGpu) -> dict[str, str]:

@@ -42,7 +42,7 @@ from typing import Any
 from qmoe_doctor.core.events import Event
 from qmoe_doctor.core.exitcodes import ExitCode
 from qmoe_doctor.core.options import GPU_FAST_CONDITIONS, GPU_FAST_MAX_PAIRS, CheckOptions
-from qmoe_doctor.core.records import Diagnosis, Evidence
+from qmoe_doctor.core.records import Diagnosis, Evidence, Outcome
 from qmoe_doctor.core.reports import (
     CellResult,
     CheckReport,
@@ -57,7 +57,7 @@ from qmoe_doctor.lint import LintReport, lint_paths
 from qmoe_doctor.plan.check import default_lint_paths, no_lint_note, plan_check
 from qmoe_doctor.plan.scan import PlannedGpu, ScanPlan
 from qmoe_doctor.reports.json import json_document
-from qmoe_doctor.workflows.scan import KernelUnusable, all_spawn_failures, run_scan
+from qmoe_doctor.workflows.scan import KernelUnusable, all_spawn_failures, coverage, run_scan
 
 __all__ = [
     "GPU_FAST_CONDITIONS",
@@ -110,8 +110,10 @@ def check_kernel(
     tiers: list[TierResult] = []
     cells: list[CellResult] = []
     diagnoses: list[Diagnosis] = []
+    hardening: list[Diagnosis] = []
     unexplained: list[Evidence] = []
     explanations: list[str] = []
+    outcomes: list[Outcome] = []  # of every tier: what the verdict covers
 
     def assemble(code: ExitCode, problem: str) -> KernelCheck:
         return KernelCheck(
@@ -127,6 +129,8 @@ def check_kernel(
             unexplained=tuple(unexplained),
             explanations=tuple(explanations),
             notes=notes,
+            hardening=tuple(hardening),
+            coverage=coverage(outcomes) if tiers else None,
         )
 
     def judged() -> KernelCheck:
@@ -150,6 +154,8 @@ def check_kernel(
         tier_cells = cell_results(report, tier)
         cells.extend(tier_cells)
         diagnoses.extend(report.diagnoses)
+        hardening.extend(report.hardening)
+        outcomes.extend(report.outcomes)
         unexplained.extend(report.unexplained)
         explanations.extend(report.explanations)
         tiers.append(

@@ -1,21 +1,39 @@
 """The scan engine: plan -> isolated sessions -> follow-ups -> classification -> report.
 
+::
+
+    ScanPlan --round by round--> sessions of a round at once (one thread each, each its own
+      child pinned to its own GPU pair) --> per session: run_session, then its follow-ups
+      (memcheck of blind invalid-routing cells, TRITON_DEBUG=1 of a failing int32 boundary)
+    outcomes, in plan order --classify--> ScanReport (diagnoses, hardening, coverage)
+
+Where the time goes (docs/performance.md): each session pays a child's start-up (import torch
+and triton, a CUDA context) and the kernel's first compile per shape, then its cells; a pair
+session of the default scan took about 11.7 s on H200s. Sessions of one round share no GPU
+(``plan.pair_rounds``), so they run at the same time; the outcomes join the report in plan order
+whatever order they finish in, so the report and its order do not depend on the timing.
+
 No rendering here (``cli.render.scan`` draws the report) and no torch (probes run in children).
 The workers' logs go to ``--log-dir`` (kept), or to a ``qmoe-doctor-*`` folder in the temp dir
 that is kept when the scan found something, could not run or was stopped, and removed when it
 ended healthy (``isolate.logs.LogDir``); ``ScanReport.log_dir`` says where they are, "" if gone.
+Under ``--autotune cached`` the scan's Triton cache is a folder of it (``core.autotune``).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from qmoe_doctor.core.audit import DEFAULT_TOKENS, audit_shape
+from qmoe_doctor.core.autotune import SCAN_CACHE_DIR, session_env
+from qmoe_doctor.core.coverage import Coverage, coverage_of
 from qmoe_doctor.core.events import Event, EventKind
 from qmoe_doctor.core.options import ScanOptions
 from qmoe_doctor.core.records import (
@@ -32,9 +50,13 @@ from qmoe_doctor.core.shapes import get_preset
 from qmoe_doctor.diagnose.matrix import Cell as Cell  # re-exported: the CLI draws the matrix
 from qmoe_doctor.diagnose.matrix import build_matrix as build_matrix
 from qmoe_doctor.diagnose.scan_rules import classify
+from qmoe_doctor.isolate import process
 from qmoe_doctor.isolate.logs import LogDir
+from qmoe_doctor.isolate.signals import interruptible
 from qmoe_doctor.isolate.worker_pool import run_session
-from qmoe_doctor.plan.scan import ScanPlan, debug_rerun, plan_scan
+from qmoe_doctor.machine.sanitizer import SanitizerInfo, find_compute_sanitizer
+from qmoe_doctor.plan.scan import ScanPlan, Session, debug_rerun, plan_scan
+from qmoe_doctor.workflows.blind_cells import settle_blind_cells
 
 
 class KernelUnusable(Exception):
@@ -58,15 +80,17 @@ def run_scan(
     audit_presets: Sequence[str] = (),
     on_progress: Callable[[ScanReport], None] | None = None,
 ) -> ScanReport:
-    """Run every session of the plan, then the follow-ups the results call for.
+    """Run every session of the plan, each followed by the follow-ups its results call for.
 
-    ``on_progress`` gets a report of everything so far (``complete=False``, the sessions not
-    run yet in ``not_run``) after each session: ``scan --save`` writes it, so that a scan that is
-    stopped (a CI job's time limit, a device call's) leaves its finished pairs behind (run 50: the
-    eight-GPU scan was stopped after 48 of 56 pairs and left nothing). The workers' logs stay in
-    ``log_dir`` when given, else in a temp folder kept only when the scan did not end healthy.
-    Raises KernelUnusable when the kernel cannot be used in the child."""
-    with LogDir.open(log_dir) as logs:
+    The sessions of one round of the plan run at once, each in a thread of its own; ``on_event``
+    is called from those threads, one call at a time. ``on_progress`` gets a report of everything
+    so far (``complete=False``, the sessions not run yet in ``not_run``) after each round:
+    ``scan --save`` writes it, so that a scan that is stopped (a CI job's time limit, a device
+    call's) leaves its finished pairs behind (run 50: the eight-GPU scan was stopped after 48 of
+    56 pairs and left nothing). The workers' logs stay in ``log_dir`` when given, else in a temp
+    folder kept only when the scan did not end healthy. Raises KernelUnusable when the kernel
+    cannot be used in the child."""
+    with LogDir.open(log_dir) as logs, interruptible():
         report = _scan(
             plan,
             gpus=gpus,
@@ -81,6 +105,10 @@ def run_scan(
     return replace(report, log_dir=logs.reported)
 
 
+class _Stopped(Exception):
+    """A session's thread ends early: a session beside it failed, or the scan was interrupted."""
+
+
 def _scan(
     plan: ScanPlan,
     *,
@@ -93,16 +121,20 @@ def _scan(
 ) -> ScanReport:
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
+    one_at_a_time = threading.Lock()  # on_event is called from every session's thread
+    stop = threading.Event()
 
     def watch(event: Event) -> None:
+        if stop.is_set():
+            raise _Stopped()
         if on_event is not None:
-            on_event(event)
+            with one_at_a_time:
+                on_event(event)
         out = event.outcome
         if event.kind is EventKind.OUTCOME and out is not None and out.error_kind is ErrorKind.KERNEL_IMPORT:
             raise KernelUnusable(out.error_message or "the kernel could not be resolved")
 
     outcomes: list[Outcome] = []
-
     names = group_names(plan)
 
     def report(complete: bool, not_run: tuple[str, ...] = ()) -> ScanReport:
@@ -123,8 +155,10 @@ def _scan(
             ),
             outcomes=tuple(outcomes),
             diagnoses=result.diagnoses,
+            hardening=result.hardening,
             explanations=result.explanations,
             unexplained=result.unexplained,
+            coverage=coverage(outcomes),
             skipped=plan.skipped,
             log_dir=str(log_dir),
             inventory=inventory or {},
@@ -135,31 +169,97 @@ def _scan(
             not_run=not_run,
         )
 
-    for done, session in enumerate(plan.sessions, start=1):
-        specs = list(session.specs)
-        if specs and specs[0].condition is Condition.INTERPRETER_CHECK:
-            # The environment first: if our own trivial kernel cannot run on this interpreter,
-            # the rest of the tier is skipped rather than blamed on the kernel under test.
-            (env_check,) = run_session(specs[:1], base_env=session.env, log_dir=log_dir, on_event=watch)
-            outcomes.append(env_check)
-            specs = specs[1:]
-            if env_check.status is not Status.PASS:
-                reason = _first_line_of(env_check.error_message) or str(env_check.status)
-                outcomes += [_skipped(s, f"{_why_tier_skipped(env_check)}: {reason}") for s in specs]
-                continue
-        outcomes += run_session(specs, base_env=session.env, log_dir=log_dir, on_event=watch)
-        # follow-up: a failing int32 boundary cell is re-run with TRITON_DEBUG=1 so the report
-        # can name the overflowing source line
-        followups = [
-            debug_rerun(o.spec)
-            for o in outcomes[-len(session.specs) :]
-            if o.spec.condition is Condition.INT32_BOUNDARY and o.status in (Status.WRONG, Status.ERROR)
-        ]
-        if followups:
-            outcomes += run_session(followups, base_env=session.env, log_dir=log_dir, on_event=watch)
-        if on_progress is not None and done < len(plan.sessions):
-            on_progress(report(False, tuple(s.label for s in plan.sessions[done:])))
+    # the memcheck follow-up of blind cells (workflows.blind_cells) needs the sanitizer: looked
+    # up once; None on the CPU tier, whose cells are never blind that way
+    sanitizer = find_compute_sanitizer() if gpus else None
+    autotune_env = session_env(plan.autotune, str(log_dir / SCAN_CACHE_DIR))
+
+    def session_outcomes(session: Session) -> list[Outcome]:
+        env = {**session.env, **autotune_env}
+        return _run_one(session, env=env, log_dir=log_dir, watch=watch, sanitizer=sanitizer, stop=stop)
+
+    rounds = plan.rounds
+    for done, sessions in enumerate(rounds, start=1):
+        for got in _at_once(sessions, session_outcomes, stop):
+            outcomes.extend(got)  # in plan order, whichever session finished first
+        if on_progress is not None and done < len(rounds):
+            on_progress(report(False, tuple(s.label for later in rounds[done:] for s in later)))
     return report(True)
+
+
+def _run_one(
+    session: Session,
+    *,
+    env: Mapping[str, str],
+    log_dir: Path,
+    watch: Callable[[Event], None],
+    sanitizer: SanitizerInfo | None,
+    stop: threading.Event,
+) -> list[Outcome]:
+    """One session's outcomes, its follow-ups after them."""
+    specs = list(session.specs)
+    got: list[Outcome] = []
+    if specs and specs[0].condition is Condition.INTERPRETER_CHECK:
+        # The environment first: if our own trivial kernel cannot run on this interpreter,
+        # the rest of the tier is skipped rather than blamed on the kernel under test.
+        (env_check,) = run_session(specs[:1], base_env=env, log_dir=log_dir, on_event=watch)
+        got.append(env_check)
+        specs = specs[1:]
+        if env_check.status is not Status.PASS:
+            reason = _first_line_of(env_check.error_message) or str(env_check.status)
+            return got + [_skipped(s, f"{_why_tier_skipped(env_check)}: {reason}") for s in specs]
+    ran = run_session(specs, base_env=env, log_dir=log_dir, on_event=watch)
+    if stop.is_set():
+        raise _Stopped()
+    # follow-up: an invalid-routing cell whose canary could not follow the kernel's own output
+    # is re-run alone under memcheck (or stays unchecked, with the reason)
+    ran = settle_blind_cells(
+        ran, base_env=env, gpu_of_ordinal=session.gpu_of_ordinal, log_dir=log_dir, sanitizer=sanitizer
+    )
+    got += ran
+    # follow-up: a failing int32 boundary cell is re-run with TRITON_DEBUG=1 so the report can
+    # name the overflowing source line
+    followups = [
+        debug_rerun(o.spec)
+        for o in ran
+        if o.spec.condition is Condition.INT32_BOUNDARY and o.status in (Status.WRONG, Status.ERROR)
+    ]
+    if followups:
+        got += run_session(followups, base_env=env, log_dir=log_dir, on_event=watch)
+    return got
+
+
+def _at_once(
+    sessions: Sequence[Session], run: Callable[[Session], list[Outcome]], stop: threading.Event
+) -> list[list[Outcome]]:
+    """Each session's outcomes, in the order given. One session runs in this thread (signals
+    reach its children here, as before rounds existed); several run at once, a thread each. When
+    one raises (KernelUnusable) or the scan is interrupted, the others are stopped: their
+    children killed, their threads ended at their next event; the first error in plan order is
+    raised."""
+    if len(sessions) == 1:
+        return [run(sessions[0])]
+    pool = ThreadPoolExecutor(max_workers=len(sessions), thread_name_prefix="qmoe-doctor-pair")
+    futures: list[Future[list[Outcome]]] = []
+    try:
+        futures = [pool.submit(run, s) for s in sessions]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        errors = [e for e in (f.exception() for f in futures if f.done()) if e is not None]
+        if errors:
+            raise next((e for e in errors if not isinstance(e, _Stopped)), errors[0])
+        return [f.result() for f in futures]
+    except BaseException:
+        stop.set()
+        process.kill_all()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def coverage(outcomes: Sequence[Outcome]) -> Coverage:
+    """What a verdict over these outcomes covers, from the cells' labels (``core.coverage``)."""
+    labels = {c.outcome.probe_id: c.label for c in build_matrix(outcomes).cells.values()}
+    return coverage_of(outcomes, labels)
 
 
 def _why_tier_skipped(env_check: Outcome) -> str:
@@ -214,6 +314,7 @@ __all__ = [
     "all_spawn_failures",
     "build_matrix",
     "checked_nothing",
+    "coverage",
     "group_names",
     "nothing_ran",
     "plan_scan",

@@ -103,7 +103,7 @@ def test_specimen_fails_the_check_with_its_cause(tmp_path: Path) -> None:
     junit, report = tmp_path / "report.xml", tmp_path / "report.json"
     result = runner.invoke(
         app,
-        ["check", "--cpu", "-k", "specimen:unmasked_rows", "--only", "single,negative-sizes",
+        ["check", "--cpu", "-k", "specimen:unmasked_rows", "--only", "single,over-routed",
          "--junit", str(junit), "--save", str(report), "--log-dir", str(tmp_path / "logs")],
     )
     assert result.exit_code == 1, result.output
@@ -113,7 +113,7 @@ def test_specimen_fails_the_check_with_its_cause(tmp_path: Path) -> None:
     assert [d["cause"] for d in kernel["diagnoses"]] == ["invalid-routing"]
     assert kernel["exit_code"] == 1 and kernel["summary"]["fail"] == 1
     (failed,) = [c for c in kernel["cells"] if c["verdict"] == "fail"]
-    assert failed["name"] == "negative-sizes" and failed["cause"] == "invalid-routing"
+    assert failed["name"] == "over-routed" and failed["cause"] == "invalid-routing"
     root = assert_junit_shape(junit.read_text())
     (failure,) = list(root.iter("failure"))
     assert failure.get("type") == "invalid-routing"
@@ -272,6 +272,60 @@ def test_gpu_machine_runs_cpu_tier_and_gpu_subset(tmp_path: Path, monkeypatch: p
     assert classes == {"builtin.CPU", "builtin.GPU 1", "builtin.GPU 0 -> GPU 1", "builtin.lint"}
     failure = next(root.iter("failure"))
     assert failure.get("type") == "unexplained" and (failure.get("message") or "").startswith("illegal-address")
+
+
+def test_unchecked_cells_are_skipped_with_the_reason_and_rejected_ones_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A blind over-routed cell (no canary after the kernel's own output, no sanitizer) is never
+    a pass: JUnit shows it skipped, with the reason. A kernel refusing the -1 sentinel before
+    launch honours its contract: a pass whose detail names the refused input."""
+    blind = {"canary_after_output": False, "memcheck": "unavailable", "memcheck_reason": "compute-sanitizer was not found"}
+
+    def scan(plan: ScanPlan, **kw: Any) -> ScanReport:
+        report: ScanReport = _fake_scan({})(plan, **kw)
+        outcomes = []
+        for o in report.outcomes:
+            if o.probe_id == "GPU 1/over-routed":
+                o = replace(o, facts=blind)
+            elif o.probe_id == "GPU 1/negative-sizes":
+                o = replace(
+                    o,
+                    status=Status.ERROR,
+                    phase=Phase.SETUP,
+                    error_kind=ErrorKind.BAD_INPUT,
+                    error_type="ValueError",
+                    error_message="m_sizes must be non-negative",
+                    facts={"raised_in": "kernel", "kernel_launches": 0},
+                )
+            else:  # every other cell's canary followed the output
+                o = replace(o, facts={"canary_after_output": True})
+            outcomes.append(o)
+        return replace(report, outcomes=tuple(outcomes))
+
+    monkeypatch.setattr(devices, "collect_inventory", lambda: _inventory(2))
+    monkeypatch.setattr(check_mod, "run_scan", scan)
+    junit, saved = tmp_path / "r.xml", tmp_path / "r.json"
+    result = runner.invoke(
+        app, ["check", "--gpus", "0,1", "--junit", str(junit), "--save", str(saved), "--log-dir", str(tmp_path / "l")]
+    )
+    assert result.exit_code == 0, result.output
+    (kernel,) = json.loads(saved.read_text())["kernels"]
+    cells = {c["probe_id"]: c for c in kernel["cells"]}
+    over, sentinel = cells["GPU 1/over-routed"], cells["GPU 1/negative-sizes"]
+    assert (over["label"], over["verdict"]) == ("unchecked", "skip")
+    assert "writes past y were not checked" in over["detail"] and "compute-sanitizer was not found" in over["detail"]
+    assert (sentinel["label"], sentinel["verdict"]) == ("rejected", "pass")
+    assert "the kernel refuses m_sizes before launch (ValueError: m_sizes must be non-negative)" in sentinel["detail"]
+    assert kernel["coverage"]["unchecked"] == ["GPU 1/over-routed"]
+    assert kernel["coverage"]["rejected"] == ["GPU 1/negative-sizes"]
+    root = assert_junit_shape(junit.read_text())
+    case = next(c for c in root.iter("testcase") if c.get("name") == "over-routed" and "GPU 1" in (c.get("classname") or ""))
+    (skipped,) = list(case.iter("skipped"))
+    assert "writes past y were not checked" in (skipped.get("message") or "")
+    text = _flat(result.stdout)
+    assert "unchecked GPU 1/over-routed" in text and "rejected GPU 1/negative-sizes" in text
+    assert "covers: lint, the CPU tier and the GPU subset;" in text and "1 unchecked (GPU 1/over-routed)" in text
 
 
 def test_every_probe_failing_to_spawn_is_exit_4(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -71,6 +71,9 @@ def test_running_row_mask_writes_past_its_own_y_and_is_a_fault(tmp_path: Path) -
     assert any("over-routed" in e["probe_id"] and "after y" in e["detail"] for e in diag["evidence"])
     # its -1 sentinel shifts rows inside y: reported apart, as hardening
     assert any(e.startswith("hardening (reported, exit 0): invalid-routing") for e in report["explanations"])
+    (hardening,) = report["hardening"]
+    assert (hardening["cause"], hardening["severity"]) == ("invalid-routing", "hardening")
+    assert {e["probe_id"] for e in hardening["evidence"] if e["label"] != "pass"} == {"CPU/negative-sizes"}
 
 
 def test_contiguous_only_is_healthy_and_its_strided_cells_are_rejected(tmp_path: Path) -> None:
@@ -198,6 +201,27 @@ def test_plain_pytorch_loop_gets_hardening_not_invalid_routing(tmp_path: Path) -
     assert sentinel["facts"]["canary_after_output"] is True  # the guard rows surrounded y
     assert cells["over-routed"]["status"] == "pass"  # slicing clamps at M
     assert any(e.startswith("hardening (reported, exit 0): invalid-routing") for e in report["explanations"])
+    (hardening,) = report["hardening"]
+    assert hardening["severity"] == "hardening" and hardening["confidence"] == "high"
+    assert report["coverage"]["cells_ran"] == 4 and report["coverage"]["unchecked"] == []
+
+
+def test_plain_pytorch_loop_passes_check_with_the_hardening_reported(tmp_path: Path) -> None:
+    """check follows the same exit policy as scan: a hardening finding is reported, exit 0; its
+    cell is no JUnit failure, and its detail says why."""
+    junit = tmp_path / "check.xml"
+    out = _cli(
+        "check", "--cpu", "--kernel", TORCH_LOOP, "--only", "single,negative-sizes",
+        "--save", str(tmp_path / "check.json"), "--junit", str(junit), tmp=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:]
+    (kernel,) = json.loads((tmp_path / "check.json").read_text())["kernels"]
+    assert kernel["diagnoses"] == [] and [h["cause"] for h in kernel["hardening"]] == ["invalid-routing"]
+    cell = next(c for c in kernel["cells"] if c["name"] == "negative-sizes")
+    assert (cell["label"], cell["verdict"], cell["cause"]) == ("wrong", "pass", None)
+    assert cell["detail"].startswith("hardening finding, not a fault (exit 0): rel. error")
+    assert 'failures="0"' in junit.read_text()
+    assert "note: hardening (reported, exit 0): invalid-routing" in " ".join(out.stdout.split())
 
 
 def test_a_kernel_returning_none_is_reported_as_such(tmp_path: Path) -> None:

@@ -103,3 +103,115 @@ def test_cpu_cells_and_cells_with_a_canary_are_not_re_run() -> None:
     _settle(outcomes, confirm, SANITIZER)
     # run 1's negative-sizes cells had their canary: only the over-routed ones are blind
     assert sorted(confirm.asked) == ["GPU 0/over-routed", "GPU 1/over-routed"]
+
+
+# --------------------------------------------------------------------------------------------
+# In the scan: run_scan settles each session's blind cells, with a stand-in compute-sanitizer
+# --------------------------------------------------------------------------------------------
+
+#: A stand-in for compute-sanitizer (the pattern of tests/unit/test_run_reruns.py): it answers
+#: --version, records what it was asked to run, and writes memcheck's log of one invalid write
+#: past the end of an allocation, without running the probe (there is no GPU here).
+STAND_IN = """\
+#!{python}
+import json, os, sys
+
+args = sys.argv[1:]
+if args == ["--version"]:
+    print("NVIDIA (R) Compute Sanitizer\\nVersion 2025.3.1.0")
+    sys.exit(0)
+log, i = None, 0
+while i < len(args) and args[i].startswith("--"):
+    if args[i] == "--log-file":
+        log = args[i + 1]
+    i += 2
+spec = json.loads(args[-1])
+json.dump({{"probe_id": spec["probe_id"], "tool": args[args.index("--tool") + 1],
+           "caching": os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING")}}, open(os.environ["STAND_IN_SEEN"], "w"))
+open(log, "w").write(
+    "========= COMPUTE-SANITIZER\\n"
+    "========= Invalid __global__ write of size 16 bytes\\n"
+    "=========     at _running_row_mask_kernel+0x1b0 in running_row_mask.py:88\\n"
+    "=========     by thread (3,0,0) in block (0,0,0)\\n"
+    "=========     Address 0x7f0000020500 is out of bounds\\n"
+    "=========     and is 1,281 bytes after the nearest allocation at 0x7f0000000000 of size 131,072 bytes\\n"
+    "========= \\n"
+    "========= ERROR SUMMARY: 1 error\\n"
+)
+"""
+
+
+def _blind_scan(monkeypatch: Any, tmp_path: Path) -> Any:
+    """A one-GPU scan of single + over-routed whose probes (no child: there is no GPU here) pass
+    without a canary after the kernel's own output: the over-routed cell is blind."""
+    from qmoe_doctor.core.options import ScanOptions
+    from qmoe_doctor.core.records import Condition, Phase, Status
+    from qmoe_doctor.plan.scan import plan_scan
+    from qmoe_doctor.workflows import scan as scan_workflow
+
+    def run_session(specs: Any, *, base_env: Any, log_dir: Path, on_event: Any = None) -> list[Outcome]:
+        return [
+            Outcome(
+                probe_id=s.probe_id,
+                spec=s,
+                status=Status.PASS,
+                phase=Phase.DONE,
+                facts={"canary_after_output": False, "output_guard": False},
+            )
+            for s in specs
+        ]
+
+    @dataclass(frozen=True)
+    class Gpu:
+        index: int = 0
+        uuid: str = "GPU-aaa"
+
+    monkeypatch.setattr(scan_workflow, "run_session", run_session)
+    opts = ScanOptions(conditions=frozenset({Condition.SINGLE, Condition.OVER_ROUTED}), sweeps=False)
+    plan = plan_scan("specimen:running_row_mask", [Gpu()], opts)
+    return scan_workflow.run_scan(plan, gpus=(0,), log_dir=tmp_path / "logs")
+
+
+def test_scan_turns_a_blind_over_routed_cell_into_the_fault_when_memcheck_sees_the_write(
+    monkeypatch: Any, tmp_path: Path
+) -> None:
+    import sys
+
+    from qmoe_doctor.core import knobs
+
+    stand_in = tmp_path / "compute-sanitizer"
+    stand_in.write_text(STAND_IN.format(python=sys.executable))
+    stand_in.chmod(0o755)
+    monkeypatch.setenv(knobs.QMOE_SANITIZER, str(stand_in))
+    monkeypatch.setenv("STAND_IN_SEEN", str(tmp_path / "seen.json"))
+    report = _blind_scan(monkeypatch, tmp_path)
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    # the blind cell alone, under memcheck, with the caching allocator off
+    assert seen == {"probe_id": "GPU 0/over-routed+memcheck", "tool": "memcheck", "caching": "1"}
+    (fault,) = report.diagnoses
+    assert (fault.cause, fault.severity) == ("invalid-routing", "fault") and report.hardening == ()
+    over = next(o for o in report.outcomes if o.probe_id == "GPU 0/over-routed")
+    assert str(over.status) == "wrong" and over.facts["memcheck"] == "errors"
+    assert over.canary_hits[0].startswith("memcheck: Invalid __global__ write of size 16 bytes")
+    assert any("memcheck: Invalid __global__ write" in e.detail for e in fault.evidence)
+    assert report.coverage is not None and report.coverage.unchecked == ()
+    assert not report.healthy
+
+
+def test_scan_leaves_the_blind_cell_unchecked_with_the_reason_without_a_sanitizer(
+    monkeypatch: Any, tmp_path: Path
+) -> None:
+    from qmoe_doctor.core import knobs
+    from qmoe_doctor.workflows import scan as scan_workflow
+
+    monkeypatch.delenv(knobs.QMOE_SANITIZER, raising=False)
+    monkeypatch.setattr(scan_workflow, "find_compute_sanitizer", lambda: None)
+    report = _blind_scan(monkeypatch, tmp_path)
+    assert report.diagnoses == () and report.unexplained == ()
+    over = next(o for o in report.outcomes if o.probe_id == "GPU 0/over-routed")
+    assert str(over.status) == "pass" and over.facts["memcheck"] == "unavailable"
+    labels = {c.outcome.probe_id: c.label for c in build_matrix(report.outcomes).cells.values()}
+    assert labels["GPU 0/over-routed"] == "unchecked" and labels["GPU 0/single"] == "pass"
+    assert any("GPU 0/over-routed unchecked" in e and NO_SANITIZER in e for e in report.explanations)
+    assert report.coverage is not None and report.coverage.unchecked == ("GPU 0/over-routed",)
+    assert not report.coverage.complete

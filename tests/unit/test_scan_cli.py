@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -43,12 +44,15 @@ def test_scan_json_is_versioned(tmp_path: Path) -> None:
 
 def test_scan_specimen_unmasked_rows_names_invalid_routing(tmp_path: Path) -> None:
     result = runner.invoke(
-        app, ["scan", "--cpu", "--kernel", "specimen:unmasked_rows", "--only", "single,negative-sizes",
+        app, ["scan", "--cpu", "--kernel", "specimen:unmasked_rows", "--only", "single,over-routed",
               "--json", "--log-dir", str(tmp_path)],
     )
     assert result.exit_code == 1, result.output
     doc = json.loads(result.stdout)
     assert [d["cause"] for d in doc["diagnoses"]] == ["invalid-routing"]
+    (fault,) = doc["diagnoses"]  # the over-routed write past y: a fault, not hardening
+    assert fault["severity"] == "fault" and doc["hardening"] == []
+    assert any(e["probe_id"] == "CPU/over-routed" and "after y" in e["detail"] for e in fault["evidence"])
 
 
 def test_scan_user_kernel_from_a_file(tmp_path: Path) -> None:
@@ -71,12 +75,57 @@ def test_scan_user_kernel_from_a_file(tmp_path: Path) -> None:
         (["--only", "bogus"], "unknown condition"),
         (["--preset", "gpt5"], "unknown preset"),
         (["--configs", "128x128"], "launch config"),
+        (["--autotune", "fastest"], "--autotune"),
+        (["--pairs-at-once", "0"], "--pairs-at-once"),
     ],
 )
 def test_scan_bad_input_is_a_usage_error(args: list[str], needle: str) -> None:
     result = runner.invoke(app, ["scan", "--cpu", *args])
     assert result.exit_code == 2
     assert needle in result.output
+
+
+@pytest.mark.parametrize("policy", ["first", "cached", "full", "CACHED"])
+def test_autotune_policy_reaches_every_spec_and_the_cached_one_a_cache_of_the_scan(
+    policy: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qmoe_doctor.cli.commands import scan as scan_cmd
+    from qmoe_doctor.workflows import scan
+
+    envs: list[dict[str, str]] = []
+
+    def recording(specs: list[Any], *, base_env: dict[str, str], **kw: Any) -> list[Any]:
+        envs.append(dict(base_env))
+        return _passing(specs)
+
+    monkeypatch.setattr(scan, "run_session", recording)
+    plans = []
+    monkeypatch.setattr(scan_cmd, "plan_scan", lambda *a, **k: plans.append(scan.plan_scan(*a, **k)) or plans[-1])
+    logs = tmp_path / "logs"
+    result = runner.invoke(app, ["scan", "--cpu", "--autotune", policy, "--only", "single", "--json", "--log-dir", str(logs)])
+    assert result.exit_code == 0, result.output
+    (plan,) = plans
+    assert plan.autotune.value == policy.lower()
+    doc = json.loads(result.stdout)
+    assert {o["spec"]["params"]["autotune"] for o in doc["outcomes"]} == {policy.lower()}
+    cached = policy.lower() == "cached"
+    assert all(e.get("TRITON_CACHE_AUTOTUNING") == ("1" if cached else None) for e in envs)
+    assert all(e.get("TRITON_CACHE_DIR") == (str(logs / "triton-cache") if cached else None) for e in envs)
+
+
+def test_parallel_refuses_the_scan_only_options() -> None:
+    for extra in (["--autotune", "full"], ["--pairs-at-once", "2"]):
+        result = runner.invoke(app, ["scan", "--cpu", "--parallel", "dp", *extra])
+        assert result.exit_code == 2 and extra[0] in result.output, result.output
+
+
+def test_help_says_what_each_autotune_policy_costs_and_sees() -> None:
+    for command in ("scan", "check"):
+        text = " ".join(runner.invoke(app, [command, "--help"], terminal_width=200).output.split())
+        assert "--autotune" in text and "first" in text and "cached" in text and "full" in text
+    assert "repeat-call probe autotunes for real" in " ".join(
+        runner.invoke(app, ["scan", "--help"], terminal_width=2000).output.replace("│", " ").split()
+    )
 
 
 def test_scan_kernel_that_fails_to_import_gets_a_paragraph_not_a_traceback(tmp_path: Path) -> None:
@@ -135,7 +184,8 @@ def test_cpu_tier_with_a_broken_interpreter_is_skipped_not_blamed(tmp_path: Path
 
 
 def _two_session_plan():
-    """The CPU tier's plan with its session split in two (as a GPU plan has one per GPU / pair)."""
+    """The CPU tier's plan with its session split in two rounds (as a GPU plan has one session per
+    pair, in rounds of pairs that share no GPU)."""
     import dataclasses
 
     from qmoe_doctor.plan.scan import ScanOptions, plan_scan
@@ -144,7 +194,7 @@ def _two_session_plan():
     (only,) = plan.sessions
     specs = [s for s in only.specs if s.condition.value != "interpreter-check"]
     first = dataclasses.replace(only, label="first", specs=tuple(specs[:1]))
-    second = dataclasses.replace(only, label="second", specs=tuple(specs[1:]))
+    second = dataclasses.replace(only, label="second", specs=tuple(specs[1:]), round=1)
     return dataclasses.replace(plan, sessions=(first, second))
 
 
@@ -154,8 +204,8 @@ def _passing(specs, **_):
     return [Outcome(probe_id=s.probe_id, spec=s, status=Status.PASS, phase=Phase.DONE) for s in specs]
 
 
-def test_run_scan_reports_progress_after_every_session_but_the_last(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A report of everything so far after each session (complete: false, the sessions not run
+def test_run_scan_reports_progress_after_every_round_but_the_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report of everything so far after each round (complete: false, the sessions not run
     listed, never healthy), so that a scan stopped half-way leaves its finished sessions behind
     (run 50: an eight-GPU scan stopped after 48 of 56 pairs left nothing)."""
     from qmoe_doctor.workflows import scan

@@ -75,6 +75,7 @@ def check_command(
     preset: opt.PresetOpt = opt.DEFAULT_PRESET,
     timeout: opt.TimeoutOpt = opt.DEFAULT_TIMEOUT_S,
     log_dir: opt.LogDirOpt = None,
+    autotune: opt.AutotuneOpt = opt.DEFAULT_AUTOTUNE,
 ) -> None:
     """CI health check: lint the kernel source, run the CPU tier, and on a GPU machine a fast
     subset of the scan (the first GPU pair; under a minute on two GPUs). Without --only: every
@@ -117,7 +118,7 @@ def check_command(
         report = run_check(
             refs,
             gpus=devices.gpus,
-            opts=CheckOptions(preset=preset, conditions=conditions, timeout_s=timeout),
+            opts=CheckOptions(preset=preset, conditions=conditions, timeout_s=timeout, autotune=autotune),
             lint=[str(p) for p in lint or []] or None,
             log_dir=log_dir,
             on_tier=on_tier,

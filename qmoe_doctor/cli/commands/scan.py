@@ -30,7 +30,7 @@ from qmoe_doctor.reports.json import json_document
 from qmoe_doctor.workflows.scan import plan_scan, report_json, run_scan
 
 #: What ``--parallel`` cannot honour: the scan's own cells (``qmoe-doctor parallel`` has the knobs).
-SCAN_ONLY = ("rows", "only", "sweeps", "configs")
+SCAN_ONLY = ("rows", "only", "sweeps", "configs", "autotune", "pairs_at_once")
 
 
 def scan_command(
@@ -56,12 +56,23 @@ def scan_command(
             help="Launch configs to pin, comma-separated BMxBNxBK-wW-sS (default: the kernel's own table).",
         ),
     ] = None,
+    autotune: opt.AutotuneOpt = opt.DEFAULT_AUTOTUNE,
+    pairs_at_once: Annotated[
+        int | None,
+        typer.Option(
+            "--pairs-at-once",
+            min=1,
+            help="GPU pairs scanned at the same time (default: every pair of a round that shares no GPU, "
+            "4 on 8 GPUs). 1 scans them one after another. The report is the same, in the same order.",
+        ),
+    ] = None,
     parallel: Annotated[
         str | None,
         typer.Option(
             "--parallel",
             help="Instead, run the MoE block under these parallel modes (dp,pp,tp,ep), as `qmoe-doctor parallel "
-            "--modes` does with its defaults; refused with --rows, --only, --sweeps or --configs.",
+            "--modes` does with its defaults; refused with --rows, --only, --sweeps, --configs, --autotune or "
+            "--pairs-at-once.",
         ),
     ] = None,
 ) -> None:
@@ -75,7 +86,7 @@ def scan_command(
     opt.preset(preset)
     check_outputs(files={"--save": save}, dirs={"--log-dir": log_dir})
     if parallel is not None:
-        ignored = [f"--{name}" for name in SCAN_ONLY if opt.given(ctx, name)]
+        ignored = [f"--{name.replace('_', '-')}" for name in SCAN_ONLY if opt.given(ctx, name)]
         if ignored:
             raise CliError(
                 f"--parallel runs the parallel modes, not the scan's cells: {', '.join(ignored)} would be ignored"
@@ -111,6 +122,8 @@ def scan_command(
         timeout_s=timeout,
         sweeps=sweeps,
         launch_configs=pinned,
+        autotune=autotune,
+        pairs_at_once=pairs_at_once,
     )
     plan = plan_scan(str(ref), devices.gpus, scan_opts)
     so_far: list[ScanReport] = []

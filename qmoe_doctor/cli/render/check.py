@@ -46,11 +46,15 @@ def _render_kernel(k: KernelCheck) -> list[Text]:
         lines.append(Text(f"  {k.problem}", style="red"))
     for note in k.notes:
         lines.append(Text(f"  {note}", style="dim"))
-    for d in k.diagnoses:
+    for d in (*k.diagnoses, *k.hardening):
         docs = CAUSES[d.cause].docs if d.cause in CAUSES else ""
-        lines.append(
-            Text.assemble("  ", (d.cause, "bold red"), f": {d.summary}", (f"  [{d.confidence}]", "dim"))
-        )
+        if d.severity == "hardening":  # reported, not a fault (exit 0)
+            head = Text.assemble(
+                ("  note: hardening ", "yellow"), ("(reported, exit 0): ", "dim"), (d.cause, "bold yellow")
+            )
+        else:
+            head = Text.assemble("  ", (d.cause, "bold red"))
+        lines.append(Text.assemble(head, f": {d.summary}", (f"  [{d.confidence}]", "dim")))
         if d.where:
             lines.append(Text(f"    where: {', '.join(d.where)}", style="dim"))
         if d.repro:
@@ -62,22 +66,22 @@ def _render_kernel(k: KernelCheck) -> list[Text]:
             Text.assemble("  ", ("unexplained ", "bold red"), (e.probe_id, "cyan"), f" {e.label}: {e.detail}")
         )
     for note in k.explanations:
-        lines.append(Text.assemble(("  note: ", "yellow"), note))
+        if not any(h.summary in note for h in k.hardening):  # drawn above
+            lines.append(Text.assemble(("  note: ", "yellow"), note))
     for cell in k.cells:
         if cell.label in ("rejected", "unchecked"):  # not failures, but the verdict does not cover them
             lines.append(Text.assemble(f"  {cell.label} ", (cell.probe_id, "cyan"), f": {cell.detail}"))
-    if k.tiers and not any(t.tier == "gpu" for t in k.tiers):
-        what = "lint and the CPU tier" if k.lint is not None else "the CPU tier"
-        lines.append(
-            Text(
-                f"  covers: {what} only; placement, peer-access and stream conditions need two GPUs, "
-                "the int32 boundary a GPU",
-                style="yellow",
-            )
-        )
+    cov = k.coverage
+    if cov is not None and not cov.complete:
+        gpu = any(t.tier == "gpu" for t in k.tiers)
+        if gpu:
+            what = ("lint, " if k.lint is not None else "") + "the CPU tier and the GPU subset"
+        else:
+            what = ("lint and " if k.lint is not None else "") + "the CPU tier only"
+        lines.append(Text(f"  covers: {what}; {cov.sentence()}", style="yellow"))
     if k.lint is not None:
         lines += _render_lint(k.lint, "  ")
-    reasons = sorted({c.detail for c in k.cells if c.verdict == "skip"})
+    reasons = sorted({c.detail for c in k.cells if c.verdict == "skip" and c.label != "unchecked"})
     for r in reasons:
         lines.append(Text(f"  skipped: {r}", style="dim"))
     for t in k.tiers:

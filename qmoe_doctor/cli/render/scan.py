@@ -10,7 +10,6 @@ from rich.text import Text
 
 from qmoe_doctor.core.causes import get_cause
 from qmoe_doctor.core.conditions import PAIR_ORDER, SINGLE_ORDER, SWEEP_CONDITIONS
-from qmoe_doctor.core.coverage import Coverage, coverage_of
 from qmoe_doctor.core.records import Condition, Diagnosis, Phase, Status
 from qmoe_doctor.core.reports import ScanReport
 from qmoe_doctor.workflows.scan import Cell, all_spawn_failures, build_matrix, nothing_ran
@@ -126,6 +125,35 @@ def diagnosis_panel(d: Diagnosis) -> Panel:
     return Panel(Group(*body), title=title, title_align="left")
 
 
+def hardening_lines(d: Diagnosis) -> list[Text]:
+    """A hardening finding (not a fault, exit 0): a note, with where, the cells, repro and docs."""
+    lines = [
+        Text.assemble(
+            ("note: hardening ", "yellow"),
+            ("(reported, exit 0): ", "dim"),
+            (d.cause, "bold yellow"),
+            f": {d.summary}",
+            (f"  [{d.confidence}]", "dim"),
+        )
+    ]
+    failing = list(dict.fromkeys(e.probe_id for e in d.evidence if e.label != "pass"))
+    lines.append(
+        Text(
+            f"  where: {', '.join(d.where) or '-'}; cells: {', '.join(failing)}",
+            style="dim",
+        )
+    )
+    if d.repro:
+        lines.append(Text.assemble(("  repro: ", "dim"), (d.repro, "bold")))
+    lines.append(Text(f"  docs: {get_cause(d.cause).docs}", style="dim"))
+    return lines
+
+
+def _restates_hardening(note: str, report: ScanReport) -> bool:
+    """An explanation that says what a hardening note already shows."""
+    return any(h.summary in note for h in report.hardening)
+
+
 def render_report(console: Console, report: ScanReport) -> None:
     head = Text.assemble(
         ("kernel ", "dim"),
@@ -164,8 +192,12 @@ def render_report(console: Console, report: ScanReport) -> None:
             )
     for d in report.diagnoses:
         console.print(diagnosis_panel(d))
+    for d in report.hardening:
+        for line in hardening_lines(d):
+            console.print(line)
     for note in report.explanations:
-        console.print(Text.assemble(("note: ", "yellow"), note))
+        if not _restates_hardening(note, report):
+            console.print(Text.assemble(("note: ", "yellow"), note))
     if report.unexplained:
         console.print(
             Text("Failing cells no rule accounts for (a fault, cause not named):", style="bold red")
@@ -196,12 +228,6 @@ def could_not_run(report: ScanReport) -> str | None:
     return "every probe was skipped" + (f": {notes[0]}" if notes else "")
 
 
-def scan_coverage(report: ScanReport) -> Coverage:
-    """What the report's verdict covers, from its outcomes and their cell labels."""
-    labels = {c.outcome.probe_id: c.label for c in build_matrix(report.outcomes).cells.values()}
-    return coverage_of(report.outcomes, labels)
-
-
 def verdict_line(report: ScanReport) -> Text:
     """The last word: healthy only when probes of the kernel ran and every one passed, and it
     says what it covers: a CPU tier or one GPU is never read as a clean bill for what it could
@@ -210,11 +236,18 @@ def verdict_line(report: ScanReport) -> Text:
     if broken is not None:
         return Text(f"could not run: {broken}; nothing about the kernel was checked", style="bold yellow")
     if report.healthy:
-        cov = scan_coverage(report)
-        if cov.complete:
-            return Text(f"healthy: every cell passed; no cause diagnosed ({cov.sentence()})", style="bold green")
+        cov = report.coverage
+        hardening = [f"{len(report.hardening)} hardening finding(s), not faults"] if report.hardening else []
+        if cov is None:  # a report from before coverage: it cannot say what it covers
+            return Text(
+                "; ".join(("healthy: no fault in the cells that ran", *hardening)), style="bold green"
+            )
+        if cov.complete and not hardening:
+            return Text(
+                f"healthy: every cell passed; no cause diagnosed ({cov.sentence()})", style="bold green"
+            )
         ran = f"no fault in the {cov.cells_ran} cell{'s' if cov.cells_ran != 1 else ''} that ran"
-        return Text("; ".join((f"healthy in what ran: {ran}", *cov.caveats)), style="bold yellow")
+        return Text("; ".join((f"healthy in what ran: {ran}", *cov.caveats, *hardening)), style="bold yellow")
     if not report.diagnoses and not report.unexplained:
         return Text(
             "incomplete: every cell that ran passed; sessions not run: " + ", ".join(report.not_run),
