@@ -4,6 +4,7 @@
     python -m benchmarks.bench_kernels --preset qwen3-235b-a22b --m 8192 --json-out bench.json
     python -m benchmarks.bench_kernels --tokens 512,2048,8192 --plot bench.png
     python -m benchmarks.bench_kernels --tiny                # CPU, Triton interpreter: a smoke run
+    python -m benchmarks.bench_kernels --kernel mylib.moe:grouped_gemm   # also your kernel
 
 The flag interface of the measurement: the measuring code is ``qmoe_doctor.probes.bench``
 (installed with the package), the same code ``qmoe-doctor bench`` runs in a child process; here
@@ -11,7 +12,8 @@ it runs in this process on the current CUDA device, and the CLI's renderer draws
 ``qmoe`` (ours), ``torch._grouped_mm``, the ``per-expert loop``, and ``dense (same FLOPs)``, one
 cuBLAS GEMM of the same FLOPs (the ceiling); and for the whole Qwen3-MoE block (forward, and
 forward + backward): ``MoEBlock`` on our kernels, with ``torch._grouped_mm`` as its forward
-kernel, and the per-expert-loop twin.
+kernel, and the per-expert-loop twin. ``--kernel REF`` (any ``qmoe-doctor --kernel`` form) adds
+that kernel's forward, dx and block rows beside ours (``qmoe_doctor.probes.bench_user``).
 
 TFLOP/s count 2*M*N*K FLOP per GEMM (6*M*H*I for the block forward, 3x that with backward) over
 the median time of ``triton.testing.do_bench``. Every row also gives its relative error against
@@ -27,8 +29,10 @@ import os
 import sys
 
 from qmoe_doctor.core import bench as B
+from qmoe_doctor.core.kernel_ref import KernelRef, KernelRefError
 from qmoe_doctor.core.shapes import get_preset
 from qmoe_doctor.probes.bench import DTYPES, run, write_report  # imports torch, not triton
+from qmoe_doctor.probes.loader import KernelResolutionError
 
 
 def parse_script_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -51,6 +55,7 @@ def parse_script_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="CPU + Triton interpreter, tiny shape, no timing")
     p.add_argument("--no-block", action="store_true", help="skip the MoE block rows")
     p.add_argument("--placement", action="store_true", help="also per placement (needs 2 visible GPUs)")
+    p.add_argument("--kernel", default="", help="also this kernel beside ours (any qmoe-doctor --kernel form)")
     p.add_argument("--json-out", default=None, help="write the results as JSON (kind 'bench') to this path")
     p.add_argument("--plot", default=None, help="write a PNG plot to this path (needs matplotlib)")
     return p.parse_args(argv)
@@ -61,6 +66,11 @@ def script_main(argv: list[str] | None = None) -> int:
     from qmoe_doctor.cli.render.bench import render_report
 
     args = parse_script_args(argv)
+    try:
+        kernel = str(KernelRef.parse(args.kernel).validate()) if args.kernel else ""
+    except KernelRefError as exc:
+        print(f"bench_kernels: {exc}", file=sys.stderr)
+        return 2
     if args.tiny:
         # before triton is imported: the interpreter is chosen when kernels are decorated
         os.environ["TRITON_INTERPRET"] = "1"
@@ -82,11 +92,16 @@ def script_main(argv: list[str] | None = None) -> int:
         n=args.n,
         k=args.k,
         routing=args.routing,
+        kernel=kernel,
     )
-    report = run(
-        request,
-        command=" ".join(["benchmarks/bench_kernels.py", *(argv if argv is not None else sys.argv[1:])]),
-    )
+    try:
+        report = run(
+            request,
+            command=" ".join(["benchmarks/bench_kernels.py", *(argv if argv is not None else sys.argv[1:])]),
+        )
+    except KernelResolutionError as exc:  # --kernel: the user's code failed to import, or another signature
+        print(f"bench_kernels: the kernel could not be used: {exc}", file=sys.stderr)
+        return 2
     render_report(stdout_console(), report)
     err = stderr_console()
     if args.json_out:

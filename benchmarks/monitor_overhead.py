@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from qmoe_doctor.core.launch_configs import LEAN_LAUNCH_ENV
+from qmoe_doctor.core.knobs import QMOE_LEAN_LAUNCH as LEAN_LAUNCH_ENV
 from qmoe_doctor.workflows.run import RunOptions, monitor_env
 
 CHILD_FLAG = "--child"

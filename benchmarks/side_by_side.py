@@ -245,7 +245,7 @@ def measure_host(pt: Point, calls: int, *, runs: int = 5) -> list[Row]:
     """Host time per call of forward, dx, dw: ours lean, ours through JITFunction.run, torch."""
     import torch
 
-    from qmoe_doctor.core.launch_configs import LEAN_LAUNCH_ENV
+    from qmoe_doctor.core.knobs import QMOE_LEAN_LAUNCH as LEAN_LAUNCH_ENV
     from qmoe_doctor.kernels import backward, grouped_gemm, launch
 
     def sync() -> None:

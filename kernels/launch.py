@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from qmoe_doctor.core.launch_configs import LEAN_LAUNCH_ENV
+from qmoe_doctor.core import knobs
 
 __all__ = ["Launch", "LaunchCounts", "counts", "lean_launch_enabled", "rebase"]
 
@@ -54,7 +54,7 @@ def lean_launch_enabled() -> bool:
     """False under the interpreter or with ``QMOE_DOCTOR_LEAN_LAUNCH=0`` (read per plan)."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return False
-    return os.environ.get(LEAN_LAUNCH_ENV, "1").strip() != "0"
+    return knobs.lean_launch()  # ValueError for a value other than 0 or 1, naming it
 
 
 def _plain_triton_run() -> bool:

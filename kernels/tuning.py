@@ -25,13 +25,12 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from qmoe_doctor.core import knobs
 from qmoe_doctor.core.launch_configs import (
-    TABLE_ENV,
     TABLE_PREFIX,
     ConfigTableError,
     DeviceFacts,
@@ -45,7 +44,6 @@ from qmoe_doctor.kernels.grouped_gemm import GemmConfig
 
 __all__ = [
     "OPS",
-    "TABLE_ENV",
     "TableEntry",
     "choice_for",
     "config_from_name",
@@ -156,7 +154,7 @@ def _header_of(path: Path) -> TableHeader:
     try:
         mtime = path.stat().st_mtime_ns
     except OSError:
-        raise ConfigTableError(f"{TABLE_ENV}={path}: no such config table") from None
+        raise ConfigTableError(f"{knobs.QMOE_CONFIG_TABLE}={path}: no such config table") from None
     return _header(path, mtime)
 
 
@@ -164,7 +162,7 @@ def choice_for(facts: DeviceFacts) -> TableChoice:
     """The table this device gets now (``core.launch_configs.choose_table``): reads the
     environment and this user's cache folder, so a table installed since is seen; the kernels
     call it once per shape (their launch plans are cached)."""
-    override = os.environ.get(TABLE_ENV, "").strip()
+    override = knobs.config_table()
     user = user_table_path(facts)
     return choose_table(
         facts,

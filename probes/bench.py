@@ -16,6 +16,9 @@ expert for the GEMM rows):
   with ``torch._grouped_mm`` as its forward kernel, the per-expert-loop twin (all three share one
   set of parameters), and a dense GEMM of the same FLOPs; on a GPU also the first two's forward
   replayed from a CUDA graph (no host launch path: what the GPU alone takes);
+* with ``kernel`` (``--kernel REF``): the user's kernel beside ours, its forward and dx rows and
+  ``MoEBlock(kernel=fn)`` (``qmoe_doctor.probes.bench_user``); a REF that does not resolve here
+  ends the child with ``B.KERNEL_UNUSABLE_EXIT`` and one line naming it;
 * with ``placement`` (2 GPUs): see ``qmoe_doctor.core.bench``.
 
 Every row also gets its relative error against a float32 reference (float64 on the CPU). Under
@@ -40,6 +43,8 @@ import torch  # does not import triton: TRITON_INTERPRET can still be set after 
 
 from qmoe_doctor.core import bench as B
 from qmoe_doctor.core.records import from_json
+from qmoe_doctor.probes.bench_user import UserKernel, load_user_kernel
+from qmoe_doctor.probes.loader import KernelResolutionError
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 #: Back-to-back calls per placement sample aim at this much wall time (ms), within CALLS_MAX.
@@ -179,6 +184,7 @@ def _bench_gemms(
     w_ref: torch.Tensor,
     gen: torch.Generator,
     routing: str = "random",
+    user: UserKernel | None = None,
 ) -> None:
     from qmoe_doctor.kernels.backward import (
         moe_grouped_gemm_dw,
@@ -230,6 +236,8 @@ def _bench_gemms(
     meas.add(
         "forward", B.GROUPED_MM, lambda: torch._grouped_mm(x, w.transpose(1, 2), offs=offs), ref, flops, **at
     )
+    if user is not None:  # UserKernelSkipped (its adapter refuses these operands): the row's note
+        meas.add("forward", user.label, user.forward(x, w, m_sizes), ref, flops, **at)
     meas.add("forward", B.LOOP, loop_forward, ref, flops, **at)
     meas.add("forward", B.DENSE, dense, None, flops, **at)
     del ref
@@ -238,6 +246,8 @@ def _bench_gemms(
     cfg = _config_text(lambda *a: pick_config(*a, op="dx"), m, k, n, e, device, dtype)  # the forward on w.T
     meas.add("dx", B.QMOE, lambda: moe_grouped_gemm_dx(dy, w, m_sizes), ref, flops, config=cfg, **at)
     meas.add("dx", B.GROUPED_MM, lambda: torch._grouped_mm(dy, w, offs=offs), ref, flops, **at)
+    if user is not None:  # no dw row: the forward signature has no weight gradient
+        meas.add("dx", user.label, user.dx(dy, w, m_sizes), ref, flops, config=user.DX_NOTE, **at)
     meas.add("dx", B.LOOP, loop_dx, ref, flops, **at)
     meas.add("dx", B.DENSE, dense, None, flops, **at)
     del ref
@@ -253,10 +263,19 @@ def _bench_gemms(
 
 
 class _Blocks:
-    """Ours, ours with torch._grouped_mm as the forward kernel, the loop twin (one set of
-    parameters, shared), and a float32 (CPU: float64) twin with its own copy as the reference."""
+    """Ours, ours with torch._grouped_mm as the forward kernel, ours with the user's kernel as
+    the forward kernel (``--kernel``), the loop twin (one set of parameters, shared), and a
+    float32 (CPU: float64) twin with its own copy as the reference."""
 
-    def __init__(self, shape: Any, device: torch.device, dtype: torch.dtype, ref_dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        shape: Any,
+        device: torch.device,
+        dtype: torch.dtype,
+        ref_dtype: torch.dtype,
+        *,
+        user: UserKernel | None = None,
+    ) -> None:
         from qmoe_doctor.kernels.moe_block import MoEBlock, MoEBlockTorch
 
         def grouped_mm_kernel(x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor) -> torch.Tensor:
@@ -269,6 +288,10 @@ class _Blocks:
         self.with_grouped_mm = self._share(
             MoEBlock(shape, kernel=grouped_mm_kernel, device="meta", dtype=dtype)
         )
+        self.user = user
+        self.with_user = (
+            self._share(MoEBlock(shape, kernel=user.fn, device="meta", dtype=dtype)) if user is not None else None
+        )
         self.twin = self._share(MoEBlockTorch(shape, device="meta", dtype=dtype))
         self.reference = MoEBlockTorch(shape, device=device, dtype=ref_dtype)
         self.reference.load_state_dict(self.ours.state_dict())
@@ -279,6 +302,12 @@ class _Blocks:
         module.gate_up_proj = self.ours.gate_up_proj
         module.down_proj = self.ours.down_proj
         return module
+
+    def _user_blocks(self, suffix: str) -> tuple[tuple[str, torch.nn.Module], ...]:
+        """The user's block row (none without --kernel), named ``suffix`` after its label."""
+        if self.user is None or self.with_user is None:
+            return ()
+        return ((f"{self.user.block_label}{suffix}", self.with_user),)
 
     def measure(self, meas: _Measure, tokens: int, gen: torch.Generator) -> None:
         s = self.shape
@@ -292,6 +321,7 @@ class _Blocks:
         for impl, module in (
             (B.BLOCK_QMOE, self.ours),
             (B.BLOCK_GROUPED_MM, self.with_grouped_mm),
+            *self._user_blocks(""),
             (B.BLOCK_LOOP, self.twin),
         ):
             meas.log(f"  T={tokens:<6} block                    {impl}")
@@ -343,6 +373,7 @@ class _Blocks:
             for impl, module in (
                 (B.BLOCK_QMOE_GRAPH, self.ours),
                 (B.BLOCK_GROUPED_MM_GRAPH, self.with_grouped_mm),
+                *self._user_blocks(", CUDA graph"),
             ):
                 meas.add("block-forward", impl, _GraphedForward(module, hidden), ref_out, flops, **at)
         del ref_out
@@ -520,13 +551,16 @@ def _placement_rows(
 
 
 def run(request: B.BenchRequest, *, log: Log = _log, command: str = "") -> B.BenchReport:
-    """Measure ``request`` in this process. TRITON_INTERPRET must already be set for tiny."""
+    """Measure ``request`` in this process. TRITON_INTERPRET must already be set for tiny.
+    Raises KernelResolutionError when ``request.kernel`` does not resolve here."""
     import triton
 
     from qmoe_doctor.core.shapes import MoEShape, get_preset
 
     t_start = time.monotonic()
     preset = get_preset("tiny" if request.tiny else request.preset)
+    # the user's kernel first, before any GPU work: KernelResolutionError ends the run (child_main)
+    user = load_user_kernel(request.kernel) if request.kernel else None
     if request.tiny:
         device = torch.device("cpu")
         dtype = torch.float32  # bf16 tl.dot is garbage in the interpreter
@@ -557,7 +591,9 @@ def run(request: B.BenchRequest, *, log: Log = _log, command: str = "") -> B.Ben
     notes: list[str] = []
     for tokens in request.tokens:
         try:
-            _bench_gemms(meas, tokens=tokens, top_k=top_k, w=w, w_ref=w_ref, gen=gen, routing=request.routing)
+            _bench_gemms(
+                meas, tokens=tokens, top_k=top_k, w=w, w_ref=w_ref, gen=gen, routing=request.routing, user=user
+            )
         except Exception as exc:  # e.g. out of memory for a reference at a large token count
             notes.append(f"GEMM rows at {tokens} tokens stopped: {_note(exc)}")
         _free(device)
@@ -572,7 +608,7 @@ def run(request: B.BenchRequest, *, log: Log = _log, command: str = "") -> B.Ben
             intermediate=shape.intermediate,
         )
         try:
-            blocks = _Blocks(block_shape, device, dtype, ref_dtype)
+            blocks = _Blocks(block_shape, device, dtype, ref_dtype, user=user)
         except Exception as exc:  # e.g. out of memory for the float32 reference of a large preset
             notes.append(f"MoE block rows skipped: {_note(exc)}")
         else:
@@ -602,6 +638,8 @@ def run(request: B.BenchRequest, *, log: Log = _log, command: str = "") -> B.Ben
         shape=shape,
         tokens=request.tokens,
         routing=request.routing,
+        config_table=_config_table(timed),
+        kernel=request.kernel,
         created_unix=time.time(),
         wall_s=time.monotonic() - t_start,
         rows=B.with_fractions(meas.rows),
@@ -609,6 +647,18 @@ def run(request: B.BenchRequest, *, log: Log = _log, command: str = "") -> B.Ben
         notes=tuple(notes),
         command=command,
     )
+
+
+def _config_table(timed: bool) -> str:
+    """Which launch-config table our kernels used on cuda:0, in words (the report's header)."""
+    if not timed:
+        return "interpreter config (CPU smoke run)"
+    from qmoe_doctor.kernels.tuning import describe_device_table
+
+    try:
+        return describe_device_table(0)
+    except ValueError as exc:  # a malformed table (ConfigTableError): the kernel calls raise it too
+        return f"unreadable: {_note(exc)}"
 
 
 def write_report(report: B.BenchReport, path: str) -> None:
@@ -633,7 +683,11 @@ def child_main(argv: list[str] | None = None) -> int:
     request = from_json(B.BenchRequest, args[0])
     if request.tiny:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (the parent sets it too)
-    report = run(request)
+    try:
+        report = run(request)
+    except KernelResolutionError as exc:  # the user's code failed to import or has another signature
+        _log(B.KERNEL_UNUSABLE_PREFIX + " ".join(str(exc).split()))
+        return B.KERNEL_UNUSABLE_EXIT
     write_report(report, request.result_path)
     return 0
 

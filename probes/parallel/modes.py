@@ -39,7 +39,6 @@ them.
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -52,6 +51,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from qmoe_doctor.core import knobs
 from qmoe_doctor.core.records import Condition, Phase, ProbeSpec, Status
 from qmoe_doctor.core.shapes import PRESETS, MoEShape, get_preset
 from qmoe_doctor.kernels.backward import GroupedGemm, moe_fused_linear
@@ -779,10 +779,7 @@ class ExpertParallelBlock(nn.Module):
         return out, router_logits
 
 
-EP_MICRO_ENV = "QMOE_EP_MICRO_BATCHES"
-EP_DISPATCH_ENV = "QMOE_EP_DISPATCH"
-EP_TRANSPORT_ENV = "QMOE_EP_TRANSPORT"
-EP_DISPATCHES = ("a2a", "gather")
+EP_DISPATCHES = knobs.EP_DISPATCHES  # and the variables that choose: core/knobs.py
 
 
 # The gather dispatch sends every token to every rank: on W ranks with top-8 of 128 experts a
@@ -807,17 +804,12 @@ def ep_dispatch(world: int, tokens_per_rank: int) -> tuple[str, str]:
     """(dispatch, transport) of the ep mode's block: ``$QMOE_EP_DISPATCH`` (``a2a``: each token
     to the ranks owning its experts, by NCCL all-to-all; ``gather``: every token to every rank by
     pushes that overlap the experts, ``ep_gather.py``; ``auto``, the default: ``auto_dispatch``)
-    and ``$QMOE_EP_TRANSPORT`` (``auto``, ``symm``, ``collective``)."""
-    dispatch = os.environ.get(EP_DISPATCH_ENV, "").strip() or "auto"
-    transport = os.environ.get(EP_TRANSPORT_ENV, "").strip() or "auto"
+    and ``$QMOE_EP_TRANSPORT`` (``auto``, ``symm``, ``collective``); both read, and refused when
+    unknown (ValueError naming the variable), by ``core.knobs``."""
+    dispatch = knobs.ep_dispatch()
+    transport = knobs.ep_transport()
     if dispatch == "auto":  # micro-batches are the all-to-all dispatch's way to overlap
         dispatch = auto_dispatch(world, tokens_per_rank) if ep_micro_batches() == 1 else "a2a"
-    if dispatch not in EP_DISPATCHES:
-        raise ValueError(
-            f"{EP_DISPATCH_ENV} must be auto or one of {', '.join(EP_DISPATCHES)}, got {dispatch!r}"
-        )
-    if transport not in ("auto", *ep_gather.TRANSPORTS):
-        raise ValueError(f"{EP_TRANSPORT_ENV} must be auto, symm or collective, got {transport!r}")
     return dispatch, transport
 
 
@@ -825,12 +817,7 @@ def ep_micro_batches() -> int:
     """Micro-batches of the ep mode's block: ``$QMOE_EP_MICRO_BATCHES`` or the default, 1 (two
     overlap one micro-batch's all-to-all with the other's experts, but measured slower on 2x
     H200: 18.7 against 12.8 ms per step, run 15; docs/parallel.md)."""
-    text = os.environ.get(EP_MICRO_ENV, "").strip()
-    if not text:
-        return 1
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"{EP_MICRO_ENV} must be a positive integer, got {text!r}")
-    return int(text)
+    return knobs.ep_micro_batches()  # ValueError naming the variable for anything but 1, 2, ...
 
 
 def expected_expert_rows(full: MoEBlock, rows: torch.Tensor, global_ids: torch.Tensor) -> torch.Tensor:

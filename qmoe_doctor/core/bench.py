@@ -4,7 +4,9 @@ them (stdlib only: the measuring child, ``probes/bench.py``, imports this; the p
 
 One run measures, side by side, our forward, dx and dw grouped GEMMs and the whole ``MoEBlock``
 against ``torch._grouped_mm``, the per-expert loop (the stock Transformers block) and one dense
-GEMM of the same FLOPs, over a range of token counts; with ``placement`` on 2 GPUs it also
+GEMM of the same FLOPs, over a range of token counts; with ``kernel`` (``--kernel REF``) also the
+user's kernel in the same table (``probes/bench_user.py`` names its rows and says what it
+measures); with ``placement`` on 2 GPUs it also
 times the same forward per placement, so that scan's "slow" label (``knobs.SLOW_FACTOR``) has a
 reference:
 
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from qmoe_doctor.core import knobs
+from qmoe_doctor.core.exitcodes import ExitCode
 from qmoe_doctor.core.records import SCHEMA_VERSION, from_jsonable, json_document
 
 KIND = "bench"
@@ -94,6 +97,12 @@ TINY_MAX_TOKENS = 256
 #: How long the whole measuring child may take. Escape hatch: --timeout (large presets with the
 #: per-expert-loop block at many tokens take minutes; a cold Triton cache adds compile time).
 DEFAULT_TIMEOUT_S = 1800.0
+#: How the child ends when the --kernel REF does not resolve there (the parent checked its form;
+#: the user's code failed to import or has another signature): this status, and one stderr line
+#: that starts with the prefix and gives the reason. The parent makes it the kernel's usage
+#: error (exit 2), not a broken benchmark (exit 4).
+KERNEL_UNUSABLE_EXIT = int(ExitCode.USAGE)
+KERNEL_UNUSABLE_PREFIX = "qmoe-doctor bench: the kernel could not be used: "
 #: What `qmoe-doctor bench` writes under --out.
 BENCH_FILES: Mapping[str, str] = {"json": "bench.json", "plot": "bench.png", "log": "bench.log"}
 
@@ -127,6 +136,7 @@ class BenchRequest:
     n: int | None = None
     k: int | None = None
     routing: Routing = "random"  # GEMM rows: the rows per expert (see ROUTINGS)
+    kernel: str = ""  # --kernel REF: the user's kernel, canonical KernelRef text ("" = none)
     result_path: str = ""  # where the child writes the BenchReport JSON
 
 
@@ -190,6 +200,8 @@ class BenchReport:
     shape: BenchShape
     tokens: tuple[int, ...]
     routing: str = "random"  # of the GEMM rows (ROUTINGS)
+    config_table: str = ""  # which launch-config table our kernels used (kernels/tuning.py describe_device_table)
+    kernel: str = ""  # the --kernel REF measured beside ours ("" = none)
     flop_convention: str = FLOP_CONVENTION
     timing: str = TIMING_GEMM
     timing_placement: str = TIMING_PLACEMENT
@@ -347,6 +359,8 @@ __all__ = [
     "GEMM_OPS",
     "GRAPH_IMPLS",
     "GROUPED_MM",
+    "KERNEL_UNUSABLE_EXIT",
+    "KERNEL_UNUSABLE_PREFIX",
     "KIND",
     "LEGACY_KIND",
     "LOOP",

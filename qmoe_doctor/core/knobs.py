@@ -27,6 +27,32 @@ QMOE_RUN_CALL_SITES = "QMOE_DOCTOR_RUN_CALL_SITES"
 #: The folder holding the qmoe_doctor package that started the run, for a command whose
 #: interpreter cannot import it (another venv's python).
 QMOE_RUN_HOME = "QMOE_DOCTOR_RUN_HOME"
+# The child side reads these (kernels, probes; both may import core), through the functions below.
+#: Escape hatch: a config table file used instead of the one chosen for the device (a tuning
+#: run measures its own table before it is committed or installed; a user pins one for a CI).
+#: ``kernels/tuning.py`` reads it per shape; a path to no file is a ConfigTableError naming it.
+QMOE_CONFIG_TABLE = "QMOE_CONFIG_TABLE"
+#: Where this user's tuned config tables live instead of the platform cache folder (a shared
+#: cluster home that must not fill up, a read-only home in a container).
+QMOE_CACHE_DIR = "QMOE_DOCTOR_CACHE_DIR"
+#: "0" launches every kernel through Triton's ``JITFunction.run``, as on the first call of each
+#: shape, instead of the compiled kernel's launcher (``kernels/launch.py``): for a Triton whose
+#: launcher API moved, or to compare the two paths' host time.
+QMOE_LEAN_LAUNCH = "QMOE_DOCTOR_LEAN_LAUNCH"
+# The ep parallel mode's block (``probes/parallel/modes.py``, docs/parallel.md): escape hatches
+# from the measured defaults, to compare the dispatches and transports on a new host.
+#: Micro-batches of the block (default 1: two were measured slower on 2x H200, 18.7 against
+#: 12.8 ms per step; more than one means the all-to-all dispatch).
+QMOE_EP_MICRO_BATCHES = "QMOE_EP_MICRO_BATCHES"
+#: ``auto`` (the default: the measured choice), or one of EP_DISPATCHES.
+QMOE_EP_DISPATCH = "QMOE_EP_DISPATCH"
+#: ``auto`` (the default: symmetric memory within one host), or one of EP_TRANSPORTS.
+QMOE_EP_TRANSPORT = "QMOE_EP_TRANSPORT"
+#: "a2a": each token to the ranks owning its experts (NCCL all-to-all); "gather": every token to
+#: every rank by pushes that overlap the experts (probes/parallel/ep_gather.py).
+EP_DISPATCHES = ("a2a", "gather")
+#: The gather dispatch's exchanges: symmetric-memory pushes, or collectives (probes/parallel/ep_gather.py).
+EP_TRANSPORTS = ("symm", "collective")
 
 # --- variables of other tools that qmoe-doctor sets or reads ---
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
@@ -35,6 +61,8 @@ CUDA_LAUNCH_BLOCKING = "CUDA_LAUNCH_BLOCKING"
 TRITON_INTERPRET = "TRITON_INTERPRET"  # run Triton kernels on the CPU (the no-GPU tier)
 TRITON_DEBUG = "TRITON_DEBUG"  # turns on device_assert and Triton's int32 overflow check
 TRITON_CACHE_DIR = "TRITON_CACHE_DIR"
+#: "1": Triton keeps autotune results on disk, in TRITON_CACHE_DIR (scan --autotune cached)
+TRITON_CACHE_AUTOTUNING = "TRITON_CACHE_AUTOTUNING"
 PYTORCH_NO_CUDA_MEMORY_CACHING = "PYTORCH_NO_CUDA_MEMORY_CACHING"  # the allocator hides OOB
 # NVLink multicast must stay off on shared hosts (it can take the GPUs out of service):
 # children inherit these and we never unset them.
@@ -140,3 +168,52 @@ def run_strict(environ: Mapping[str, str] | None = None) -> bool:
     if raw not in ("", "0", "1"):
         raise ValueError(f"{QMOE_RUN_STRICT}={_shown(raw)}: give 1 (strict) or 0")
     return raw == "1"
+
+
+def config_table(environ: Mapping[str, str] | None = None) -> str | None:
+    """$QMOE_CONFIG_TABLE: the config table file to use instead of the device's, or None. What it
+    names is checked where the table is read (``kernels/tuning.py``: ConfigTableError naming it)."""
+    raw = (os.environ if environ is None else environ).get(QMOE_CONFIG_TABLE, "").strip()
+    return raw or None
+
+
+def cache_dir(environ: Mapping[str, str] | None = None) -> str | None:
+    """$QMOE_DOCTOR_CACHE_DIR: this user's cache folder instead of the platform's, or None
+    (``core.launch_configs.user_cache_dir`` gives the platform's)."""
+    raw = (os.environ if environ is None else environ).get(QMOE_CACHE_DIR, "").strip()
+    return raw or None
+
+
+def lean_launch(environ: Mapping[str, str] | None = None) -> bool:
+    """$QMOE_DOCTOR_LEAN_LAUNCH: "0" sends every launch through ``JITFunction.run``; "1" or unset
+    keeps the lean path. Raises ValueError for any other value (a "false" read as on would
+    silently time the path the user meant to turn off)."""
+    raw = (os.environ if environ is None else environ).get(QMOE_LEAN_LAUNCH, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"{QMOE_LEAN_LAUNCH}={_shown(raw)}: give 0 (every launch through JITFunction.run) or 1")
+    return raw != "0"
+
+
+def ep_micro_batches(environ: Mapping[str, str] | None = None) -> int:
+    """$QMOE_EP_MICRO_BATCHES: micro-batches of the ep mode's block, default 1. Raises ValueError."""
+    count = _int_var(QMOE_EP_MICRO_BATCHES, 1, environ)
+    if count < 1:
+        raise ValueError(f"{QMOE_EP_MICRO_BATCHES}={count}: give a positive whole number")
+    return count
+
+
+def ep_dispatch(environ: Mapping[str, str] | None = None) -> str:
+    """$QMOE_EP_DISPATCH: "auto" (unset) or one of EP_DISPATCHES. Raises ValueError."""
+    return _choice(QMOE_EP_DISPATCH, EP_DISPATCHES, environ)
+
+
+def ep_transport(environ: Mapping[str, str] | None = None) -> str:
+    """$QMOE_EP_TRANSPORT: "auto" (unset) or one of EP_TRANSPORTS. Raises ValueError."""
+    return _choice(QMOE_EP_TRANSPORT, EP_TRANSPORTS, environ)
+
+
+def _choice(name: str, choices: tuple[str, ...], environ: Mapping[str, str] | None) -> str:
+    raw = (os.environ if environ is None else environ).get(name, "").strip() or "auto"
+    if raw != "auto" and raw not in choices:
+        raise ValueError(f"{name}={_shown(raw)}: give auto or one of {', '.join(choices)}")
+    return raw

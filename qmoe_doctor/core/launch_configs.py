@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NamedTuple
 
+from qmoe_doctor.core import knobs
+
 
 class TileConfig(NamedTuple):
     block_m: int
@@ -97,16 +99,10 @@ def parse_config(text: str) -> TileConfig:
 # Measured tables per device: which one a device gets (pure: the kernels pass the device's facts).
 # --------------------------------------------------------------------------------------------
 
-#: Escape hatch: a config table file used instead of the one chosen for the device (a tuning
-#: run measures its own table before it is committed or installed; a user pins one for a CI).
-TABLE_ENV = "QMOE_CONFIG_TABLE"
-#: Where this user's tuned tables live instead of the platform cache folder (a shared cluster
-#: home that must not fill up, a read-only home in a container).
-CACHE_ENV = "QMOE_DOCTOR_CACHE_DIR"
-#: "0" launches every kernel through Triton's ``JITFunction.run``, as on the first call of each
-#: shape, instead of the compiled kernel's launcher (``kernels/launch.py``): for a Triton whose
-#: launcher API moved, or to compare the two paths' host time.
-LEAN_LAUNCH_ENV = "QMOE_DOCTOR_LEAN_LAUNCH"
+# The variables (a table file instead of the device's, this user's cache folder, the lean launch
+# path) are declared and read in core/knobs.py; these two names stay for the tests that use them.
+TABLE_ENV = knobs.QMOE_CONFIG_TABLE
+CACHE_ENV = knobs.QMOE_CACHE_DIR
 #: The packaged tables are ``configs-<device key>.json`` beside ``kernels/tuning.py``; this
 #: user's are the same names under ``<cache>/configs/``.
 TABLE_PREFIX = "configs-"
@@ -209,8 +205,9 @@ def user_cache_dir(environ: Mapping[str, str] | None = None, platform: str | Non
     ``~/Library/Caches/qmoe-doctor`` (macOS), ``%LOCALAPPDATA%\\qmoe-doctor\\Cache`` (Windows)."""
     env = os.environ if environ is None else environ
     platform = sys.platform if platform is None else platform
-    if env.get(CACHE_ENV, "").strip():
-        return Path(env[CACHE_ENV].strip()).expanduser()
+    chosen = knobs.cache_dir(env)
+    if chosen is not None:
+        return Path(chosen).expanduser()
     home = Path(env.get("HOME") or env.get("USERPROFILE") or Path.home())
     if platform == "darwin":
         return home / "Library" / "Caches" / APP_NAME
@@ -265,11 +262,13 @@ def choose_table(
                 path=None,
                 source="none",
                 reason=(
-                    f"{TABLE_ENV}={override.path} was measured on compute capability "
+                    f"{knobs.QMOE_CONFIG_TABLE}={override.path} was measured on compute capability "
                     f"{_cc(override.capability)}, this device is {_cc(facts.capability)}"
                 ),
             )
-        return TableChoice(path=override.path, source="env", tuned_on=override.device, reason=f"{TABLE_ENV}")
+        return TableChoice(
+            path=override.path, source="env", tuned_on=override.device, reason=knobs.QMOE_CONFIG_TABLE
+        )
     if user_table is not None:
         return TableChoice(
             path=user_table.path, source="user", tuned_on=user_table.device, reason="tuned on this machine"

@@ -24,6 +24,8 @@ from qmoe_doctor.core import knobs
 from qmoe_doctor.core.bench import (
     BENCH_FILES,
     DEFAULT_TIMEOUT_S,
+    KERNEL_UNUSABLE_EXIT,
+    KERNEL_UNUSABLE_PREFIX,
     BenchReport,
     BenchRequest,
     report_document,
@@ -34,6 +36,7 @@ from qmoe_doctor.core.records import to_json
 from qmoe_doctor.isolate.one_shot import ChildRun, stream_child
 from qmoe_doctor.isolate.process import SpawnError, child_env, child_python
 from qmoe_doctor.machine.inventory import GpuInfo, child_cuda_env
+from qmoe_doctor.workflows.scan import KernelUnusable
 
 CHILD_MODULE = "qmoe_doctor.probes.bench"
 
@@ -80,7 +83,8 @@ def run_bench(
 ) -> BenchReport:
     """Measure ``request`` in a child pinned to ``gpus`` (the first is cuda:0 there; with
     placement the second is cuda:1). The child's output goes to ``workdir/bench.log``.
-    Raises BenchError when the child fails or writes no report."""
+    Raises BenchError when the child fails or writes no report, KernelUnusable when the
+    request's --kernel does not resolve in the child (its import or signature)."""
     workdir.mkdir(parents=True, exist_ok=True)
     result = workdir / ".bench-child.json"
     with contextlib.suppress(FileNotFoundError):
@@ -98,6 +102,9 @@ def run_bench(
         raise BenchError(str(exc)) from exc
     if run.returncode is None:
         raise BenchError(f"the benchmark child did not finish in {timeout_s:.0f} s (killed)", tail=run.tail)
+    unusable = _kernel_unusable(run) if run.returncode == KERNEL_UNUSABLE_EXIT else None
+    if unusable is not None:
+        raise KernelUnusable(unusable)
     if run.returncode != 0:
         raise BenchError(
             f"the benchmark child exited with status {run.returncode}",
@@ -113,6 +120,15 @@ def run_bench(
         with contextlib.suppress(FileNotFoundError):
             result.unlink()
     return dataclasses.replace(report, gpus=tuple(g.index for g in gpus))
+
+
+def _kernel_unusable(run: ChildRun) -> str | None:
+    """The child's reason, when it ended because the --kernel did not resolve (its last line
+    that starts with KERNEL_UNUSABLE_PREFIX); None for any other end with the same status."""
+    for line in reversed(run.lines):
+        if line.startswith(KERNEL_UNUSABLE_PREFIX):
+            return line.removeprefix(KERNEL_UNUSABLE_PREFIX).strip() or "the kernel could not be resolved"
+    return None
 
 
 def write_json(report: BenchReport, path: Path, files: Mapping[str, str | None] | None = None) -> None:

@@ -42,6 +42,34 @@ def test_bench_times_every_row_on_one_gpu(tmp_path: Path) -> None:
             assert block[(graphed, t)] == pytest.approx(block[(eager, t)], rel=1e-6, abs=1e-9), (graphed, t)
 
 
+@pytest.mark.gpu
+def test_bench_times_the_users_kernel_beside_ours_and_names_the_config_table(tmp_path: Path) -> None:
+    """--kernel: the user's forward, dx and block rows (eager and CUDA graph) are timed in the same
+    run as ours; the header's table is the one kernels/tuning.py chose for this device."""
+    user = "kernel torch:grouped_mm"
+    result = runner.invoke(
+        app,
+        ["bench", "--gpus", "0", "--tokens", "512", "--kernel", "torch:grouped_mm", "--no-plot", "--json"]
+        + ["--out", str(tmp_path)],
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["kernel"] == "torch:grouped_mm" and "--kernel torch:grouped_mm" in doc["command"]
+    assert doc["config_table"] and not doc["config_table"].startswith(("unreadable", "interpreter")), doc
+    rows = {(r["op"], r["impl"]): r for r in doc["rows"]}
+    mine = [
+        rows[("forward", user)],
+        rows[("dx", user)],
+        rows[("block-forward", f"MoEBlock + {user}")],
+        rows[("block-forward", f"MoEBlock + {user}, CUDA graph")],
+        rows[("block-forward-backward", f"MoEBlock + {user}")],
+    ]
+    for r in mine:
+        assert r["ms"] and r["tflops"] and not r["note"], r
+    for r in mine[:2]:
+        assert r["rel_err"] < tolerance(doc["dtype"]), r
+
+
 @pytest.mark.multigpu
 def test_bench_placement_sees_the_remote_launch(tmp_path: Path) -> None:
     result = runner.invoke(

@@ -599,7 +599,7 @@ def _fresh_plans() -> None:
 def test_lean_launch_gives_what_the_standard_launch_gives(name: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
     """Second and later calls take the compiled kernel's launcher; their results are bitwise the
     results of the same plans launched through JITFunction.run (QMOE_DOCTOR_LEAN_LAUNCH=0)."""
-    from qmoe_doctor.core.launch_configs import LEAN_LAUNCH_ENV
+    from qmoe_doctor.core.knobs import QMOE_LEAN_LAUNCH as LEAN_LAUNCH_ENV
     from qmoe_doctor.kernels import launch
     from qmoe_doctor.kernels.tuning import config_from_name
 

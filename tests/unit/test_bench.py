@@ -294,7 +294,9 @@ def test_bench_without_matplotlib_says_so_and_still_writes_json(
 ) -> None:
     _inventory(monkeypatch, gpus=1)
     monkeypatch.setenv(knobs.QMOE_CHILD_PYTHON, _recorded_child(tmp_path))
-    monkeypatch.setattr("qmoe_doctor.reports.plot.plot_available", lambda: False)
+    # the command's own name for it (imported by name): patching only reports.plot's passed only
+    # where matplotlib really was missing
+    monkeypatch.setattr("qmoe_doctor.cli.commands.bench.plot_available", lambda: False)
     out = tmp_path / "out"
     result = runner.invoke(app, ["bench", "--json", "--out", str(out)])
     assert result.exit_code == 0, result.output

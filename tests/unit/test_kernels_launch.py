@@ -257,7 +257,7 @@ def test_a_launch_hook_or_a_wrapped_run_keeps_every_call_on_triton(gpu_like: _Ho
 
 
 def test_the_escape_hatch_and_cpu_plans_stay_on_triton(gpu_like: _Hooks, monkeypatch: pytest.MonkeyPatch) -> None:
-    from qmoe_doctor.core.launch_configs import LEAN_LAUNCH_ENV
+    from qmoe_doctor.core.knobs import QMOE_LEAN_LAUNCH as LEAN_LAUNCH_ENV
 
     kernel = _Kernel()
     args = {"M": 1, "BLOCK": 1, "num_warps": 4}

@@ -836,7 +836,12 @@ SPECIMEN_RULES = [
     ("default_buffer.py", Rule.DEFAULT_DEVICE_ALLOC),
     ("wrong_stream.py", Rule.STREAM_WITHOUT_DEVICE),
     ("autotune_inplace.py", Rule.AUTOTUNE_INPLACE),
+    ("cached_sms.py", Rule.CACHED_DEVICE_PROPERTY),  # its planted SM count, read once from the current device
 ]
+# The other specimens must stay silent: running_row_mask, unmasked_rows, global_expert_ids and
+# rank_no_set_device plant causes no source rule sees (row masks, expert ids, a rank's current
+# device: the scan's and the parallel modes' cells find them); contiguous_only and autotuned are
+# correct kernels (an assert contract; an autotune whose kernel only stores).
 
 
 @pytest.mark.parametrize(("name", "rule"), SPECIMEN_RULES)

@@ -1080,7 +1080,10 @@ def test_two_nodes_meet_at_one_rendezvous_and_report_their_own_ranks(kernel: str
 def test_ep_dispatch_auto_follows_the_measurements(monkeypatch: pytest.MonkeyPatch) -> None:
     """auto: gather on 2 ranks at any batch, on 3-4 ranks only from 32,768 tokens per rank (runs
     24-27), never above 4 ranks or with micro-batches; explicit settings win; bad ones are named."""
-    from qmoe_doctor.probes.parallel.modes import EP_DISPATCH_ENV, EP_MICRO_ENV, EP_TRANSPORT_ENV, ep_dispatch
+    from qmoe_doctor.core.knobs import QMOE_EP_DISPATCH as EP_DISPATCH_ENV
+    from qmoe_doctor.core.knobs import QMOE_EP_MICRO_BATCHES as EP_MICRO_ENV
+    from qmoe_doctor.core.knobs import QMOE_EP_TRANSPORT as EP_TRANSPORT_ENV
+    from qmoe_doctor.probes.parallel.modes import ep_dispatch
 
     for var in (EP_DISPATCH_ENV, EP_MICRO_ENV, EP_TRANSPORT_ENV):
         monkeypatch.delenv(var, raising=False)

@@ -52,6 +52,14 @@ ROUTING_HELP = (
     "untrained router: many experts end in a partial row tile) or 'balanced' (every expert M/E rows: "
     "the kernels without routing imbalance). The block rows use the block's own router."
 )
+#: --kernel here adds a kernel beside ours instead of choosing the one under test, so the shared
+#: alias's help (opt.KernelOpt: "Kernel, called as ...") is prefixed with what bench does with it;
+#: the forms, the parser (opt.kernel_ref) and the refusals are the shared ones.
+KERNEL_HELP = (
+    "Also measure this kernel beside ours, in the same table and plot: its forward, its dx (the "
+    "forward on the transposed weights; no dw: the signature has none) and the MoE block with it as "
+    "the forward kernel. " + opt.KERNEL_HELP
+)
 
 
 def bench_command(
@@ -80,6 +88,7 @@ def bench_command(
         str, typer.Option("--dtype", help="bf16, fp16 or fp32 (ignored by --tiny: float32).")
     ] = "bf16",
     routing: Annotated[str, typer.Option("--routing", help=ROUTING_HELP)] = "random",
+    kernel: Annotated[str | None, typer.Option("--kernel", "-k", help=KERNEL_HELP)] = None,
     out: Annotated[
         Path,
         typer.Option(
@@ -108,16 +117,18 @@ def bench_command(
     ] = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Measure our forward, dx and dw grouped GEMMs and the whole MoE block side by side with
-    torch._grouped_mm, the per-expert loop and one dense GEMM of the same FLOPs, over a range of
-    token counts, in a child process; print a table, write JSON and a PNG plot under --out.
-    --gpus: the first measures; --placement uses the first two.
+    torch._grouped_mm, the per-expert loop, one dense GEMM of the same FLOPs and, with --kernel,
+    your kernel, over a range of token counts, in a child process; print a table, write JSON and
+    a PNG plot under --out. --gpus: the first measures; --placement uses the first two.
 
     Exit codes: 0 measured (bench asserts no speed), 2 usage error (unknown preset, bad --gpus,
-    --tokens, --dtype or --routing, --tiny with --gpus or --placement, an --out or --save that
-    cannot be written), 3 too few GPUs (none without --tiny, fewer than 2 for --placement), 4 the
-    benchmark child failed (crash, timeout, no report), 130 interrupted.
+    --tokens, --dtype, --routing or --kernel, a --kernel the child cannot import, --tiny with
+    --gpus or --placement, an --out or --save that cannot be written), 3 too few GPUs (none
+    without --tiny, fewer than 2 for --placement), 4 the benchmark child failed (crash, timeout,
+    no report), 130 interrupted.
     """
     opt.preset(preset)
+    ref = str(opt.kernel_ref(kernel)) if kernel is not None else ""  # KernelRefError: exit 2, no child
     if dtype not in ("bf16", "fp16", "fp32"):
         raise CliError(f"--dtype {dtype!r}: choose bf16, fp16 or fp32")
     if routing not in ROUTINGS:
@@ -149,10 +160,12 @@ def bench_command(
         block=block,
         placement=placement,
         routing=cast(Literal["random", "balanced"], routing),
+        kernel=ref,
     )
     where = ", ".join(g.describe() for g in used) if used else "the CPU (Triton interpreter, nothing timed)"
     err = stderr_console()
-    note(f"bench {request.preset}, tokens {','.join(map(str, counts))} on {where}", style="dim")
+    beside = f", with --kernel {ref}" if ref else ""
+    note(f"bench {request.preset}, tokens {','.join(map(str, counts))} on {where}{beside}", style="dim")
     try:
         report = run_bench(
             request, gpus=used, workdir=out, timeout_s=timeout, on_line=lambda ln: err.print(ln, style="dim")
@@ -207,6 +220,7 @@ def _command(request: BenchRequest, used: tuple[GpuInfo, ...], dtype: str) -> st
     command += ["--tiny"] if request.tiny else ["--gpus", gpus, "--dtype", dtype]
     command += (["--placement"] if request.placement else []) + ([] if request.block else ["--no-block"])
     command += ["--routing", request.routing] if request.routing != "random" else []
+    command += ["--kernel", request.kernel] if request.kernel else []
     return shlex.join(command)
 
 

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
+# Declared in qmoe_doctor.core.knobs (QMOE_RUN_DIR, QMOE_RUN_HOME), spelt again here because this
+# module imports nothing of ours before it attaches; tests/unit/test_run_hook.py checks they agree.
 #: $QMOE_DOCTOR_RUN_DIR: where the records go; the monitor stays out of a process without it.
 DIR_VARIABLE = "QMOE_DOCTOR_RUN_DIR"
 #: $QMOE_DOCTOR_RUN_HOME: the folder holding the ``qmoe_doctor`` package that started the run, for
