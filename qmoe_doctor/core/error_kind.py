@@ -89,6 +89,15 @@ _TEXT_PATTERNS: tuple[tuple[ErrorKind, re.Pattern[str]], ...] = (
             re.IGNORECASE,
         ),
     ),
+    # RuntimeError: expected data_ptr to be aligned to 16 bytes
+    # (torch._grouped_mm's argument check, a TORCH_CHECK raised before any launch: recorded on an
+    # H100 80GB, torch 2.11, for x and w that start one element into their buffers.) An input the
+    # op refuses, like a ValueError from a Python wrapper; CUDA's own "misaligned address" (a
+    # fault of a running kernel) is matched above and never reaches this.
+    (
+        ErrorKind.BAD_INPUT,
+        re.compile(r"\bexpected \w+ to be aligned to \d+ bytes", re.IGNORECASE),
+    ),
     # torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total
     #   capacity of 139.81 GiB of which ...
     # RuntimeError: CUDA error: out of memory  (cudaErrorMemoryAllocation / CUDA_ERROR_OUT_OF_MEMORY)

@@ -139,3 +139,41 @@ def test_twins_run_on_cpu_without_interpreter(monkeypatch: pytest.MonkeyPatch) -
     assert moe_grouped_gemm_torch(x, w, _sizes()).shape == (M, N)
     assert moe_grouped_gemm_dx_torch(dy, w, _sizes()).shape == (M, K)
     assert moe_grouped_gemm_dw_torch(dy, x, _sizes()).shape == (E, N, K)
+
+
+# --- the torch:grouped_mm control refusing an input (recorded on an H100 80GB, torch 2.11) ---------
+
+
+def test_torch_argument_check_before_any_launch_is_bad_input_not_a_fault() -> None:
+    """``torch._grouped_mm`` on x and w that start one element into their buffers raised this,
+    before any launch, in the storage-offset-1 cell (H100 80GB HBM3, torch 2.11.0+cu130,
+    2026-11-25). An input refusal, like a wrapper's ValueError; CUDA's "misaligned address" of a
+    running kernel stays a fault."""
+    from qmoe_doctor.core.error_kind import classify_error
+    from qmoe_doctor.core.records import ErrorKind
+
+    recorded = "expected data_ptr to be aligned to 16 bytes"
+    assert classify_error("RuntimeError", recorded) is ErrorKind.BAD_INPUT
+    assert classify_error("RuntimeError", "CUDA error: misaligned address") is ErrorKind.ILLEGAL_ADDRESS
+    assert classify_error("RuntimeError", "expected scalar type BFloat16 but found Float") is ErrorKind.OTHER
+
+
+def test_a_raise_inside_the_loaders_control_is_the_kernels_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control's body (probes/loader.py) is the kernel under test: a refusal raised by the op it
+    calls is the kernel's contract, not the doctor's probe code failing."""
+    import contextlib
+    import functools
+
+    import torch
+
+    from qmoe_doctor.probes import kernel_call, loader
+
+    # a C-level callable that raises, as torch._grouped_mm's TORCH_CHECK does: the traceback's
+    # last Python frame is then the control's own line in loader.py
+    monkeypatch.setattr(torch, "_grouped_mm", functools.partial(torch.Tensor.item, torch.ones(2)))
+    monkeypatch.setattr(torch.cuda, "device", lambda _device: contextlib.nullcontext())
+    x, w, m = torch.ones(4, 8), torch.ones(2, 8, 8), torch.tensor([2, 2], dtype=torch.int32)
+    with pytest.raises(TypeError) as raised:
+        loader.torch_grouped_mm(x, w, m)
+    where, site, _source = kernel_call.raise_origin(raised.value)
+    assert where == "kernel" and site is not None and site.startswith("loader.py:")
