@@ -17,7 +17,7 @@ import os
 import stat
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -170,11 +170,31 @@ def save_document(path: Path, doc: dict[str, Any], *, fallback_dir: Path | None 
     return save_text(path, dumps(doc), what="the JSON report", fallback_dir=fallback_dir)
 
 
+def deliver(
+    doc: dict[str, Any],
+    render: Callable[[Console], None],
+    *,
+    json_out: bool,
+    save: Path | None,
+    log_dir: str | Path | None = None,
+) -> None:
+    """A command's result, the one way: the JSON document to ``--save`` (whole, or to a spare
+    file in the log folder when the write fails at the end), then either the document on stdout
+    (``--json``) or the rendering."""
+    if save is not None:
+        save_document(save, doc, fallback_dir=Path(log_dir) if log_dir else None)
+    if json_out:
+        emit_document(doc)
+    else:
+        render(stdout_console())
+
+
 __all__ = [
     "OutputPathError",
     "check_output_dir",
     "check_output_file",
     "check_outputs",
+    "deliver",
     "emit_document",
     "emit_json",
     "error",

@@ -18,7 +18,7 @@ import typer
 from qmoe_doctor.cli.devices import select_devices
 from qmoe_doctor.cli.errors import KERNEL_PARAGRAPH, CliError
 from qmoe_doctor.cli.options import kernel_ref
-from qmoe_doctor.cli.output import emit_document, save_document, stdout_console
+from qmoe_doctor.cli.output import deliver
 from qmoe_doctor.cli.render.parallel import render_parallel
 from qmoe_doctor.cli.render.progress import parallel_lines
 from qmoe_doctor.core.events import Interrupted
@@ -99,13 +99,13 @@ def run_and_report(
     """``parallel`` and ``scan --parallel``: plan, run, save, render, exit."""
     plan = plan_runs(modes=modes, kernel=kernel, gpus=gpus, cpu=cpu, options=options)
     report = launch_parallel(plan, log_dir=log_dir)
-    doc = json_document("parallel", report_json(report))
-    if save is not None:
-        save_document(save, doc, fallback_dir=Path(report.log_dir) if report.log_dir else None)
-    if json_out:
-        emit_document(doc)
-    else:
-        render_parallel(stdout_console(), report)
+    deliver(
+        json_document("parallel", report_json(report)),
+        lambda out: render_parallel(out, report),
+        json_out=json_out,
+        save=save,
+        log_dir=report.log_dir,
+    )
     raise typer.Exit(exit_code(report))
 
 

@@ -8,17 +8,11 @@ runs its probes from least to most state.
 
 from __future__ import annotations
 
-from qmoe_doctor.core.records import Condition
+from qmoe_doctor.core.records import PAIR_CONDITIONS, Condition
 
-#: Conditions of a pair session, in the order they run (least state first).
-PAIR_ORDER = (
-    Condition.GUARDED,
-    Condition.UNTOUCHED,
-    Condition.NO_PEER,
-    Condition.PEER,
-    Condition.PRODUCER_RACE,
-    Condition.SIZES_RACE,
-)
+#: Conditions of a pair session, in the order they run (least state first): ``Condition``
+#: declares them in that order (guarded, untouched, no-peer, peer, producer-race, sizes-race).
+PAIR_ORDER = tuple(c for c in Condition if c in PAIR_CONDITIONS)
 #: Single-device conditions, in order (REPEAT_CALL must be the process's first kernel call).
 SINGLE_ORDER = (
     Condition.REPEAT_CALL,

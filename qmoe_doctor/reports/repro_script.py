@@ -15,19 +15,10 @@ from __future__ import annotations
 
 from qmoe_doctor import __version__
 from qmoe_doctor.core.kernel_ref import KernelRef
-from qmoe_doctor.core.records import Condition, ProbeSpec
+from qmoe_doctor.core.records import PAIR_CONDITIONS, Condition, ProbeSpec
 
 #: Conditions a script can be written for (the ones the repro shrink can end on, and a few more).
-PAIR_SCRIPT_CONDITIONS = frozenset(
-    {
-        Condition.GUARDED,
-        Condition.UNTOUCHED,
-        Condition.NO_PEER,
-        Condition.PEER,
-        Condition.PRODUCER_RACE,
-        Condition.SIZES_RACE,
-    }
-)
+PAIR_SCRIPT_CONDITIONS = PAIR_CONDITIONS  # every pair condition
 SINGLE_SCRIPT_CONDITIONS = frozenset(
     {
         Condition.SINGLE,

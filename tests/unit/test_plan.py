@@ -180,3 +180,16 @@ def test_parallel_and_repro_plans_place_their_specs() -> None:
     assert repro.pipeline.placement.group == "pipeline"
     assert {s.placement.group for s in repro.first_session} == {"0->1", "GPU 1", "pipeline"}
     assert repro.ladder.names == {"0->1": "GPU 0 -> GPU 1", "GPU 1": "GPU 1"}
+
+
+def test_pair_sessions_run_from_least_to_most_process_state() -> None:
+    """The run order is a fact the planner depends on (peer access and a context, once made,
+    stay): pinned here, so reordering ``Condition`` cannot change it silently."""
+    assert [c.value for c in PAIR_ORDER] == [
+        "guarded",
+        "untouched",
+        "no-peer",
+        "peer",
+        "producer-race",
+        "sizes-race",
+    ]

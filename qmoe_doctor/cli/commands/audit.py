@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
 from qmoe_doctor.cli import options as opt
 from qmoe_doctor.cli.errors import CliError
-from qmoe_doctor.cli.output import check_outputs, emit_document, save_document, stdout_console
+from qmoe_doctor.cli.output import check_outputs, deliver
 from qmoe_doctor.cli.render.audit import render_audit
 from qmoe_doctor.core.audit import DEFAULT_TOKENS, DOCS_PAGE, FIX, ConfigError, audit_shape, load_hf_config
 from qmoe_doctor.core.exitcodes import ExitCode
@@ -65,13 +66,10 @@ def audit_command(
     if not shapes:
         shapes = [(s, "preset") for s in PRESETS.values()]
     reports = [audit_shape(shape, tokens, source=source) for shape, source in shapes]
-    doc = json_document("audit", {"tokens": tokens, "fix": FIX, "docs": DOCS_PAGE, "reports": reports})
-    if save is not None:
-        save_document(save, doc)
-    if json_out:
-        emit_document(doc)
-    else:
-        console = stdout_console()
+    def render(console: Console) -> None:
         for report in reports:
             render_audit(console, report)
+
+    doc = json_document("audit", {"tokens": tokens, "fix": FIX, "docs": DOCS_PAGE, "reports": reports})
+    deliver(doc, render, json_out=json_out, save=save)
     raise typer.Exit(int(ExitCode.HEALTHY))

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from qmoe_doctor.cli import options as opt
 from qmoe_doctor.cli.errors import CliError
-from qmoe_doctor.cli.output import check_outputs, emit_document, save_document, stderr_console, stdout_console
+from qmoe_doctor.cli.output import check_outputs, deliver, stderr_console
 from qmoe_doctor.cli.render.lint import render_plain, render_table
 from qmoe_doctor.core.exitcodes import ExitCode
 from qmoe_doctor.reports.json import json_document
@@ -55,15 +55,12 @@ def lint_command(
     report = run_lint(paths, select=select, ignore=ignore)  # an unknown rule: ValueError, exit 2
     if not report.rules:
         raise CliError("--select/--ignore leave no rule to run")
-    doc = json_document("lint", report)
-    if save is not None:
-        save_document(save, doc)
-    if json_out:
-        emit_document(doc)
-    elif plain:
-        render_plain(stdout_console(), report)
-    else:
-        render_table(stdout_console(), report)
+    deliver(
+        json_document("lint", report),
+        lambda out: (render_plain if plain else render_table)(out, report),
+        json_out=json_out,
+        save=save,
+    )
     err = stderr_console()
     for error in report.errors:
         err.print(Text(f"error: {error.as_line()}", style="red"), soft_wrap=True)

@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
+from rich.console import Console
 from rich.text import Text
 
 from qmoe_doctor.cli import options as opt
 from qmoe_doctor.cli.devices import Need, select_devices
 from qmoe_doctor.cli.errors import CliError
-from qmoe_doctor.cli.output import check_outputs, emit_document, save_document, stderr_console, stdout_console
+from qmoe_doctor.cli.output import check_outputs, deliver, stderr_console
 from qmoe_doctor.cli.parallel_runs import exit_code, launch_parallel, plan_runs
 from qmoe_doctor.cli.render.parallel import render_parallel, render_scripts
 from qmoe_doctor.cli.render.repro import render_repro
@@ -133,13 +134,13 @@ def repro_command(
         err.print(Text.assemble((f"[{t:6.1f} s] ", "dim"), text), soft_wrap=True)
 
     report = run_repro(plan, opts, devices.gpus, log_dir=log_dir, out_dir=out, on_progress=progress)
-    doc = json_document("repro", report_json(report))
-    if save is not None:
-        save_document(save, doc, fallback_dir=Path(report.log_dir) if report.log_dir else None)
-    if json_out:
-        emit_document(doc)
-    else:
-        render_repro(stdout_console(), report)
+    deliver(
+        json_document("repro", report_json(report)),
+        lambda out: render_repro(out, report),
+        json_out=json_out,
+        save=save,
+        log_dir=report.log_dir,
+    )
     if report.could_not_run:
         raise typer.Exit(ExitCode.CHECK_BROKEN)
     raise typer.Exit(ExitCode.FAULT if report.faulty else ExitCode.HEALTHY)
@@ -180,13 +181,9 @@ def repro_parallel(
         for w in written
     ]
     body["faulty"] = not report.healthy
-    doc = json_document("repro-parallel", body)
-    if save is not None:
-        save_document(save, doc, fallback_dir=Path(report.log_dir) if report.log_dir else None)
-    if json_out:
-        emit_document(doc)
-    else:
-        console = stdout_console()
+    def render(console: Console) -> None:
         render_parallel(console, report)
         render_scripts(console, report, written)
+
+    deliver(json_document("repro-parallel", body), render, json_out=json_out, save=save, log_dir=report.log_dir)
     raise typer.Exit(exit_code(report))

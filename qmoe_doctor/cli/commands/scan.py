@@ -12,10 +12,9 @@ from qmoe_doctor.cli.devices import select_devices
 from qmoe_doctor.cli.errors import CliError, interrupt_code
 from qmoe_doctor.cli.output import (
     check_outputs,
-    emit_document,
+    deliver,
     note,
     save_document,
-    stdout_console,
     warning,
 )
 from qmoe_doctor.cli.parallel_runs import run_and_report
@@ -156,13 +155,13 @@ def scan_command(
         else:
             note("interrupted: nothing was saved (--save keeps the report of every finished session)")
         raise typer.Exit(interrupt_code(exc)) from None
-    doc = json_document("scan", report_json(report))
-    if save is not None:
-        save_document(save, doc, fallback_dir=Path(report.log_dir) if report.log_dir else None)
-    if json_out:
-        emit_document(doc)
-    else:
-        render_report(stdout_console(), report)
+    deliver(
+        json_document("scan", report_json(report)),
+        lambda out: render_report(out, report),
+        json_out=json_out,
+        save=save,
+        log_dir=report.log_dir,
+    )
     if could_not_run(report) is not None:
         raise typer.Exit(ExitCode.CHECK_BROKEN)
     raise typer.Exit(ExitCode.HEALTHY if report.healthy else ExitCode.FAULT)
