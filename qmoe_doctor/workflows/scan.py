@@ -267,6 +267,8 @@ def _why_tier_skipped(env_check: Outcome) -> str:
     broken Python, QMOE_DOCTOR_CHILD_PYTHON), or it started and the interpreter failed."""
     if env_check.status is Status.ERROR and env_check.phase is Phase.SPAWN:
         return "no probe child could start"
+    if env_check.status is Status.ERROR and env_check.error_kind is ErrorKind.TIMEOUT:
+        return f"the probe child timed out at {env_check.phase} (it never reached the interpreter check)"
     return "the Triton interpreter cannot run here"
 
 

@@ -108,3 +108,6 @@ def test_scan_timeout_covers_a_hang_at_import_and_says_so(tmp_path: Path) -> Non
     env_check = next(o for o in doc["outcomes"] if o["spec"]["condition"] == Condition.INTERPRETER_CHECK.value)
     assert (env_check["error_kind"], env_check["phase"]) == ("timeout", "import")
     assert "timed out at import after 3 s" in env_check["error_message"]
+    skipped = [o for o in doc["outcomes"] if o["status"] == "skipped"]
+    assert skipped and all("timed out at import" in " ".join(o["notes"]) for o in skipped)
+    assert not any("interpreter cannot run" in " ".join(o["notes"]) for o in skipped)
