@@ -15,10 +15,14 @@ does, without its launch metadata when no hook listens).
 
 That is right only while a later call would specialise the same way: the plan key of every
 caller holds each value Triton specialises on (the integer arguments, the 16-byte alignment of
-each pointer, the dtypes, the device). And only while nothing watches the launches: with a
+each pointer, the dtypes, the device). And only while nothing else watches the launches: with a
 launch hook installed (``triton.knobs.runtime.launch_enter_hook``: profilers), a per-function
-pre-run hook, a wrapped ``JITFunction.run`` (qmoe-doctor's own launch monitor), under the
-interpreter, or with ``QMOE_DOCTOR_LEAN_LAUNCH=0``, every call goes through ``kernel[grid]``.
+pre-run hook, a wrapped ``JITFunction.run``, under the interpreter, or with
+``QMOE_DOCTOR_LEAN_LAUNCH=0``, every call goes through ``kernel[grid]``. qmoe-doctor's own launch
+monitor (``qmoe-doctor run``) is the exception: it wraps ``JITFunction.run`` *and* puts an
+observer in ``core.launch_observer``, to which every lean call hands its launch (kernel, grid,
+device, stream, the tensor arguments), so the monitor sees and checks it and the lean path
+stays on.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import Any
 
 import torch
 
-from qmoe_doctor.core import knobs
+from qmoe_doctor.core import knobs, launch_observer
 
 __all__ = ["Launch", "LaunchCounts", "counts", "lean_launch_enabled", "rebase"]
 
@@ -58,18 +62,18 @@ def lean_launch_enabled() -> bool:
 
 
 def _plain_triton_run() -> bool:
-    """Whether ``JITFunction.run`` is Triton's own: a wrapper (a launch monitor, a profiler) must
-    see every launch, so the lean path steps aside."""
+    """Whether the lean path may skip ``JITFunction.run``: it is Triton's own, or qmoe-doctor's
+    launch monitor's wrapper with the monitor's observer in ``core.launch_observer`` (lean
+    launches are handed to it). Any other wrapper (a profiler's) must see every launch, so the
+    lean path steps aside."""
     try:
         from triton.runtime.jit import JITFunction
     except ImportError:
         return False
     run = JITFunction.run
-    return (
-        getattr(run, "__module__", "") == "triton.runtime.jit"
-        and not hasattr(run, "__wrapped__")
-        and not getattr(run, "__qmoe_doctor_monitor__", False)
-    )
+    if getattr(run, launch_observer.WRAPPER_MARK, False):
+        return launch_observer.observer is not None
+    return getattr(run, "__module__", "") == "triton.runtime.jit" and not hasattr(run, "__wrapped__")
 
 
 def _idle(hook: Any) -> bool:
@@ -128,7 +132,9 @@ class Launch:
     every call launches inside its device guard, on that device's current stream (the
     compiled kernel is loaded on that device)."""
 
-    __slots__ = ("_compiled", "_device", "_lean", "_names", "_options", "_slots", "_template", "grid", "kernel")
+    __slots__ = (
+        "_compiled", "_device", "_lean", "_names", "_options", "_slots", "_template", "_tensor_names", "grid", "kernel",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -154,6 +160,7 @@ class Launch:
         self._names = names
         self._template = [args.get(name) for name in names]
         self._slots = tuple(names.index(name) for name in tensors)
+        self._tensor_names = tuple(tensors)  # what a launch observer is told the tensors are
         # an option that is also a parameter (a Gluon kernel's num_warps) goes in once, by name
         self._options = {key: value for key, value in options.items() if key not in names}
         self._compiled: Any = None
@@ -167,11 +174,16 @@ class Launch:
         with _device_guard(self._device):
             compiled = self._compiled
             if compiled is not None and _Runtime.hooks_idle():
+                stream = _Runtime.stream(self._device)
+                observer = launch_observer.observer
                 try:
-                    compiled.run(
-                        *self.grid, _Runtime.stream(self._device), compiled.function, compiled.packed_metadata,
-                        None, None, None, *args,
-                    )  # fmt: skip
+                    if observer is None:
+                        compiled.run(
+                            *self.grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *args
+                        )
+                    else:  # qmoe-doctor run's monitor: it records, checks and makes the launch
+                        call = (*self.grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *args)
+                        observer(self.kernel, self.grid, self._device, stream, self._tensor_names, tensors, compiled.run, call)
                 except TypeError as exc:  # the launcher parses its arguments before it launches
                     self._compiled, self._lean = None, False
                     counts.refused.append(f"{getattr(self.kernel, '__name__', self.kernel)}: {exc}")

@@ -43,6 +43,8 @@ from qmoe_doctor.diagnose.traceback import (
 
 InputKind = Literal["sanitizer-log", "traceback", "both"]
 _DEVICES = re.compile(r"\bcuda:(\d+)")
+# Triton's pointer-argument refusal with an index no kernel has (pointer_arg_index reads six digits)
+_HUGE_POINTER_ARG = re.compile(r"Pointer argument \(at \d{1000,}\)", re.IGNORECASE)
 _RESOURCES = re.compile(
     r"out of resource: (?P<what>[\w ]+?), Required: (?P<req>\d+), Hardware limit: (?P<lim>\d+)"
 )
@@ -252,6 +254,11 @@ def _sanitizer_fits(report: SanitizerReport, kernel: str, gpus: str) -> tuple[li
             seen.add(cause)
             fits.append(_fit(cause, why, settle))
 
+    if report.tool_failures:
+        caveats.append(
+            f"compute-sanitizer failed during the run ({report.tool_failures[0]}): the records before it are "
+            "what it saw; the rest of the run was not checked. Rerun on a smaller case of the same fault."
+        )
     for e in report.errors:
         if e.category == "invalid-access" and e.space == "shared":
             caveats.append(
@@ -554,10 +561,9 @@ def _explain(text: str, source: str) -> Explanation:
         if tb.exception is not None:
             error_kind = classify_error(tb.exception.type, tb.exception.message)
             facts.append(f"{tb.exception.type}: {tb.exception.message}")
-            try:
-                pointer_arg = pointer_arg_index(tb.exception.message)
-            except ValueError:  # "(at 999...)": int() refuses thousands of digits
-                raise LogNumberError("its pointer argument index has thousands of digits") from None
+            if _HUGE_POINTER_ARG.search(tb.exception.message):  # "(at 999...)": no kernel has that many
+                raise LogNumberError("its pointer argument index has thousands of digits")
+            pointer_arg = pointer_arg_index(tb.exception.message)
             if pointer_arg is not None:
                 facts.append(
                     f"Triton's launch check refused pointer argument {pointer_arg} (0 = the kernel's first "

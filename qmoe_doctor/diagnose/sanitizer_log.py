@@ -5,7 +5,7 @@ the addresses it reports against the tensors our probes handed the kernel is
 ``qmoe_doctor.diagnose.attribution``.
 
 Text output, as our own run recorded it (compute-sanitizer 2025.3.1, memcheck, 2x H200:
-``tests/fixtures/recorded/h200x2-run1/sanitizer/memcheck-unmasked-overrouted-nocache.log``,
+``tests/fixtures/sanitizer/2026-11-22-2xh200-7ada31c/memcheck-unmasked-overrouted-nocache.log``,
 abridged: 31 of the 33 host frames and 49 of the 50 printed records left out)::
 
     ========= COMPUTE-SANITIZER
@@ -212,11 +212,21 @@ class SanitizerReport:
     def recognized(self) -> bool:
         return self.sanitizer_lines > 0
 
+    @property
+    def tool_failures(self) -> tuple[str, ...]:
+        """The tool's own failures: ``Internal Sanitizer Error: The Sanitizer failed to handle a
+        hardware exception.`` (recorded on one H100, 2026-11-25, memcheck of a kernel writing a
+        million rows past its output). After one, the records the log holds are what the tool saw
+        before it gave up: the rest of the run is unchecked, never clean."""
+        return tuple(e.message for e in self.errors if e.message.startswith(_TOOL_FAILURE))
+
 
 # ---------------------------------------------------------------------------------------------
 # Text parser
 # ---------------------------------------------------------------------------------------------
 
+#: The first words of a record in which the tool reports its own failure.
+_TOOL_FAILURE = "Internal Sanitizer Error"
 #: A version banner: "Compute Sanitizer ... Version 2025.3.1.0" (only some logs carry one).
 _VERSION_RE = re.compile(r"Version\s+(\d+(?:\.\d+)+)")
 _NUM = r"\d[\d,]*"

@@ -14,6 +14,11 @@
   patch); on 3.6+ ``run`` is a method that builds one. The executor is the one place every
   interpreted launch passes on all of them.
 
+* Our own kernels' lean launch path (``kernels/launch.py``) calls a plan's compiled launcher
+  directly after its first launch, past ``JITFunction.run``: ``patch_jit`` puts
+  ``Monitor.observe`` in ``core.launch_observer`` and the lean path hands it every such launch
+  (it would otherwise step aside for a wrapped ``run`` and pay Triton's full path again).
+
 Launches through PyTorch's static launcher (``torch.compile``'s Inductor kernels) bypass both:
 the monitor does not see them.
 
@@ -27,12 +32,15 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from qmoe_doctor.core import launch_observer
 from qmoe_doctor.core.launches import HookPoint
 from qmoe_doctor.monitor import ring as R
 from qmoe_doctor.monitor.session import CrossDeviceLaunchError, Monitor
 
-#: Set on our wrappers: a second attach leaves the first in place.
-MARK = "__qmoe_doctor_monitor__"
+#: Set on our wrappers: a second attach leaves the first in place, and our kernels' lean launch
+#: path knows the wrapper (it hands its launches to the monitor's observer instead of stepping
+#: aside).
+MARK = launch_observer.WRAPPER_MARK
 
 
 class GridSpy:
@@ -50,55 +58,16 @@ class GridSpy:
         return grid
 
 
-def _watched(
-    monitor: Monitor,
-    key: object,
-    fn: object,
-    arg_names: Any,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    grid: Any,
-    device: int | None,
-    stream: int | None,
-    go: Callable[[Any], Any],
-) -> Any:
-    """Record a launch, make it (``go(grid)``: the grid a GridSpy when it is a function), record
-    how it ended. Only --strict's stop leaves the monitor; its own failures are noted."""
-    try:
-        entry: R.Entry | None = monitor.launch(key, fn, arg_names, args, kwargs, grid, device, stream)
-    except CrossDeviceLaunchError:
-        raise
-    except Exception as exc:  # the monitor never breaks the program
-        monitor.problem(f"a launch could not be recorded: {type(exc).__name__}: {exc}")
-        entry = None
-    if entry is not None and callable(grid):
-        if isinstance(grid, GridSpy):  # an executor called again
-            grid.entry = entry
-        else:
-            grid = GridSpy(grid, entry)
-    try:
-        result = go(grid)
-    except BaseException as exc:
-        _after(monitor, entry, exc)
-        raise
-    _after(monitor, entry, None)
-    return result
-
-
-def _after(monitor: Monitor, entry: R.Entry | None, exc: BaseException | None) -> None:
-    if entry is None:
-        return
-    try:
-        if exc is not None:
-            monitor.raised(entry, exc)
-        elif entry[R.FLAGGED]:
-            monitor.launched(entry)
-    except Exception as err:
-        monitor.problem(f"a launch's end could not be recorded: {type(err).__name__}: {err}")
+def _spied(grid: Any, entry: R.Entry) -> Any:
+    if isinstance(grid, GridSpy):  # an executor called again
+        grid.entry = entry
+        return grid
+    return GridSpy(grid, entry)
 
 
 def patch_jit(module: ModuleType, monitor: Monitor) -> bool:
-    """Wrap ``JITFunction.run`` of ``triton.runtime.jit``; False when it is not there."""
+    """Wrap ``JITFunction.run`` of ``triton.runtime.jit`` and put the monitor's observer in
+    ``core.launch_observer`` (our kernels' lean launches); False when ``run`` is not there."""
     cls = getattr(module, "JITFunction", None)
     original = getattr(cls, "run", None)
     if cls is None or original is None:
@@ -108,27 +77,41 @@ def patch_jit(module: ModuleType, monitor: Monitor) -> bool:
         return True
     driver = getattr(module, "driver", None)
 
-    def current() -> tuple[int | None, int | None]:
-        try:
-            active = driver.active  # type: ignore[union-attr]
-            device = int(active.get_current_device())
-            return device, int(active.get_current_stream(device))
-        except Exception:
-            return None, None
-
     def run(self: Any, *args: Any, grid: Any, warmup: Any, **kwargs: Any) -> Any:
         if warmup:
             return original(self, *args, grid=grid, warmup=warmup, **kwargs)
-        device, stream = current()
-        return _watched(
-            monitor, self, self.fn, self.arg_names, args, kwargs, grid, device, stream,
-            lambda g: original(self, *args, grid=g, warmup=warmup, **kwargs),
-        )
+        try:
+            active = driver.active  # type: ignore[union-attr]
+            gpu: int | None = active.get_current_device()
+            stream: int | None = active.get_current_stream(gpu)
+        except Exception:  # no driver: Triton's own call says why
+            gpu = stream = None
+        try:
+            if kwargs:
+                entry = monitor.watch(self, tuple(kwargs), (*args, *kwargs.values()), grid, gpu, stream)
+            else:
+                entry = monitor.watch(self, (), args, grid, gpu, stream)
+        except CrossDeviceLaunchError:
+            raise
+        except Exception as exc:  # the monitor never breaks the program
+            monitor.problem(f"a launch could not be recorded: {type(exc).__name__}: {exc}")
+            return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+        if callable(grid):
+            grid = _spied(grid, entry)
+        try:
+            result = original(self, *args, grid=grid, warmup=warmup, **kwargs)
+        except BaseException as exc:
+            monitor.ended(entry, exc)
+            raise
+        if entry[R.FLAGGED]:
+            monitor.ended(entry, None)
+        return result
 
     setattr(run, MARK, True)
     run.__wrapped__ = original  # type: ignore[attr-defined]
     run.__doc__ = original.__doc__
     cls.run = run
+    launch_observer.install(monitor.observe)
     monitor.hooks.append(HookPoint.JIT_RUN)
     return True
 
@@ -146,12 +129,23 @@ def patch_interpreter(module: ModuleType, monitor: Monitor) -> bool:
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("warmup"):
             return original(self, *args, **kwargs)
-
-        def go(grid: Any) -> Any:
-            self.grid = grid
+        try:
+            entry = monitor.launch(self.fn, args, kwargs, self.grid, None, None, fn=self.fn, arg_names=self.arg_names)
+        except CrossDeviceLaunchError:
+            raise
+        except Exception as exc:  # the monitor never breaks the program
+            monitor.problem(f"a launch could not be recorded: {type(exc).__name__}: {exc}")
             return original(self, *args, **kwargs)
-
-        return _watched(monitor, self.fn, self.fn, self.arg_names, args, kwargs, self.grid, None, None, go)
+        if callable(self.grid):
+            self.grid = _spied(self.grid, entry)
+        try:
+            result = original(self, *args, **kwargs)
+        except BaseException as exc:
+            monitor.ended(entry, exc)
+            raise
+        if entry[R.FLAGGED]:
+            monitor.ended(entry, None)
+        return result
 
     setattr(call, MARK, True)
     call.__wrapped__ = original  # type: ignore[attr-defined]

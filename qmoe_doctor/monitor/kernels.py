@@ -13,13 +13,15 @@ from __future__ import annotations
 import ast
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FunctionType
+from typing import Any
 
 from qmoe_doctor.core.inputs import InputError, read_text
 from qmoe_doctor.core.launches import KernelSeen, SourceLint
 from qmoe_doctor.core.lint_findings import LintFinding, Rule
 from qmoe_doctor.lint import lint_source
+from qmoe_doctor.monitor.layout import Layout
 
 #: Rules the monitor leaves out: what they guess statically, it sees at every launch (a tensor on
 #: another device than the launch's is the unguarded launch at work). On one GPU, where no launch
@@ -41,6 +43,14 @@ class KernelInfo:
     arg_names: tuple[str, ...]
     int32_lint: tuple[LintFinding, ...] = ()
     launches: int = 0
+    #: its argument layouts seen so far: (keyword names, every value's type) -> Layout
+    layouts: dict[tuple[Any, ...], Layout] = field(default_factory=dict)
+    #: (keyword names, types, layout) of its last launch: the hot path compares, no hashing
+    last_layout: tuple[Any, ...] = (None, None, None)
+    #: its next launch to read whole (monitor.session: sampling)
+    sample_at: int = 1
+    #: its last launch read whole (a ring entry), kept past the ring for the record
+    last_sampled: list[Any] | None = None
 
     def seen(self) -> KernelSeen:
         return KernelSeen(

@@ -1,14 +1,20 @@
 """The monitor of one process: what each launch records, the device checks, the live warnings,
 ``--strict``, and the record it writes.
 
-The hot path (:meth:`Monitor.launch`) reads each tensor argument's metadata (device, pointer,
-shape, strides, dtype: a few hundred nanoseconds per tensor, never the contents, so no
-synchronization is added and ``m_sizes`` is never read), appends one entry to the ring and makes
-a cheap pre-check: every tensor on the launch device, and, for a kernel whose lint found an int32
-offset product, no tensor spanning 2**31 elements. Only a launch that fails it is turned into
-``LaunchFacts`` for the device checks (``diagnose.launch_rules``), once per kernel and placement;
-repeats are counted. The call site (a frame walk) is taken for the first launches of each kernel
-and for every flagged launch.
+The hot path (:meth:`Monitor.watch`, for every launch, through ``JITFunction.run``, the
+interpreter or our kernels' lean path) looks up the kernel and its argument layout
+(``monitor/layout.py``: which arguments are tensors, worked out once per layout), reads two
+numbers per tensor (``data_ptr()`` and ``get_device()``, never the contents: no synchronization
+is added and ``m_sizes`` is never read), makes the cheap device pre-check (every tensor on the
+launch device; under the interpreter, every tensor on one device) and appends one list to the
+ring. That pre-check runs at **every** launch: only the recording is sampled.
+
+A launch is *sampled* (its tensors read whole, its call site taken: a frame walk) when it is one
+of its kernel's first ``call_sites`` launches, every ``SAMPLE_EVERY``-th after, or when it fails
+the pre-check. A launch that fails it is turned into ``LaunchFacts`` for the device checks
+(``diagnose.launch_rules``), once per kernel and placement; repeats are counted. A kernel whose
+lint found an int32 offset product has every launch read whole: its tensors' spans are checked
+against 2**31 each time.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import secrets
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -41,12 +47,20 @@ from qmoe_doctor.diagnose.launch_rules import check_launch, cross_device
 from qmoe_doctor.monitor import ring as R
 from qmoe_doctor.monitor.callsite import Places, call_path, find_sites
 from qmoe_doctor.monitor.kernels import KernelInfo, SourceCache, describe_kernel, lint_kernel
+from qmoe_doctor.monitor.layout import Layout, make_layout
 from qmoe_doctor.monitor.writer import CUDA_ERROR_KINDS, RecordWriter, exception_text
 
-#: Argument types that are never tensors (checked before anything slower).
-_PLAIN = frozenset({int, float, bool, str, type(None)})
+#: After a kernel's first ``call_sites`` launches, every SAMPLE_EVERY-th is sampled too: a long
+#: run keeps call sites and whole tensors in its ring (a fault after hours is near a sample).
+SAMPLE_EVERY = 64
+#: Argument layouts kept per kernel; a launch of a layout past them is worked out on the spot.
+MAX_LAYOUTS = 64
 #: Problems a record keeps (the same one repeated is counted once).
 MAX_PROBLEMS = 20
+
+
+def _no_tensor(value: Any) -> Any:  # the per-tensor readers before torch is loaded (no tensor)
+    raise TypeError(f"not a tensor: {type(value).__name__}")
 
 
 class CrossDeviceLaunchError(RuntimeError):
@@ -91,10 +105,11 @@ class Monitor:
         self.hooks: list[HookPoint] = []
         self._lock = threading.RLock()
         self._main = threading.main_thread().ident
-        self._devices: dict[int, tuple[Any, str]] = {}  # launch GPU -> (torch.device, "cuda:N")
-        self._device_type = "cuda"
         self._peer: dict[tuple[int, int], bool | None] = {}
+        # torch, from sys.modules once a launch needs it: the tensor type and its two readers
         self._tensor_type: Any = None
+        self._data_ptr: Callable[[Any], int] = _no_tensor
+        self._get_device: Callable[[Any], int] = _no_tensor
         self._start_process()
 
     def _start_process(self) -> None:
@@ -106,112 +121,177 @@ class Monitor:
         self.kernels: dict[int, KernelInfo] = {}
         self.findings: dict[tuple[str, ...], LaunchFinding] = {}
         self._checked: dict[tuple[object, ...], tuple[tuple[str, ...], ...]] = {}
+        self._threads: dict[int, str] = {}  # names of the threads that launched, by ident
         self.seq = 0
+        self.sampled = 0  # launches read whole (tests and the benchmarks read it)
         self.t0 = time.monotonic()
         self.started = time.time()
         self.last_flush = self.t0
+        self._flush_at = self.t0 + self.settings.flush_interval_s
         self.end: ProcessEnd | None = None
         self.cuda_error = ""
         self.problems: list[str] = []
         self.warned: set[tuple[str, ...]] = set()
-        self._flush_soon = False
 
     def forked(self) -> None:
         """In the child of a fork: a process of its own, with an empty ring and its own record."""
         for info in self.kernels.values():
             info.launches = 0
+            info.sample_at = 1
+            info.last_sampled = None
         kernels = self.kernels
         self._start_process()
-        self.kernels = kernels  # the kernels' source facts and lint stay valid
+        self.kernels = kernels  # the kernels' source facts, lint and layouts stay valid
+        self._main = threading.get_ident()  # the thread that forked is the child's only one
 
     # --- the hot path ------------------------------------------------------------------------
 
     def launch(
         self,
-        key: object,
-        fn: object,
-        arg_names: Sequence[str],
-        args: Sequence[Any],
+        key: Any,
+        args: tuple[Any, ...],
         kwargs: Mapping[str, Any],
         grid: Any,
         gpu: int | None,
         stream: int | None,
+        *,
+        fn: object = None,
+        arg_names: Sequence[str] | None = None,
     ) -> R.Entry:
-        """Record one launch about to happen; run the device checks when the pre-check fails.
-        ``gpu``: the device Triton launches on (None: the interpreter). Raises
+        """Record a launch through ``JITFunction.run`` (or the interpreter) about to happen:
+        ``key`` the kernel (its ``fn`` and ``arg_names`` unless given), ``args`` and ``kwargs``
+        as Triton got them, ``gpu`` the device it launches on (None: the interpreter). Raises
         CrossDeviceLaunchError under --strict."""
+        if kwargs:
+            return self.watch(key, tuple(kwargs), (*args, *kwargs.values()), grid, gpu, stream, fn, arg_names)
+        return self.watch(key, (), args, grid, gpu, stream, fn, arg_names)
+
+    def watch(
+        self,
+        key: Any,
+        kwnames: tuple[str, ...],
+        values: Sequence[Any],
+        grid: Any,
+        gpu: int | None,
+        stream: int | None,
+        fn: object = None,
+        arg_names: Sequence[str] | None = None,
+    ) -> R.Entry:
+        """Record one launch about to happen and run the device pre-check; the slow part
+        (:meth:`_sample`) only for a sampled or suspicious launch. ``values``: the arguments,
+        the last ``len(kwnames)`` of them passed by those names."""
         info = self.kernels.get(id(key))
         if info is None or info.key is not key:
-            info = self._first_launch(key, fn, tuple(arg_names), sys._getframe(1))
-        info.launches += 1
-        self.seq += 1
-        now = time.monotonic()
-        launch_dev: Any = None
-        dev_name: str | None = None
+            info = self._first_launch(key, fn, arg_names, sys._getframe(1))
+        info.launches = k = info.launches + 1
+        self.seq = seq = self.seq + 1
+        types = tuple(map(type, values))
+        last = info.last_layout  # (kwnames, types, layout) of the kernel's previous launch
+        if types == last[1] and kwnames == last[0]:
+            layout: Layout = last[2]
+        else:
+            layout = self._layout(info, kwnames, values, types)
+        if layout.simple:
+            names, tensors = layout.names, layout.pick(values)
+        else:
+            names, tensors = layout.expand(values)
+        devices = tuple(map(self._get_device, tensors))
+        # the pre-check, at every launch: each tensor on the launch device (interpreter: on one)
         if gpu is not None:
-            known = self._devices.get(gpu)
-            if known is None:
-                known = self._launch_device(gpu)
-            launch_dev, dev_name = known
-        entry = R.new_entry(self.seq, info.name, info.launches, grid, dev_name, stream, now - self.t0)
-        tensor_type = self._tensor_type
-        if tensor_type is None:
-            tensor_type = self._find_tensor_type()
-        tensors: list[R.RawTensor] = []
-        if tensor_type is not None:
-            names = info.arg_names
-            count = len(names)
-            for i, a in enumerate(args):
-                if type(a) in _PLAIN:
-                    continue
-                if isinstance(a, tensor_type):
-                    name = names[i] if i < count else f"arg{i}"
-                    tensors.append((name, a.device, a.data_ptr(), a.shape, a.stride(), a.dtype))
-                else:
-                    self._other_arg(tensors, names[i] if i < count else f"arg{i}", a, tensor_type)
-            for name, a in kwargs.items():
-                if type(a) in _PLAIN:
-                    continue
-                if isinstance(a, tensor_type):
-                    tensors.append((name, a.device, a.data_ptr(), a.shape, a.stride(), a.dtype))
-                else:
-                    self._other_arg(tensors, name, a, tensor_type)
-        entry[R.TENSORS] = tensors
-        odd = False
-        if launch_dev is not None:
-            for t in tensors:
-                if t[1] != launch_dev:
-                    odd = True
-                    break
-        elif len(tensors) > 1:
-            first = tensors[0][1]
-            odd = any(t[1] != first for t in tensors)
-        big: tuple[bool, ...] = ()
-        if info.int32_lint:
-            big = tuple(element_span(t[3], t[4]) >= INT32_LIMIT for t in tensors)
-            odd = odd or any(big)
-        if threading.get_ident() != self._main:
-            entry[R.THREAD] = threading.current_thread().name
-        if odd or info.launches <= self.settings.call_sites:
-            entry[R.LAUNCH_SITE], entry[R.CALL_SITE] = find_sites(self.places, sys._getframe(1))
+            odd = devices.count(gpu) != len(devices)
+        else:
+            odd = len(devices) > 1 and devices.count(devices[0]) != len(devices)
+        now = time.monotonic()
+        entry: R.Entry = [
+            seq, info.name, k, grid, gpu, stream, names, tuple(map(self._data_ptr, tensors)), devices,
+            None, None, None, now - self.t0, threading.get_ident(), "", (),
+        ]  # fmt: skip
+        if odd or k >= info.sample_at:
+            self._sample(info, entry, tensors, odd)
         self.ring.add(entry)
-        if odd:
-            self._check(info, entry, big)
-        if self._flush_soon or now - self.last_flush > self.settings.flush_interval_s:
-            self._flush_soon = False
+        if now > self._flush_at:
             self.flush()
         return entry
 
-    def _other_arg(self, tensors: list[R.RawTensor], name: str, a: Any, tensor_type: Any) -> None:
-        """A TensorDescriptor (its ``base`` tensor), or a tuple of tensors (one level)."""
-        if isinstance(a, tuple):
-            for j, item in enumerate(a):
-                if isinstance(item, tensor_type):
-                    tensors.append((f"{name}[{j}]", item.device, item.data_ptr(), item.shape, item.stride(), item.dtype))
-            return
-        base = getattr(a, "base", None)
-        if isinstance(base, tensor_type):
-            tensors.append((f"{name}.base", base.device, base.data_ptr(), base.shape, base.stride(), base.dtype))
+    def observe(
+        self,
+        kernel: Any,
+        grid: tuple[int, int, int],
+        device: int,
+        stream: int,
+        names: Sequence[str],
+        values: Sequence[Any],
+        launcher: Callable[..., Any],
+        call: tuple[Any, ...],
+    ) -> Any:
+        """The observer of our kernels' lean launches (``core.launch_observer``): record and
+        check the launch as :meth:`launch` does, make it, follow it to its end."""
+        try:
+            entry = self.watch(kernel, tuple(names), values, grid, device, stream)
+        except CrossDeviceLaunchError:
+            raise
+        except Exception as exc:  # the monitor never breaks the program
+            self.problem(f"a launch could not be recorded: {type(exc).__name__}: {exc}")
+            return launcher(*call)
+        try:
+            result = launcher(*call)
+        except BaseException as exc:
+            self.ended(entry, exc)
+            raise
+        if entry[R.FLAGGED]:
+            self.ended(entry, None)
+        return result
+
+    def _layout(
+        self, info: KernelInfo, kwnames: tuple[str, ...], values: Sequence[Any], types: tuple[type, ...]
+    ) -> Layout:
+        layout = info.layouts.get((kwnames, types))
+        if layout is None:
+            if self._tensor_type is None:
+                self._find_torch()
+            layout = make_layout(info.arg_names, kwnames, values, self._tensor_type)
+            if len(info.layouts) < MAX_LAYOUTS:
+                info.layouts[(kwnames, types)] = layout
+        info.last_layout = (kwnames, types, layout)  # one reference: a thread reads it whole
+        return layout
+
+    def _sample(self, info: KernelInfo, entry: R.Entry, tensors: Sequence[Any], odd: bool) -> None:
+        """Read a launch whole: its tensors, its call site; check it when the pre-check failed
+        or the kernel's lint found an int32 offset product."""
+        self.sampled += 1
+        facts = tuple(R.read_tensor(name, t) for name, t in zip(entry[R.NAMES], tensors, strict=True))
+        entry[R.FACTS] = facts
+        info.last_sampled = entry  # its tensors stand for later unsampled launches' (ring.known_tensors)
+        big: tuple[bool, ...] = ()
+        if info.int32_lint:
+            big = tuple(element_span(t[3], t[4]) >= INT32_LIMIT for t in facts)
+            odd = odd or any(big)
+        k = entry[R.KERNEL_SEQ]
+        sites = self.settings.call_sites
+        if odd or k <= sites or not k % SAMPLE_EVERY:
+            entry[R.LAUNCH_SITE], entry[R.CALL_SITE] = find_sites(self.places, sys._getframe(1))
+        # the next launch of this kernel to read whole: each one while its first launches last
+        # or its lint found an int32 product (each is checked by size), then every SAMPLE_EVERY-th
+        if k < sites or info.int32_lint:
+            info.sample_at = k + 1
+        else:
+            info.sample_at = max(sites + 1, (k // SAMPLE_EVERY + 1) * SAMPLE_EVERY)
+        ident = entry[R.THREAD]
+        if ident != self._main and ident not in self._threads:
+            self._threads[ident] = threading.current_thread().name
+        if odd:
+            self._check(info, entry, big)
+
+    def ended(self, entry: R.Entry, exc: BaseException | None) -> None:
+        """A launch returned (``exc`` None; called for flagged launches only) or raised ``exc``.
+        Never raises: what goes wrong here is a problem of the monitor's."""
+        try:
+            if exc is not None:
+                self.raised(entry, exc)
+            elif entry[R.FLAGGED]:
+                self.launched(entry)
+        except Exception as err:
+            self.problem(f"a launch's end could not be recorded: {type(err).__name__}: {err}")
 
     def launched(self, entry: R.Entry) -> None:
         """A flagged launch returned: it ran (over peer access, remotely, for another device)."""
@@ -233,36 +313,34 @@ class Monitor:
     # --- first launch, checks, findings ----------------------------------------------------
 
     def _first_launch(
-        self, key: object, fn: object, arg_names: tuple[str, ...], frame: FrameType | None
+        self, key: Any, fn: object, arg_names: Sequence[str] | None, frame: FrameType | None
     ) -> KernelInfo:
-        """Describe a kernel and lint the code its first launch came through."""
+        """Describe a kernel (``fn``, ``arg_names``: the key's own unless given) and lint the
+        code its first launch came through."""
         with self._lock:
             info = self.kernels.get(id(key))
             if info is not None and info.key is key:
                 return info
+            if fn is None:
+                fn = getattr(key, "fn", key)
+            names = tuple(str(n) for n in (arg_names if arg_names is not None else getattr(key, "arg_names", ())))
             try:
-                info = describe_kernel(key, fn, arg_names, self.sources)
+                info = describe_kernel(key, fn, names, self.sources)
                 lint_kernel(info, call_path(self.places, frame), self.sources)
             except Exception as exc:  # the monitor never breaks the program
                 self.problem(f"could not describe kernel {getattr(fn, '__name__', fn)!r}: {exc}")
                 name = str(getattr(fn, "__name__", "kernel"))
-                info = KernelInfo(key=key, name=name, file="", line=0, end_line=None, arg_names=arg_names)
+                info = KernelInfo(key=key, name=name, file="", line=0, end_line=None, arg_names=names)
             self.kernels[id(key)] = info
-        self._flush_soon = True  # a new kernel: what a crash at its first launch leaves names it
+        self._flush_at = 0.0  # a new kernel: what a crash at its first launch leaves names it
         return info
 
-    def _launch_device(self, gpu: int) -> tuple[Any, str]:
-        torch = sys.modules.get("torch")
-        name = f"{self._device_type}:{gpu}"
-        device = torch.device(self._device_type, gpu) if torch is not None else name
-        self._devices[gpu] = (device, name)
-        return device, name
-
-    def _find_tensor_type(self) -> Any:
+    def _find_torch(self) -> None:
         torch = sys.modules.get("torch")
         if torch is not None:
             self._tensor_type = torch.Tensor
-        return self._tensor_type
+            self._data_ptr = torch.Tensor.data_ptr
+            self._get_device = torch.Tensor.get_device
 
     def peer_access(self, launch_gpu: int, tensor_gpu: int) -> bool | None:
         """``torch.cuda.can_device_access_peer``, asked once per pair (a query; torch is loaded:
@@ -277,7 +355,7 @@ class Monitor:
         return self._peer[key]
 
     def _check(self, info: KernelInfo, entry: R.Entry, big: tuple[bool, ...]) -> None:
-        raw = entry[R.TENSORS]
+        raw: tuple[R.RawTensor, ...] = entry[R.FACTS]
         placement = (id(info.key), entry[R.DEVICE], tuple((t[0], str(t[1])) for t in raw), big)
         with self._lock:
             keys = self._checked.get(placement)
@@ -286,12 +364,12 @@ class Monitor:
                 facts = LaunchFacts(
                     seq=entry[R.SEQ],
                     kernel=info.name,
-                    device=entry[R.DEVICE],
+                    device=R.device_name(entry[R.DEVICE]),
                     tensors=tuple(R.tensor_arg(t) for t in raw),
                     int32_lint=info.int32_lint,
                 )
                 found = check_launch(facts, self.peer_access)
-                launch = dataclasses.replace(R.to_launch(entry), flagged=bool(found))
+                launch = dataclasses.replace(R.to_launch(entry, self._thread_names()), flagged=bool(found))
                 keys = tuple(f.key for f in found)
                 self._checked[placement] = keys
                 for f in found:
@@ -351,11 +429,22 @@ class Monitor:
 
     # --- the record ------------------------------------------------------------------------
 
+    def _thread_names(self) -> dict[int, str]:
+        """Names of the threads that launched, by ident ("" for the main thread)."""
+        names = {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
+        names.update(self._threads)
+        if self._main is not None:
+            names[self._main] = ""
+        return names
+
     def record(self) -> ProcessRecord:
         entries = self.ring.snapshot()
+        threads = self._thread_names()
         with self._lock:
             findings = tuple(self.findings.values())
             kernels = tuple(info.seen() for info in self.kernels.values())
+            sampled = [info.last_sampled for info in self.kernels.values() if info.last_sampled is not None]
+        known = R.known_tensors([*sampled, *entries])
         triton = sys.modules.get("triton")
         torch = sys.modules.get("torch")
         return ProcessRecord(
@@ -375,7 +464,7 @@ class Monitor:
             flushed_at=time.time(),
             launches=self.seq,
             ring_size=self.settings.ring,
-            ring=tuple(R.to_launch(e) for e in entries),
+            ring=tuple(R.to_launch(e, threads, known) for e in entries),
             kernels=kernels,
             lint=self.sources.lints(),
             findings=findings,
@@ -387,6 +476,7 @@ class Monitor:
     def flush(self) -> None:
         """Write the record now. Never raises: a failure is noted and the program goes on."""
         self.last_flush = time.monotonic()
+        self._flush_at = self.last_flush + self.settings.flush_interval_s
         try:
             self.writer.write(self.record())
         except Exception as exc:

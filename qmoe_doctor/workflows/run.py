@@ -282,7 +282,15 @@ def _sanitize(
     )
     count = parsed.error_summary if parsed.error_summary is not None else len(parsed.errors)
     placed = sum(1 for a in addresses if a.tensor is not None)
-    if count:
+    if parsed.tool_failures:
+        # what it printed before it gave up is kept; the rest of the run was not checked
+        note = (
+            f"compute-sanitizer failed: {parsed.tool_failures[0]} It printed {count:,} "
+            f"error{'s' if count != 1 else ''} before that; {placed} of {len(addresses)} invalid addresses "
+            "placed against recorded tensors; what it did not check is unknown, not clean (a "
+            "smaller over-run of the same fault, fewer rows or a smaller input, lets it finish)"
+        )
+    elif count:
         note = (
             f"{count:,} error{'s' if count != 1 else ''}; {placed} of {len(addresses)} invalid "
             "addresses placed against recorded tensors"

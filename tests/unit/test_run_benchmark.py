@@ -24,8 +24,9 @@ def test_the_overhead_benchmark_runs_both_children_and_prints_its_table() -> Non
     header, row = out.stdout.strip().splitlines()[-2:]
     assert header.split() == [
         "tokens", "plain", "ms", "no", "lean", "ms", "monitored", "ms", "vs", "plain", "vs", "no", "lean",
-        "launches/step", "flush", "ms",
+        "launches/step", "lean/step", "flush", "ms",
     ]
-    tokens, plain, no_lean, monitored, vs_plain, vs_no_lean, per_step, flush = row.split()
+    tokens, plain, no_lean, monitored, vs_plain, vs_no_lean, per_step, lean, flush = row.split()
     assert tokens == "8" and float(per_step) > 0  # the monitored child saw the launches
     assert vs_plain.endswith("%") and vs_no_lean.endswith("%")
+    assert float(lean) == 0  # the interpreter: no plan takes the lean path

@@ -9,6 +9,8 @@ a launch of CPU tensors on a GPU is made on a CPU machine: the device checks, th
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import inspect
 import io
 import json
@@ -19,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from qmoe_doctor.core import knobs
+from qmoe_doctor.core import knobs, launch_observer
 from qmoe_doctor.core.launches import FindingKind, HookPoint, ProcessRecord
 from qmoe_doctor.core.records import from_json
 from qmoe_doctor.monitor import hook
@@ -62,6 +64,17 @@ def fake_jit_module() -> ModuleType:
     module.JITFunction = JITFunction  # type: ignore[attr-defined]
     module.driver = SimpleNamespace(active=active)  # type: ignore[attr-defined]
     return module
+
+
+@pytest.fixture(autouse=True)
+def restored_launch_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test leaves the process's launch path as it found it: ``patch_jit`` puts the
+    monitor's observer in ``core.launch_observer`` (the slot our kernels' lean path reads in every
+    process), and a test may wrap Triton's real ``JITFunction.run``; monkeypatch undoes both."""
+    import triton.runtime.jit as jit
+
+    monkeypatch.setattr(launch_observer, "observer", launch_observer.observer)
+    monkeypatch.setattr(jit.JITFunction, "run", jit.JITFunction.run)
 
 
 @pytest.fixture()
@@ -166,9 +179,10 @@ def test_a_failure_inside_the_monitor_never_breaks_the_launch(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a bug of ours")
 
-    monkeypatch.setattr(monitor, "launch", broken)
+    monkeypatch.setattr(monitor, "watch", broken)  # the hot path every hook point goes through
     jit = module.JITFunction(kernel_body)
     assert jit[(1,)](torch.ones(4), torch.empty(4), 4, BLOCK=16) == "launched"
+    assert len(FakeJIT.calls) == 1  # launched once, unrecorded
     assert any("a bug of ours" in p for p in monitor.problems)
 
 
@@ -211,17 +225,161 @@ def test_records_are_written_whole_and_named_per_process(monitored: tuple[Monito
     assert json.loads(files[0].read_text())["pid"] == monitor.pid
 
 
-def test_our_kernels_lean_launch_path_steps_aside_for_the_monitor(tmp_path: Path) -> None:
-    """kernels/launch.py skips JITFunction.run on later calls unless it is wrapped: the monitor's
-    wrapper must be recognised, or it would miss every launch after a plan's first."""
+def _triton_own_run() -> Any:
+    """Triton's ``JITFunction.run`` under any wrappers (ours, a profiler's) left on it."""
+    import triton.runtime.jit as jit
+
+    run = jit.JITFunction.run
+    while hasattr(run, "__wrapped__"):
+        run = run.__wrapped__
+    return run
+
+
+def test_our_kernels_lean_launch_path_stays_on_under_the_monitor_and_steps_aside_for_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kernels/launch.py skips JITFunction.run on later calls: under the monitor's wrapper it may,
+    since it hands those launches to the monitor's observer; under any other wrapper (a
+    profiler's), or the monitor's wrapper with no observer to hand them to, it must not."""
     import triton.runtime.jit as jit
 
     from qmoe_doctor.kernels import launch
 
-    original = jit.JITFunction.run
+    own = _triton_own_run()
+    monkeypatch.setattr(jit.JITFunction, "run", own)  # whatever ran before this test
+    monkeypatch.setattr(launch_observer, "observer", None)
     assert launch._plain_triton_run()
-    try:
-        assert hook.patch_jit(jit, Monitor(Settings(folder=str(tmp_path)), stderr=io.StringIO()))
-        assert not launch._plain_triton_run()
-    finally:
-        jit.JITFunction.run = original
+
+    monitor = Monitor(Settings(folder=str(tmp_path)), stderr=io.StringIO())
+    assert hook.patch_jit(jit, monitor)
+    assert jit.JITFunction.run is not own and launch_observer.observer == monitor.observe
+    assert launch._plain_triton_run()  # the lean path stays on: its launches reach the monitor
+
+    monkeypatch.setattr(launch_observer, "observer", None)
+    assert not launch._plain_triton_run()  # nobody to hand them to: Triton's path, wrapped
+
+    def profiled(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return own(self, *args, **kwargs)
+
+    profiled.__wrapped__ = own  # type: ignore[attr-defined]
+    monkeypatch.setattr(jit.JITFunction, "run", profiled)
+    monkeypatch.setattr(launch_observer, "observer", monitor.observe)
+    assert not launch._plain_triton_run()  # a wrapper not ours sees every launch
+
+
+class _Compiled:
+    """A compiled kernel: ``run`` is the launcher, called with the lean path's arguments."""
+
+    function, packed_metadata = "fn", "meta"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.src = SimpleNamespace(fn=SimpleNamespace(arg_names=["x_ptr", "y_ptr", "n", "BLOCK"]))
+
+    def run(self, *args: Any) -> None:
+        self.calls.append(args)
+
+
+class _LeanKernel(FakeJIT):
+    """A JITFunction whose ``kernel[grid](**kwargs)`` returns a compiled kernel (Triton's does)."""
+
+    def __init__(self, fn: Any) -> None:
+        super().__init__(fn)
+        self.pre_run_hooks: list[Any] = []
+        self.compiled = _Compiled()
+
+    def __getitem__(self, grid: Any) -> Any:
+        def call(**kwargs: Any) -> Any:
+            FakeJIT.calls.append({"args": (), "grid": grid, "warmup": False})
+            return self.compiled
+
+        return call
+
+
+@pytest.fixture()
+def lean_plan(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """kernels/launch.py as on a GPU (no interpreter, Triton's hooks idle, a stream, no CUDA
+    guard), and a plan ``Launch`` of a stand-in kernel on cuda:0 whose first call compiled it."""
+    from qmoe_doctor.kernels import launch
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(launch, "_plain_triton_run", lambda: True)
+    idle = SimpleNamespace(calls=[])
+    monkeypatch.setattr(launch._Runtime, "ready", True)
+    monkeypatch.setattr(launch._Runtime, "knobs", SimpleNamespace(launch_enter_hook=idle, launch_exit_hook=idle))
+    monkeypatch.setattr(launch._Runtime, "stream", staticmethod(lambda index: 0x1234))
+    monkeypatch.setattr(launch, "_device_guard", lambda index: contextlib.nullcontext())
+    FakeJIT.calls = []
+    kernel = _LeanKernel(kernel_body)
+    plan = launch.Launch(kernel, 1, {"n": 4, "BLOCK": 16}, ("x_ptr", "y_ptr"), {}, device_index=0)
+    plan(torch.ones(4), torch.empty(4))  # the first call: through kernel[grid], compiled
+    assert plan.lean
+    return plan
+
+
+def test_the_monitor_records_and_checks_our_kernels_lean_launches(
+    monitored: tuple[Monitor, ModuleType, io.StringIO], lean_plan: Any
+) -> None:
+    monitor, _, warnings = monitored
+    x, y = torch.ones(4), torch.empty(4)  # CPU tensors on a cuda:0 launch: a finding
+    lean_plan(x, y)
+    lean_plan(x, y)
+    compiled = lean_plan.kernel.compiled
+    assert len(compiled.calls) == 2 and len(FakeJIT.calls) == 1  # launched by the launcher, once each
+    assert compiled.calls[0][:4] == (1, 1, 1, 0x1234) and compiled.calls[0][-4:] == (x, y, 4, 16)
+    record = read_record(monitor)
+    assert record.launches == 2
+    first, second = record.ring
+    assert first.kernel == "kernel_body" and first.device == "cuda:0" and first.grid == (1, 1, 1)
+    assert [t.name for t in first.tensors] == ["x_ptr", "y_ptr"] and first.flagged
+    assert [t.data_ptr for t in second.tensors] == [x.data_ptr(), y.data_ptr()]
+    (finding,) = record.findings
+    assert finding.kind is FindingKind.CPU_TENSOR and finding.count == 2 and finding.outcome == "ran"
+    assert "default-device-buffer" in warnings.getvalue()
+
+
+def test_strict_stops_a_lean_launch_and_a_broken_monitor_still_makes_it(
+    monitored: tuple[Monitor, ModuleType, io.StringIO], lean_plan: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monitor, _, _ = monitored
+    compiled = lean_plan.kernel.compiled
+    monkeypatch.setattr(monitor, "settings", dataclasses.replace(monitor.settings, strict=True))
+    with pytest.raises(CrossDeviceLaunchError, match="--strict: default-device-buffer"):
+        lean_plan(torch.ones(4), torch.empty(4))
+    assert compiled.calls == []  # never launched
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug of ours")
+
+    monkeypatch.setattr(monitor, "watch", broken)
+    lean_plan(torch.ones(4), torch.empty(4))
+    assert len(compiled.calls) == 1 and lean_plan.lean
+    assert any("a bug of ours" in p for p in monitor.problems)
+
+
+def test_unsampled_launches_take_the_sizes_of_a_sampled_launch_of_the_same_buffers(tmp_path: Path) -> None:
+    """Past a kernel's first launches only every SAMPLE_EVERY-th is read whole; the record gives
+    the others' tensors the facts of a sampled launch of the same argument at the same address
+    (a plan's buffers), and a new address stays without a size rather than take a wrong one."""
+    module = fake_jit_module()
+    # the launch device is the one CPU tensors report: every launch passes the pre-check
+    module.driver = SimpleNamespace(  # type: ignore[attr-defined]
+        active=SimpleNamespace(get_current_device=lambda: -1, get_current_stream=lambda device: 0)
+    )
+    monitor = Monitor(Settings(folder=str(tmp_path), ring=8, call_sites=1), stderr=io.StringIO())
+    assert hook.patch_jit(module, monitor)
+    jit = module.JITFunction(kernel_body)
+    x, y, z = torch.ones(4), torch.empty(4), torch.empty(2, 3)
+    for _ in range(3):
+        jit[(1,)](x, y, 4, BLOCK=16)
+    jit[(1,)](z, y, 4, BLOCK=16)
+    record = read_record(monitor)
+    assert record.launches == 4 and monitor.sampled == 1 and not record.findings
+    first, second, third, fourth = record.ring
+    assert first.call_site is not None and second.call_site is None  # sampled, then not
+    for launch in (first, second, third):
+        assert [(t.name, t.shape, t.nbytes) for t in launch.tensors] == [("x_ptr", (4,), 16), ("y_ptr", (4,), 16)]
+    assert [(t.name, t.data_ptr, t.nbytes) for t in fourth.tensors] == [
+        ("x_ptr", z.data_ptr(), 0),  # a buffer no sampled launch read: no size
+        ("y_ptr", y.data_ptr(), 16),
+    ]
