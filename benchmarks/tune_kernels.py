@@ -247,7 +247,9 @@ class Point:
         self.offs = torch.cumsum(self.m_sizes, 0).to(torch.int32)
         self.x = (torch.randn(self.m, k, generator=gen, device=device)).to(dtype)
         self.dy = torch.randn(self.m, n, generator=gen, device=device).to(dtype)
-        self.w = (torch.randn(e, n, k, generator=gen, device=device) / k**0.5).to(dtype)
+        # scaled in place: the float32 draw and its cast are the only stacks alive at once (the
+        # 480B gate_up stack, 160 x 5120 x 6144, is 18.75 GiB in float32)
+        self.w = torch.randn(e, n, k, generator=gen, device=device).div_(k**0.5).to(dtype)
         self.flops = 2.0 * self.m * n * k
 
     def theirs(self, op: str) -> Callable[[], Any]:
@@ -305,9 +307,33 @@ class Point:
         return "tma+resident" if config.resident else "tma"
 
 
-def rel_diff(a: Any, b: Any) -> float:
-    a, b = a.float(), b.float()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+#: rel_diff's float32 temporaries hold at most this many elements each (one leading-dim slice
+#: where a slice is larger). Incident: the whole-tensor form upcast both operands of the 480B
+#: gate_up dw, (160, 5120, 6144), and formed their difference: three 18.75 GiB float32 copies
+#: beside the bf16 stacks, out of memory on an 80 GB H100 (2026-11-25).
+REL_DIFF_CHUNK = 1 << 26
+
+
+def rel_diff(a: Any, b: Any, *, chunk: int = REL_DIFF_CHUNK) -> float:
+    """``‖a − b‖ / ‖b‖`` in float32, a slice of the leading dimension at a time (the sums of
+    squares in float64): never a whole float32 copy of either operand or of their difference."""
+    import torch
+
+    if tuple(a.shape) != tuple(b.shape):
+        raise ValueError(f"rel_diff: shapes {tuple(a.shape)} and {tuple(b.shape)} differ")
+    if a.dim() == 0:
+        a, b = a.reshape(1), b.reshape(1)
+    if a.numel() == 0:
+        return 0.0
+    rows = max(1, chunk // (a.numel() // a.shape[0]))
+    diff_sq = torch.zeros((), dtype=torch.float64, device=b.device)
+    ref_sq = torch.zeros((), dtype=torch.float64, device=b.device)
+    for start in range(0, a.shape[0], rows):
+        b_part = b[start : start + rows].float()
+        ref_sq += torch.linalg.vector_norm(b_part).double() ** 2
+        diff_sq += torch.linalg.vector_norm(a[start : start + rows].float() - b_part).double() ** 2
+        del b_part
+    return float(diff_sq.sqrt() / ref_sq.sqrt().clamp_min(1e-30))
 
 
 def incumbent(op: str, label: str, e: int, n: int, k: int, tokens: int, top_k: int, device: Any, dtype: Any) -> str:

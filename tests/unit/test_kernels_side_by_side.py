@@ -1,6 +1,8 @@
 """The per-card benchmark (``benchmarks/side_by_side.py``) and its peer
 (``benchmarks/public_peer.py``) on the CPU: the peer computes what the twins compute, the tiny
-run goes through every step and writes its files, and the verdicts follow the numbers."""
+run goes through every step and writes its files, the verdicts follow the numbers, every preset
+point fits an 80 GB card by the memory estimate, and a failing point or op is recorded while
+the rest are measured (a stopped run's partial report still ends with the targets)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,23 @@ import pytest
 import torch
 
 from benchmarks.public_peer import TINY_TILE, peer_dw, peer_forward
-from benchmarks.side_by_side import ROOFLINE_SHARE, add_roofline, verdicts
+from benchmarks.side_by_side import (
+    AHEAD,
+    CORRECT,
+    GIB,
+    HOST,
+    MEASURED,
+    PARTIAL_NAME,
+    PEAK_HEADROOM,
+    PEAK_LIMIT,
+    ROOFLINE,
+    ROOFLINE_SHARE,
+    add_roofline,
+    block_target,
+    peak_bytes,
+    verdicts,
+)
+from benchmarks.tune_kernels import PRESET_GEMMS, Point, rel_diff
 from qmoe_doctor.kernels.backward import moe_grouped_gemm_dw_torch, moe_grouped_gemm_dx_torch
 from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm_torch
 from qmoe_doctor.kernels.testing import rel_err
@@ -44,7 +62,10 @@ def test_tiny_run_goes_through_every_step(tmp_path: Path) -> None:
     assert {r["op"] for r in report["rows"]} == {"forward", "dx", "dw"} and all(r["ok"] for r in report["rows"])
     assert all(p["rel_err"] is not None and p["rel_err"] < 1e-5 for r in report["rows"] for p in r["peer_tiles"])
     assert report["block"]["rel_diff"] < 1e-4 and report["timed"] is False
-    assert done.stdout.rstrip().endswith("n/a   every target: nothing timed (--tiny)")  # the verdicts, last
+    targets = done.stdout.rstrip().splitlines()
+    targets = targets[targets.index("==== targets") + 1 :]  # the verdicts, last: every target
+    assert [t.split()[0] for t in targets] == ["PASS", "PASS", "n/a", "n/a", "n/a", "n/a"], targets
+    assert targets[-1] == "n/a        host time per call <= 25 us: not timed (--tiny)"
     assert "| point (M, E, N, K) |" in (tmp_path / "side_by_side.md").read_text()
 
 
@@ -52,7 +73,7 @@ def _row(op: str, ours: float, gmm: float, peer: float, *, dense: float = 700.0,
     return {
         "point": "30b-gate_up", "tokens": 128, "m": 1024, "e": 128, "n": 1536, "k": 2048, "op": op,
         "ours": ours, "grouped_mm": gmm, "peer": peer, "dense": dense, "flops": 2.0 * 1024 * 1536 * 2048,
-        "bytes": gbytes * 1e9, "ok": True, "config": "c", "peer_tile": "t",
+        "bytes": gbytes * 1e9, "ok": True, "ours_rel_err": 1e-3, "config": "c", "peer_tile": "t", "failed": "",
     }  # fmt: skip
 
 
@@ -67,11 +88,189 @@ def test_verdicts_follow_the_numbers() -> None:
     rows[1]["ours"] = 29.0
     host = [{"op": "forward", "ours": 24.0, "grouped_mm": 20.0}, {"op": "dw", "ours": 31.0, "grouped_mm": 20.0}]
     block = {"tokens": 2048, "ours": 150.0, "grouped_mm": 140.0}
-    got = {target: verdict for target, verdict, _ in verdicts(rows, block, host)}
-    assert got["ours >= max(grouped_mm, public best tile), every point"] == "PASS"
-    assert got["eager block forward at 2048 tokens >= with grouped_mm"] == "PASS"
-    assert got["host time per call <= 25 us"] == "FAIL"
+    verdict_of = {target: verdict for target, verdict, _ in verdicts(rows, block, host)}
+    assert verdict_of["ours >= max(grouped_mm, public best tile), every point"] == "PASS"
+    assert verdict_of["eager block forward at 2048 tokens >= with grouped_mm"] == "PASS"
+    assert verdict_of["host time per call <= 25 us"] == "FAIL"
+    assert verdict_of["every point measured"] == "PASS"
     # a compute-bound point (the bandwidth term above the fastest dense GEMM) is no memory-bound point
     fast = [_row("forward", 500.0, 400.0, 450.0, dense=700.0, gbytes=0.001)]
     add_roofline(fast, bandwidth=3.0e12)
     assert fast[0]["memory_bound"] is False and fast[0]["roofline"] == 700.0
+
+
+def test_a_target_with_unmeasured_points_never_passes() -> None:
+    """Every measured point ahead, but one op failed (an OOM), one found no working peer tile,
+    the block failed and the host time was not asked for: no target says PASS, each says what
+    it lacks; a measured miss still says FAIL."""
+    rows = [_row("forward", 30.0, 25.0, 28.0), _row("dx", 30.0, 25.0, 28.0), _row("dw", 30.0, 25.0, 28.0)]
+    rows[1].update(ours=None, ours_rel_err=None, ok=False, failed="ours: OOM: CUDA out of memory. Tried to allocate 18.75 GiB.")
+    rows[2]["peer"] = None  # every peer tile failed: the faster of the two is not known
+    add_roofline(rows, bandwidth=1.0e11)
+    got = {t: (v, d) for t, v, d in verdicts(rows, None, [], ["block forward: OOM: x"], block_tokens=2048)}
+    assert list(got) == [MEASURED, CORRECT, AHEAD, ROOFLINE, block_target(2048), HOST]  # always all of them
+    assert got[MEASURED] == ("FAIL", "2 failed: dx 30b-gate_up:128 (ours: OOM: CUDA out of memory. Tried to allocate 18.75 GiB.); block forward: OOM: x")
+    assert got[CORRECT] == ("UNMEASURED", "2/3; not measured: dx 30b-gate_up:128")
+    assert got[AHEAD] == ("UNMEASURED", "1/3; not measured: dx 30b-gate_up:128; dw 30b-gate_up:128")
+    assert got[ROOFLINE] == ("UNMEASURED", "2/3; not measured: dx 30b-gate_up:128")
+    assert got[block_target(2048)] == ("UNMEASURED", "not measured (block forward: OOM: x)")
+    assert got[HOST] == ("UNMEASURED", "not measured (--host-calls 0)")
+    rows[2]["ours"] = 20.0  # a measured miss outweighs what was not measured
+    assert dict((t, v) for t, v, _ in verdicts(rows, None, []))[AHEAD] == "FAIL"
+    # no roofline (the copy bandwidth failed): the memory target is not judged, not passed
+    add_roofline(rows, bandwidth=None)
+    got = {t: (v, d) for t, v, d in verdicts(rows, None, [], ["copy bandwidth: RuntimeError: x"])}
+    assert got[ROOFLINE] == ("UNMEASURED", "no roofline: not measured (copy bandwidth: RuntimeError: x)")
+
+
+# --------------------------------------------------------------------------------------------
+# Memory and failures: one 80 GB card holds every point; a failing point costs only its rows
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gemm", sorted(PRESET_GEMMS))
+@pytest.mark.parametrize("tokens", [2048, 8192])
+def test_every_preset_point_fits_an_80gb_card(gemm: str, tokens: int) -> None:
+    e, n, k = PRESET_GEMMS[gemm]
+    peak = peak_bytes(e, n, k, tokens)
+    assert peak < PEAK_LIMIT, f"{gemm}:{tokens} would hold {peak / GIB:.1f} GiB at once"
+    # not a constant: it counts the bf16 stack with dw's reference and result beside it (three
+    # bf16 stacks; the setup's float32 draw and its cast weigh as much)
+    assert peak >= 3 * (2 * e * n * k) + PEAK_HEADROOM
+
+
+def test_the_whole_tensor_comparison_would_not_have_fit() -> None:
+    """The estimate is of this code, not a constant: the 480B gate_up dw compared whole (three
+    float32 stacks beside the stack, the reference and the result) is over the limit."""
+    e, n, k = PRESET_GEMMS["480b-gate_up"]
+    whole = 2 * e * n * k * 3 + 4 * e * n * k * 3 + PEAK_HEADROOM
+    assert whole > PEAK_LIMIT > peak_bytes(e, n, k, 2048)
+
+
+@pytest.mark.parametrize(
+    ("shape", "chunk"),
+    [
+        ((5, 3, 4), 1),  # one leading row per slice (a row larger than the chunk)
+        ((5, 3, 4), 24),  # two rows per slice, the last slice short
+        ((5, 3, 4), 1 << 26),  # one slice
+        ((70, 48), 100),  # an (M, N) output
+        ((), 4),  # a scalar
+    ],
+)
+def test_rel_diff_in_slices_is_the_whole_tensor_formula(shape: tuple[int, ...], chunk: int) -> None:
+    gen = torch.Generator().manual_seed(1)
+    a, b = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+    want = float((a - b).norm() / b.norm())
+    assert rel_diff(a, b, chunk=chunk) == pytest.approx(want, rel=1e-6)
+    assert rel_diff(a.to(torch.bfloat16), a.to(torch.bfloat16), chunk=chunk) == 0.0
+    with pytest.raises(ValueError, match="differ"):
+        rel_diff(a.reshape(-1), b.reshape(-1)[:-1] if b.numel() > 1 else b.reshape(-1).repeat(2))
+
+
+def test_a_failing_point_or_op_is_recorded_and_the_run_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Operands that do not fit (the 480B OOM) fail that point's rows; a kernel that fails to
+    compile or launch fails its op's row; every other row is measured and the targets say which
+    failed."""
+    import benchmarks.side_by_side as sbs
+
+    real_point = Point
+
+    def point(label: str, *args: Any) -> Any:
+        if label == "big":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 18.75 GiB.\nGPU 0 ...")
+        return real_point(label, *args)
+
+    twins = {
+        "forward": lambda pt: moe_grouped_gemm_torch(pt.x, pt.w, pt.m_sizes),
+        "dw": lambda pt: moe_grouped_gemm_dw_torch(pt.dy, pt.x, pt.m_sizes),
+    }
+
+    def ours(pt: Any, op: str, config: Any) -> Any:
+        if op == "dx":
+            return lambda: (_ for _ in ()).throw(RuntimeError("triton launch failed: invalid argument"))
+        return lambda: twins[op](pt)
+
+    monkeypatch.setattr(sbs, "Point", point)
+    monkeypatch.setattr(real_point, "ours", ours)
+    seen: list[int] = []
+    rows = sbs.measure_points(
+        [("big", 4, 32, 64, 24), ("tiny", 4, 32, 64, 24)], sbs.Timer(False, 1, 1), torch.device("cpu"),
+        torch.float32, 2, fwd_tiles=(), dw_tiles=(), max_rel=1e-4, on_point=lambda r: seen.append(len(r)),
+    )  # fmt: skip
+    assert seen == [3, 6]  # the report so far is saved after every point, failed or not
+    failed = {(r["point"], r["op"]): r["failed"] for r in rows}
+    assert all(failed[("big", op)].startswith("operands: OOM: CUDA out of memory. Tried") for op in sbs.OPS)
+    assert "\n" not in failed[("big", "dw")]
+    assert failed[("tiny", "dx")] == "ours: RuntimeError: triton launch failed: invalid argument"
+    assert failed[("tiny", "forward")] == failed[("tiny", "dw")] == ""
+    assert [r["ok"] for r in rows if r["point"] == "tiny"] == [True, False, True]
+    got = {target: (verdict, detail) for target, verdict, detail in sbs.verdicts(rows, None, [], ["host time: x"])}
+    verdict, detail = got["every point measured"]
+    assert verdict == "FAIL" and detail.startswith("5 failed: forward big:24 (operands: OOM: CUDA out of memory")
+    assert "dx tiny:24 (ours: RuntimeError" in detail and detail.endswith("host time: x")
+
+
+def _partial(tmp_path: Path) -> Path:
+    """What a run killed in its second point leaves: the first point's rows."""
+    from benchmarks.side_by_side import base_row
+
+    rows = []
+    for op, ours in (("forward", 30.0), ("dx", 29.0), ("dw", 20.0)):
+        row = base_row("30b-gate_up", 128, 1536, 2048, 128, 8, op, 2)
+        row.update(config="c", ours=ours, ours_ms=1.0, ours_rel_err=0.0, grouped_mm=25.0, peer=28.0, dense=700.0, ok=True)
+        rows.append(row)
+    report = {
+        "format": 1, "date": "2026-11-25T16:00:00+00:00", "device": "NVIDIA H100 80GB HBM3", "device_key": "k",
+        "config_table": "configs-k.json", "versions": "torch 2.11", "command": "python3 -m benchmarks.side_by_side",
+        "timed": True, "targets": {}, "top_k": 8, "item": 2, "copy_bandwidth": 3.0e12,
+        "points": [["30b-gate_up", 128, 1536, 2048, 128], ["480b-gate_up", 160, 5120, 6144, 2048]],
+        "planned": {"block": True, "host": True}, "failures": [], "rows": rows,
+    }  # fmt: skip
+    path = tmp_path / PARTIAL_NAME
+    path.write_text(json.dumps(report))
+    return path
+
+
+def test_a_stopped_run_still_ends_with_its_targets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.side_by_side import main
+
+    assert main(["--render-partial", str(_partial(tmp_path)), "--out", str(tmp_path / "out")]) == 1
+    out = capsys.readouterr().out.rstrip().splitlines()
+    targets = out[out.index("==== targets") + 1 :]
+    assert targets[0].startswith("FAIL       every point measured: 5 failed: forward 480b-gate_up:2048 (not reached")
+    assert "block forward: not reached" in targets[0] and "host time: not reached" in targets[0]
+    assert targets[1].startswith("UNMEASURED ours correct at every point: 3/6; not measured: forward 480b-gate_up:2048; dx")
+    assert len(targets) == 6 and not any(t.startswith("PASS") for t in targets)
+    assert "UNMEASURED eager block forward at 2048 tokens >= with grouped_mm: not measured (block forward: not reached" in " ".join(targets)
+    assert any(line.startswith("480b-gate_up   2048 dw") and "FAILED not reached" in line for line in out)
+    report = json.loads((tmp_path / "out" / "side_by_side.json").read_text())
+    assert report["stopped_early"] and len(report["rows"]) == 6
+    assert {t: v for t, v, _ in report["verdicts"]} == {
+        MEASURED: "FAIL", CORRECT: "UNMEASURED",
+        AHEAD: "FAIL", ROOFLINE: "FAIL",  # dw 30b-gate_up:128: 20 TFLOP/s, under 28 and 84% of its roofline
+        block_target(2048): "UNMEASURED", HOST: "UNMEASURED",
+    }  # fmt: skip
+    assert "(failed: not reached" in (tmp_path / "out" / "side_by_side.md").read_text()
+
+
+def test_a_run_stopped_while_compiling_still_names_every_target(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``main`` writes the plan before the compile processes start: killed there, the run's
+    targets still come out, every point not reached, no target passed."""
+    import argparse
+
+    from benchmarks.side_by_side import main, plan
+
+    args = argparse.Namespace(tiny=False, points="30b-gate_up:2048,480b-gate_up:2048", block_tokens=2048, host_calls=200)
+    path = tmp_path / PARTIAL_NAME
+    path.write_text(json.dumps(plan(args)))
+    assert main(["--render-partial", str(path), "--out", str(tmp_path / "out")]) == 1
+    out = capsys.readouterr().out.rstrip().splitlines()
+    targets = out[out.index("==== targets") + 1 :]
+    assert [t.split()[0] for t in targets] == ["FAIL"] + ["UNMEASURED"] * 5, targets
+    report = json.loads((tmp_path / "out" / "side_by_side.json").read_text())
+    assert [(r["point"], r["tokens"], r["op"]) for r in report["rows"]] == [
+        (g, 2048, op) for g in ("30b-gate_up", "480b-gate_up") for op in ("forward", "dx", "dw")
+    ]
+    assert all(r["failed"].startswith("not reached") for r in report["rows"])
