@@ -35,7 +35,7 @@ def test_bench_times_every_row_on_one_gpu(tmp_path: Path) -> None:
     # the block forward replayed from a CUDA graph: captured (no host synchronization in the
     # forward) at every token count, for our kernels and for torch._grouped_mm's, and the replay
     # computes what the eager call does (the same error against the float32 reference; the
-    # block's error itself is bf16 routing and rounding, the loop twin's too: run 58, ~0.03-0.05)
+    # block's error itself is bf16 routing and rounding, the loop twin's too: H200, 2026-11-22, ~0.03-0.05)
     block = {(r["impl"], r["tokens"]): r["rel_err"] for r in doc["rows"] if r["op"] == "block-forward"}
     for graphed, eager in zip(GRAPH_IMPLS, (BLOCK_QMOE, BLOCK_GROUPED_MM), strict=True):
         for t in (128, 512):

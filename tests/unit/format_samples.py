@@ -4,7 +4,7 @@ Written by us from the shape of each record kind (a header line with one space a
 '=', continuation lines indented further; the wording of each header as the parser's patterns in
 qmoe_doctor/diagnose/sanitizer_log.py describe it). Kernel names, files, addresses and counts are made up.
 They exercise the parser's branches; they are not recordings and say nothing about what the
-tool really prints. Replace each with a recording under tests/fixtures/recorded/<run>/sanitizer/
+tool really prints. Replace each with a recording under tests/fixtures/sanitizer/<recording>/
 once one exists (racecheck with hazards, initcheck, synccheck, an API error, --xml --save).
 """
 

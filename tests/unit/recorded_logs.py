@@ -2,9 +2,11 @@
 from them.
 
 Every file read here was written by our own tools on our own GPU runs and lives under
-``tests/fixtures/recorded/<run>/sanitizer/`` (each run's README.md says how it was recorded). The
-lists below are globbed, so a new run's ``*.log``, ``*.xml`` and ``traceback-*.stderr[.gz]`` files
-are picked up by the generic tests without editing them.
+``tests/fixtures/sanitizer/<recording>/`` (compute-sanitizer logs, the probe's Outcome line beside
+each) and ``tests/fixtures/tracebacks/<recording>/`` (Python's stderr), a recording named by date,
+machine and commit; ``tests/fixtures/MANIFEST.md`` says how each was recorded. The lists below are
+globbed, so a new recording's ``*.log``, ``*.xml`` and ``traceback-*.stderr[.gz]`` files are picked
+up by the generic tests without editing them.
 
 DERIVED VARIANTS are made from those files by the functions below (cut, interleaved, prefixed,
 re-worded): they are labelled as such wherever a test uses them. No log text from elsewhere is
@@ -19,14 +21,19 @@ from collections.abc import Sequence
 from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-RECORDED = FIXTURES / "recorded"
-RUN1 = RECORDED / "h200x2-run1" / "sanitizer"  # 2x H200, compute-sanitizer 2025.3.1.0, torch 2.11, triton 3.6
+SANITIZER = FIXTURES / "sanitizer"
+TRACEBACKS = FIXTURES / "tracebacks"
+#: The recorded reports (``reports/scan/<recording>/scan-*.json``, ``reports/check/...``).
+RECORDED = FIXTURES / "reports"
+MANIFEST = FIXTURES / "MANIFEST.md"
+#: 2x H200, 2026-11-22, commit 7ada31c: compute-sanitizer 2025.3.1.0, torch 2.11, triton 3.6
+H200X2 = "2026-11-22-2xh200-7ada31c"
+SANITIZER_2XH200 = SANITIZER / H200X2  # its compute-sanitizer logs and the probes' Outcome lines
+TRACEBACKS_2XH200 = TRACEBACKS / H200X2  # its Python tracebacks
 
-ALL_LOGS = sorted(RECORDED.glob("*/sanitizer/*.log"))
-ALL_XML = sorted(RECORDED.glob("*/sanitizer/*.xml"))
-ALL_TRACEBACKS = sorted(
-    p for p in RECORDED.glob("*/sanitizer/traceback-*") if p.name.endswith((".stderr", ".stderr.gz"))
-)
+ALL_LOGS = sorted(SANITIZER.glob("*/*.log"))
+ALL_XML = sorted(SANITIZER.glob("*/*.xml"))
+ALL_TRACEBACKS = sorted(p for p in TRACEBACKS.glob("*/traceback-*") if p.name.endswith((".stderr", ".stderr.gz")))
 
 
 def read(path: Path) -> str:
@@ -36,13 +43,20 @@ def read(path: Path) -> str:
     return data.decode("utf-8")
 
 
-def run1(name: str) -> str:
-    return read(RUN1 / name)
+def path_2xh200(name: str) -> Path:
+    """A file of the 2x H200 recording: its sanitizer log or Outcome line, else its traceback."""
+    path = SANITIZER_2XH200 / name
+    return path if path.is_file() else TRACEBACKS_2XH200 / name
+
+
+def recorded_2xh200(name: str) -> str:
+    """The text of :func:`path_2xh200`, gunzipped where gzipped."""
+    return read(path_2xh200(name))
 
 
 def rel(path: Path) -> str:
-    """A short test id: ``h200x2-run1/memcheck-builtin-clean.log``."""
-    return f"{path.parent.parent.name}/{path.name}"
+    """A short test id: ``2026-11-22-2xh200-7ada31c/memcheck-builtin-clean.log``."""
+    return f"{path.parent.name}/{path.name}"
 
 
 # --- derived variants -----------------------------------------------------------------------------

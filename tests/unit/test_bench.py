@@ -2,7 +2,7 @@
 interpreter), usage and exit codes, the report's JSON contract, the renderer and the plot.
 
 Nothing here times anything or asserts a speed: --tiny claims none, and the plot and table tests
-draw the numbers recorded on an H200 (validation run 3).
+draw the numbers recorded on 2x H200 (2026-11-22, commit ab67830).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from qmoe_doctor.machine.inventory import GpuInfo, Inventory
 from qmoe_doctor.workflows.bench import load_report
 
 runner = CliRunner()
-RUN3 = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "h200x2-run3" / "bench.json"
+BENCH_2XH200 = Path(__file__).resolve().parents[1] / "fixtures" / "reports" / "bench" / "2026-11-22-2xh200-ab67830" / "bench.json"
 TINY_BUDGET_S = 60.0  # the CI smoke run must stay well under a minute
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -256,7 +256,7 @@ def test_bench_child_that_writes_no_report_exits_4(tmp_path: Path, monkeypatch: 
 
 
 def _recorded_child(tmp_path: Path) -> str:
-    """A child interpreter that measures nothing and writes run 3's report where asked: the
+    """A child interpreter that measures nothing and writes the recorded 2x H200 report where asked: the
     parent's timed path (table, JSON, plot) without a GPU."""
     path = tmp_path / "recorded-child"
     path.write_text(
@@ -264,7 +264,7 @@ def _recorded_child(tmp_path: Path) -> str:
         "import json, shutil, sys\n"
         "request = json.loads(sys.argv[-1])\n"
         "print('T=2048 forward qmoe', file=sys.stderr)\n"
-        f"shutil.copy({str(RUN3)!r}, request['result_path'])\n"
+        f"shutil.copy({str(BENCH_2XH200)!r}, request['result_path'])\n"
     )
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
     return str(path)
@@ -342,8 +342,8 @@ def test_default_tokens_cover_issue_8s_shape_and_every_preset() -> None:
     assert default_tokens("qwen3-30b-a3b", tiny=True) == DEFAULT_TOKENS["tiny"]
 
 
-def test_run3_report_reads_as_one_token_count() -> None:
-    report = load_report(RUN3)
+def test_recorded_2xh200_report_reads_as_one_token_count() -> None:
+    report = load_report(BENCH_2XH200)
     assert report.timed and report.device == "NVIDIA H200" and report.tokens == (2048,)
     fwd = report.row("forward", QMOE, 2048)
     dense = report.row("forward", DENSE, 2048)
@@ -355,9 +355,9 @@ def test_run3_report_reads_as_one_token_count() -> None:
 
 
 def _multi_token_report() -> BenchReport:
-    """Run 3's rows repeated over four token counts (scaled), with placement rows: a report
+    """The recorded 2x H200 report's rows repeated over four token counts (scaled), with placement rows: a report
     of the shape a GPU run writes, for the JSON, table and plot tests."""
-    base = load_report(RUN3)
+    base = load_report(BENCH_2XH200)
     rows: list[BenchRow] = []
     placement: list[PlacementRow] = []
     for tokens, scale in ((128, 0.3), (512, 0.6), (2048, 1.0), (8192, 1.1)):
@@ -418,7 +418,7 @@ def test_report_round_trips_through_its_json_document() -> None:
 
 def test_table_shows_tflops_fraction_of_dense_and_slowdowns() -> None:
     console = Console(record=True, width=200)
-    render_report(console, load_report(RUN3))
+    render_report(console, load_report(BENCH_2XH200))
     text = console.export_text()
     assert "326.5 46%" in text and "279.3 39%" in text and "707.5" in text
     assert "M=16384" in text and "NVIDIA H200" in text
@@ -429,14 +429,14 @@ def test_table_shows_tflops_fraction_of_dense_and_slowdowns() -> None:
     assert "'slow' at 3.0x" in text
 
 
-SESSION9 = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "h200-session9"
+BENCH = Path(__file__).resolve().parents[1] / "fixtures" / "reports" / "bench"
 
 
 def test_recorded_graph_rows_and_routing_render() -> None:
-    """Run 58's report (an H200) has the CUDA-graph block rows: they load, sit under the block
-    forward beside the eager rows, and the renderer shows their numbers; run 57's balanced
-    report says its routing in the header, its random twin does not."""
-    report = load_report(SESSION9 / "bench-run58.json")
+    """The H200 report of commit 34deb04 has the CUDA-graph block rows: they load, sit under the
+    block forward beside the eager rows, and the renderer shows their numbers; commit 205a368's
+    balanced report says its routing in the header, its random twin does not."""
+    report = load_report(BENCH / "2026-11-22-h200-34deb04" / "bench.json")
     graphed = [r for r in report.rows if r.impl in GRAPH_IMPLS]
     assert {(r.op, r.tokens) for r in graphed} == {("block-forward", t) for t in (128, 512, 2048, 8192)} and len(graphed) == 8
     assert set(GRAPH_IMPLS) <= set(report.impls("block-forward"))
@@ -444,9 +444,9 @@ def test_recorded_graph_rows_and_routing_render() -> None:
     render_report(console, report)
     text = console.export_text()
     assert BLOCK_QMOE_GRAPH in text and "232.7" in text and "180.8" in text
-    for name, says in (("bench-balanced-run57.json", True), ("bench-random-run57.json", False)):
+    for name, says in (("bench-balanced.json", True), ("bench-random.json", False)):
         console = Console(record=True, width=200)
-        render_report(console, load_report(SESSION9 / name))
+        render_report(console, load_report(BENCH / "2026-11-22-h200-205a368" / name))
         assert ("routed balanced" in console.export_text()) == says, name
 
 
@@ -455,11 +455,11 @@ def test_recorded_graph_rows_and_routing_render() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def test_plot_of_run3_is_a_png(tmp_path: Path) -> None:
+def test_plot_of_recorded_report_is_a_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="the 'plot' extra (matplotlib) is not installed")
     from qmoe_doctor.reports.plot import write_plot
 
-    out = write_plot(load_report(RUN3), tmp_path / "sub" / "run3.png", targets={"forward": 450.0})
+    out = write_plot(load_report(BENCH_2XH200), tmp_path / "sub" / "bench.png", targets={"forward": 450.0})
     data = out.read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 20_000
 
@@ -476,7 +476,7 @@ def test_plot_refuses_an_untimed_report(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="the 'plot' extra (matplotlib) is not installed")
     from qmoe_doctor.reports.plot import write_plot
 
-    untimed = dataclasses.replace(load_report(RUN3), timed=False)
+    untimed = dataclasses.replace(load_report(BENCH_2XH200), timed=False)
     with pytest.raises(RuntimeError, match="nothing to plot"):
         write_plot(untimed, tmp_path / "x.png")
 
@@ -486,7 +486,7 @@ def test_plot_tool_renders_the_docs_figure(tmp_path: Path) -> None:
     repo = Path(__file__).resolve().parents[2]
     out = tmp_path / "perf.png"
     proc = subprocess.run(
-        [sys.executable, str(repo / "benchmarks" / "plot_bench.py"), str(RUN3), str(out)],
+        [sys.executable, str(repo / "benchmarks" / "plot_bench.py"), str(BENCH_2XH200), str(out)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -559,7 +559,7 @@ def test_tuner_merge_keeps_what_was_not_measured_and_says_where_it_came_from() -
     "tool", ["kernel_regs.py", "ncu_target.py", "block_profile.py", "host_overhead.py", "routing_probe.py"]
 )
 def test_gpu_diagnostic_tools_explain_themselves_without_a_gpu(tool: str) -> None:
-    """The sixth session's GPU tools (run on the device machine) import torch only in main():
+    """The GPU tools (run on the device machine) import torch only in main():
     --help works anywhere and says what the tool measures."""
     import subprocess
     import sys
@@ -573,8 +573,8 @@ def test_gpu_diagnostic_tools_explain_themselves_without_a_gpu(tool: str) -> Non
 
 
 def test_packaged_dw_entries_are_the_recorded_sweep_s_winners() -> None:
-    """The packaged table's dw entries are what the tuner picks from run 63's recorded sweep
-    (tests/fixtures/recorded/h200-session10/tune-dw-run63.json, every dw config at the 16
+    """The packaged table's dw entries are what the tuner picks from the recorded sweep
+    (tests/fixtures/tuning/2026-11-22-h200-d223481/tune-dw.json, every dw config at the 16
     preset points on an H200): the table in the package is the measured one, not edited by hand."""
     import importlib.util
 
@@ -583,7 +583,7 @@ def test_packaged_dw_entries_are_the_recorded_sweep_s_winners() -> None:
     assert spec and spec.loader
     tk = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tk)
-    recorded = json.loads((repo / "tests/fixtures/recorded/h200-session10/tune-dw-run63.json").read_text())
+    recorded = json.loads((repo / "tests/fixtures/tuning/2026-11-22-h200-d223481/tune-dw.json").read_text())
     picked = {(e["point"], e["tokens"]): e["config"] for e in tk.best_table(recorded)["entries"]}
     packaged = json.loads((repo / "kernels/configs-nvidia-h200-sm90-132sm.json").read_text())
     dw = {(e["point"], e["tokens"]): e["config"] for e in packaged["entries"] if e["op"] == "dw"}

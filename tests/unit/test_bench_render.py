@@ -17,8 +17,8 @@ from rich.console import Console
 from qmoe_doctor.cli.render.bench import config_table_line, render_report
 from qmoe_doctor.core.bench import BenchReport, report_from_jsonable
 
-RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "h200-session9" / "bench-run58.json"
-#: Numbers of run 58 (an H200) in every column of the GEMM table: 128, 512, 2048, 8192 tokens, error.
+RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "reports" / "bench" / "2026-11-22-h200-34deb04" / "bench.json"
+#: Numbers of that report (one H200, commit 34deb04) in every column of the GEMM table: 128, 512, 2048, 8192 tokens, error.
 NUMBERS = ("31.7 7%", "123.7 19%", "382.1 51%", "564.2 82%", "1.7e-03", "232.7")
 
 

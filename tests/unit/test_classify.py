@@ -27,12 +27,12 @@ from qmoe_doctor.core.records import (
 from qmoe_doctor.diagnose.matrix import build_matrix, cell_label
 from qmoe_doctor.diagnose.scan_rules import classify
 
-RECORDED = Path(__file__).parent.parent / "fixtures" / "recorded"
+RECORDED = Path(__file__).parent.parent / "fixtures" / "reports" / "scan"
 SHAPE = Shape(m=64, e=4, n=32, k=32, dtype="bfloat16")
 
 
 def load_recorded(run: str, name: str) -> tuple[str, list[Outcome]]:
-    report = json.loads((RECORDED / run / "scans" / f"scan-{name}.json").read_text())
+    report = json.loads((RECORDED / run / f"scan-{name}.json").read_text())
     return report["kernel"], [from_jsonable(Outcome, o) for o in report["outcomes"]]
 
 
@@ -40,7 +40,7 @@ def load_recorded(run: str, name: str) -> tuple[str, list[Outcome]]:
 # recorded over-routed cells passed with no canary after the kernel's output (blind: unchecked
 # now), and its -1 sentinel cell shifts rows inside y with the canaries intact: wrong values in
 # bounds, a hardening finding, not a fault. Its write past y is caught since the guard rows.
-RUN1_EXPECTED = {
+EXPECTED_7ADA31C = {
     "builtin": set(),
     "torch": set(),
     "unguarded": {"missing-device-guard"},
@@ -52,17 +52,17 @@ RUN1_EXPECTED = {
 HARDENING = {"unmasked_rows": {"invalid-routing"}, "scan-unmasked_rows": {"invalid-routing"}}
 
 
-@pytest.mark.parametrize("name", sorted(RUN1_EXPECTED))
-def test_recorded_run1_each_kernel_gets_its_cause_and_no_other(name: str) -> None:
-    kernel, outcomes = load_recorded("h200x2-run1", name)
+@pytest.mark.parametrize("name", sorted(EXPECTED_7ADA31C))
+def test_recorded_7ada31c_each_kernel_gets_its_cause_and_no_other(name: str) -> None:
+    kernel, outcomes = load_recorded("2026-11-22-2xh200-7ada31c", name)
     result = classify(outcomes, kernel=kernel)
-    assert {d.cause for d in result.diagnoses} == RUN1_EXPECTED[name]
+    assert {d.cause for d in result.diagnoses} == EXPECTED_7ADA31C[name]
     assert {d.cause for d in result.hardening} == HARDENING.get(name, set())
     assert all(d.severity == "hardening" for d in result.hardening)
     assert result.unexplained == ()
 
 
-RUN2_EXPECTED = {
+EXPECTED_B7713E6 = {
     "scan-builtin": set(),
     "scan-torch": set(),
     "scan-unguarded": {"missing-device-guard"},
@@ -76,45 +76,45 @@ RUN2_EXPECTED = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(RUN2_EXPECTED))
-def test_recorded_run2_each_kernel_gets_its_cause_and_no_other(name: str) -> None:
-    report = json.loads((RECORDED / "h200x2-run2" / "scans" / f"{name}.json").read_text())
+@pytest.mark.parametrize("name", sorted(EXPECTED_B7713E6))
+def test_recorded_b7713e6_each_kernel_gets_its_cause_and_no_other(name: str) -> None:
+    report = json.loads((RECORDED / "2026-11-22-2xh200-b7713e6" / f"{name}.json").read_text())
     outcomes = [from_jsonable(Outcome, o) for o in report["outcomes"]]
     result = classify(outcomes, kernel=report["kernel"])
-    assert {d.cause for d in result.diagnoses} == RUN2_EXPECTED[name]
+    assert {d.cause for d in result.diagnoses} == EXPECTED_B7713E6[name]
     assert {d.cause for d in result.hardening} == HARDENING.get(name, set())
     assert result.unexplained == ()
     assert all(str(d.confidence) == "high" for d in result.diagnoses)
 
 
-def test_recorded_run2_launch_config_names_the_limit() -> None:
-    report = json.loads((RECORDED / "h200x2-run2" / "scans" / "sweep-launch-config.json").read_text())
+def test_recorded_b7713e6_launch_config_names_the_limit() -> None:
+    report = json.loads((RECORDED / "2026-11-22-2xh200-b7713e6" / "sweep-launch-config.json").read_text())
     result = classify([from_jsonable(Outcome, o) for o in report["outcomes"]], kernel=report["kernel"])
     (diag,) = result.diagnoses
     detail = " ".join(e.detail for e in diag.evidence)
     assert "128x256x128" in detail and "shared memory" in detail
 
 
-def test_recorded_run2_autotune() -> None:
-    # Run 2 predates the first-call-for-shape fact: the M = 4093 offset cell (a new autotune
+def test_recorded_b7713e6_autotune() -> None:
+    # Commit b7713e6 predates the first-call-for-shape fact: the M = 4093 offset cell (a new autotune
     # key) stays unexplained on this data; the cause is still named, alone.
-    report = json.loads((RECORDED / "h200x2-run2" / "scans" / "scan-autotune_inplace.json").read_text())
+    report = json.loads((RECORDED / "2026-11-22-2xh200-b7713e6" / "scan-autotune_inplace.json").read_text())
     result = classify([from_jsonable(Outcome, o) for o in report["outcomes"]], kernel=report["kernel"])
     assert {d.cause for d in result.diagnoses} == {"autotune-inplace-rerun"}
     assert [e.probe_id for e in result.unexplained] == ["GPU 1/offsets:m-not-multiple"]
 
 
-def test_recorded_run1_autotune_is_named() -> None:
-    # Run 1 predates the in-probe baselines: the over-routed and boundary cells changed the shape
+def test_recorded_7ada31c_autotune_is_named() -> None:
+    # Commit 7ada31c predates the in-probe baselines: the over-routed and boundary cells changed the shape
     # as well as the routing, so the autotuner's first call for the new shape failed there too.
     # The first-vs-second-call cell names the cause regardless.
-    kernel, outcomes = load_recorded("h200x2-run1", "autotune_inplace")
+    kernel, outcomes = load_recorded("2026-11-22-2xh200-7ada31c", "autotune_inplace")
     causes = {d.cause for d in classify(outcomes, kernel=kernel).diagnoses}
     assert "autotune-inplace-rerun" in causes
 
 
 def test_recorded_unguarded_explains_the_untouched_cell() -> None:
-    kernel, outcomes = load_recorded("h200x2-run1", "unguarded")
+    kernel, outcomes = load_recorded("2026-11-22-2xh200-7ada31c", "unguarded")
     result = classify(outcomes, kernel=kernel)
     assert any("by accident" in e for e in result.explanations)
     (diag,) = result.diagnoses
@@ -423,7 +423,7 @@ def test_first_call_cell_is_not_absorbed_without_the_autotune_diagnosis() -> Non
 
 @pytest.mark.parametrize("kind", [ErrorKind.DEVICE_ASSERT, ErrorKind.BAD_INPUT])
 def test_refusing_invalid_routing_loudly_is_not_a_fault(kind: ErrorKind) -> None:
-    """torch._grouped_mm device-asserts on offsets past M (validation run 3): a loud refusal of
+    """torch._grouped_mm device-asserts on offsets past M (2x H200, 2026-11-22, commit ab67830): a loud refusal of
     invalid input is what a kernel should do."""
     single = healthy_single()
     for cond in (Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES):
@@ -445,8 +445,8 @@ def test_an_assert_outside_the_invalid_input_cells_is_still_a_failure() -> None:
     ("name", "expected"),
     [("scan-builtin", set()), ("scan-torch", set()), ("scan-autotune_inplace", {"autotune-inplace-rerun"})],
 )
-def test_recorded_run3(name: str, expected: set[str]) -> None:
-    report = json.loads((RECORDED / "h200x2-run3" / "scans" / f"{name}.json").read_text())
+def test_recorded_ab67830(name: str, expected: set[str]) -> None:
+    report = json.loads((RECORDED / "2026-11-22-2xh200-ab67830" / f"{name}.json").read_text())
     result = classify([from_jsonable(Outcome, o) for o in report["outcomes"]], kernel=report["kernel"])
     assert {d.cause for d in result.diagnoses} == expected
     assert result.unexplained == ()
@@ -486,13 +486,13 @@ def test_one_rule_per_cause_named_after_it_and_the_docstring_table_lists_them() 
 
 
 def test_each_rule_accounts_only_for_failing_cells_it_cites() -> None:
-    """Run every rule alone over the recorded run 1 scans: a cell a rule accounts for is one its
+    """Run every rule alone over the recorded 2x H200 scans of commit 7ada31c: a cell a rule accounts for is one its
     evidence cites, and a rule that finds nothing accounts for nothing."""
     from qmoe_doctor.diagnose.matrix import debug_reruns
     from qmoe_doctor.diagnose.scan_rules import RULES, RuleContext
 
-    for name in RUN1_EXPECTED:
-        kernel, outcomes = load_recorded("h200x2-run1", name)
+    for name in EXPECTED_7ADA31C:
+        kernel, outcomes = load_recorded("2026-11-22-2xh200-7ada31c", name)
         matrix = build_matrix(outcomes)
         ctx = RuleContext(kernel=kernel, debug_runs=debug_reruns(outcomes))
         for rule in RULES:
@@ -508,15 +508,15 @@ def test_each_rule_accounts_only_for_failing_cells_it_cites() -> None:
 
 
 def _recorded(run: str, report: str, probe_id: str) -> Outcome:
-    doc = json.loads((RECORDED / run / "scans" / f"{report}.json").read_text())
+    doc = json.loads((RECORDED / run / f"{report}.json").read_text())
     (found,) = [from_jsonable(Outcome, o) for o in doc["outcomes"] if o["probe_id"] == probe_id]
     return found
 
 
 def test_recorded_blind_over_routed_passes_are_unchecked_not_pass() -> None:
-    """Recorded (2x H200, run 1): the built-in's over-routed cells passed with no canary after
+    """Recorded (2x H200, commit 7ada31c): the built-in's over-routed cells passed with no canary after
     the output (``canary_after_output: false``): they could not see a write past y."""
-    kernel, outcomes = load_recorded("h200x2-run1", "builtin")
+    kernel, outcomes = load_recorded("2026-11-22-2xh200-7ada31c", "builtin")
     matrix = build_matrix(outcomes)
     for group in ("GPU 0", "GPU 1"):
         over = matrix.get(group, Condition.OVER_ROUTED)
@@ -533,7 +533,7 @@ def test_recorded_blind_over_routed_passes_are_unchecked_not_pass() -> None:
 def test_recorded_coverage_counts_unchecked_cells_and_what_did_not_run() -> None:
     from qmoe_doctor.core.coverage import coverage_of
 
-    _, outcomes = load_recorded("h200x2-run1", "builtin")
+    _, outcomes = load_recorded("2026-11-22-2xh200-7ada31c", "builtin")
     labels = {c.outcome.probe_id: c.label for c in build_matrix(outcomes).cells.values()}
     cov = coverage_of(outcomes, labels)
     assert cov.unchecked == ("GPU 1/over-routed", "GPU 0/over-routed") or set(cov.unchecked) == {
@@ -547,7 +547,7 @@ def test_recorded_coverage_counts_unchecked_cells_and_what_did_not_run() -> None
 def test_a_memcheck_follow_up_settles_a_blind_cell() -> None:
     from qmoe_doctor.diagnose.followups import needs_memcheck, verdict_of, with_memcheck
 
-    blind = _recorded("h200x2-run2", "scan-unmasked_rows", "GPU 1/over-routed")
+    blind = _recorded("2026-11-22-2xh200-b7713e6", "scan-unmasked_rows", "GPU 1/over-routed")
     assert needs_memcheck(blind)
     confirmed = with_memcheck(
         blind,
@@ -562,17 +562,17 @@ def test_a_memcheck_follow_up_settles_a_blind_cell() -> None:
     missing = with_memcheck(blind, "unavailable", "compute-sanitizer was not found")
     assert cell_label(missing, None)[0] == "unchecked"
     # the recorded scan of that run, its blind cell settled by memcheck errors: now a fault
-    outcomes = [confirmed if o.probe_id == blind.probe_id else o for o in _recorded_run("h200x2-run2", "scan-unmasked_rows")]
+    outcomes = [confirmed if o.probe_id == blind.probe_id else o for o in _recorded_run("2026-11-22-2xh200-b7713e6", "scan-unmasked_rows")]
     result = classify(outcomes, kernel="specimen:unmasked_rows")
     (fault,) = result.diagnoses
     assert fault.cause == "invalid-routing" and fault.severity == "fault"
     assert any("memcheck: Invalid __global__ write" in e.detail for e in fault.evidence)
-    needs = [o for o in _recorded_run("h200x2-run2", "scan-builtin") if needs_memcheck(o)]
+    needs = [o for o in _recorded_run("2026-11-22-2xh200-b7713e6", "scan-builtin") if needs_memcheck(o)]
     assert {o.spec.condition for o in needs} == {Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES}
 
 
 def _recorded_run(run: str, report: str) -> list[Outcome]:
-    doc = json.loads((RECORDED / run / "scans" / f"{report}.json").read_text())
+    doc = json.loads((RECORDED / run / f"{report}.json").read_text())
     return [from_jsonable(Outcome, o) for o in doc["outcomes"]]
 
 
@@ -595,17 +595,17 @@ def _refused(base: Outcome, *, message: str, source: str, raised_in: str = "kern
 
 
 def test_a_contract_refusal_is_rejected_and_names_the_input() -> None:
-    base = _recorded("h200x2-run2", "sweep-offsets", "GPU 0/offsets:padded-rows")
+    base = _recorded("2026-11-22-2xh200-b7713e6", "sweep-offsets", "GPU 0/offsets:padded-rows")
     bare = _refused(base, message="AssertionError()", source="assert x.is_contiguous()")
     assert cell_label(bare, None)[0] == "rejected"
     from qmoe_doctor.diagnose.matrix import Cell, describe
 
     text = describe(Cell(outcome=bare, label="rejected"))
     assert text.startswith("the kernel refuses x before launch (`assert x.is_contiguous()` at contig.py:32)")
-    transposed = _recorded("h200x2-run2", "sweep-offsets", "GPU 0/offsets:transposed-w")
+    transposed = _recorded("2026-11-22-2xh200-b7713e6", "sweep-offsets", "GPU 0/offsets:transposed-w")
     named = _refused(transposed, message="w must be contiguous (E, N, K)", source='assert w.is_contiguous(), "..."')
     assert cell_label(named, None)[0] == "rejected"
-    doc = json.loads((RECORDED / "h200x2-run2" / "scans" / "sweep-offsets.json").read_text())
+    doc = json.loads((RECORDED / "2026-11-22-2xh200-b7713e6" / "sweep-offsets.json").read_text())
     outcomes = [from_jsonable(Outcome, o) for o in doc["outcomes"]]
     outcomes = [{bare.probe_id: bare, named.probe_id: named}.get(o.probe_id, o) for o in outcomes]
     result = classify(outcomes, kernel="k:fn")
@@ -623,13 +623,13 @@ def test_only_the_kernel_s_own_check_before_launch_is_a_refusal(raised_in: str, 
     """A ValueError the doctor's probe code raised, one from inside Triton, or one the wrapper
     raised after it had launched, is a failing cell; only the kernel's own check before any
     launch is its contract."""
-    base = _recorded("h200x2-run2", "sweep-offsets", "GPU 0/offsets:padded-rows")
+    base = _recorded("2026-11-22-2xh200-b7713e6", "sweep-offsets", "GPU 0/offsets:padded-rows")
     o = _refused(base, message="x must be contiguous", source="raise ValueError(...)", raised_in=raised_in, launches=launches)
     assert cell_label(o, None)[0] == label
 
 
 def test_invalid_routing_refused_by_a_device_assert_stays_rejected() -> None:
-    """Recorded-style (run 3): torch._grouped_mm device-asserts on offsets past M, raised at the
+    """Recorded-style (2x H200, commit ab67830): torch._grouped_mm device-asserts on offsets past M, raised at the
     synchronize after the launch: for the invalid-routing cells that is a loud refusal."""
     single = healthy_single()
     single[Condition.OVER_ROUTED] = mk(
@@ -660,39 +660,39 @@ def _traceback_only(dbg: Outcome) -> Outcome:
 
 def _with_device_log(dbg: Outcome) -> Outcome:
     """The facts the worker now adds: the assertion lines of the recorded stderr of that rerun
-    (run 1, ``sanitizer/traceback-int32-debug.stderr.gz``), through the worker's own extractor."""
+    (``tracebacks/2026-11-22-2xh200-7ada31c/traceback-int32-debug.stderr.gz``), through the worker's own extractor."""
     from qmoe_doctor.probes.device_log import assertion_lines
 
-    stderr = gzip.decompress((RECORDED / "h200x2-run1" / "sanitizer" / "traceback-int32-debug.stderr.gz").read_bytes())
+    stderr = gzip.decompress((RECORDED.parents[1] / "tracebacks" / "2026-11-22-2xh200-7ada31c" / "traceback-int32-debug.stderr.gz").read_bytes())
     lines, count = assertion_lines(stderr)
     return dataclasses.replace(dbg, facts={**dbg.facts, "device_assert_lines": lines, "device_assert_count": count})
 
 
-RUN1_DEBUG = "GPU 1/int32-boundary+debug"
+DEBUG_RERUN = "GPU 1/int32-boundary+debug"
 
 
 def _int32_diagnosis(dbg: Outcome) -> Diagnosis:
-    outcomes = [dbg if o.probe_id == dbg.probe_id else o for o in _recorded_run("h200x2-run1", "scan-int32_offsets")]
+    outcomes = [dbg if o.probe_id == dbg.probe_id else o for o in _recorded_run("2026-11-22-2xh200-7ada31c", "scan-int32_offsets")]
     (diag,) = classify(outcomes, kernel="specimen:int32_offsets").diagnoses
     return diag
 
 
 def _debug_ev(diag: Diagnosis) -> Evidence:
-    (ev,) = [e for e in diag.evidence if e.probe_id == RUN1_DEBUG]
+    (ev,) = [e for e in diag.evidence if e.probe_id == DEBUG_RERUN]
     return ev
 
 
 def test_device_assert_lines_of_recorded_stderr_are_kept_by_the_worker() -> None:
-    facts = _with_device_log(_recorded("h200x2-run1", "scan-int32_offsets", RUN1_DEBUG)).facts
+    facts = _with_device_log(_recorded("2026-11-22-2xh200-7ada31c", "scan-int32_offsets", DEBUG_RERUN)).facts
     lines, count = facts["device_assert_lines"], facts["device_assert_count"]
     assert len(lines) == 64 and count == 3936
     assert lines[0].startswith("/work/main/kernels/specimens/int32_offsets.py:102: unknown: block: [101,0,0]")
 
 
 def test_recorded_debug_rerun_evidence_names_the_site_from_the_log_tail() -> None:
-    """Recorded (run 1): the rerun's log tail holds assertion lines after its error text; the
+    """Recorded (2x H200, commit 7ada31c): the rerun's log tail holds assertion lines after its error text; the
     evidence quoted the error's last line ("Compile with `TORCH_USE_CUDA_DSA` ...") before."""
-    dbg = _recorded("h200x2-run1", "scan-int32_offsets", RUN1_DEBUG)
+    dbg = _recorded("2026-11-22-2xh200-7ada31c", "scan-int32_offsets", DEBUG_RERUN)
     ev = _debug_ev(_int32_diagnosis(dbg))
     assert ev.site == "/work/main/kernels/specimens/int32_offsets.py:102"
     assert ev.check == "int32 overflow detected for operation mul"
@@ -702,7 +702,7 @@ def test_recorded_debug_rerun_evidence_names_the_site_from_the_log_tail() -> Non
 def test_int32_diagnosis_evidence_carries_the_assert_file_line_and_operation() -> None:
     from qmoe_doctor.core.records import to_jsonable
 
-    dbg = _with_device_log(_traceback_only(_recorded("h200x2-run1", "scan-int32_offsets", RUN1_DEBUG)))
+    dbg = _with_device_log(_traceback_only(_recorded("2026-11-22-2xh200-7ada31c", "scan-int32_offsets", DEBUG_RERUN)))
     diag = _int32_diagnosis(dbg)
     ev = _debug_ev(diag)
     assert ev.site == "/work/main/kernels/specimens/int32_offsets.py:102"
@@ -712,13 +712,13 @@ def test_int32_diagnosis_evidence_carries_the_assert_file_line_and_operation() -
         "(3,936 failing threads)"
     )
     as_json = to_jsonable(diag)
-    (ev_json,) = [e for e in as_json["evidence"] if e["probe_id"] == RUN1_DEBUG]
+    (ev_json,) = [e for e in as_json["evidence"] if e["probe_id"] == DEBUG_RERUN]
     assert ev_json["site"].endswith("int32_offsets.py:102") and ev_json["check"].endswith("operation mul")
     assert as_json["severity"] == "fault"
 
 
 def test_without_the_lines_the_evidence_falls_back_to_the_error_text() -> None:
-    ev = _debug_ev(_int32_diagnosis(_traceback_only(_recorded("h200x2-run1", "scan-int32_offsets", RUN1_DEBUG))))
+    ev = _debug_ev(_int32_diagnosis(_traceback_only(_recorded("2026-11-22-2xh200-7ada31c", "scan-int32_offsets", DEBUG_RERUN))))
     assert ev.site is None and ev.check is None and ev.detail.startswith("with TRITON_DEBUG=1: ")
 
 

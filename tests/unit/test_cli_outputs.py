@@ -25,7 +25,7 @@ from qmoe_doctor.core.reports import ScanReport
 from qmoe_doctor.workflows.bench import load_report
 
 runner = CliRunner()
-RUN3 = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "h200x2-run3" / "bench.json"
+BENCH_2XH200 = Path(__file__).resolve().parents[1] / "fixtures" / "reports" / "bench" / "2026-11-22-2xh200-ab67830" / "bench.json"
 
 
 @pytest.fixture(autouse=True)
@@ -171,7 +171,7 @@ def test_bench_default_out_in_a_read_only_folder_goes_to_a_temp_folder(
 
     def measured(request: Any, *, workdir: Path, **kw: Any) -> Any:
         seen.append(workdir)
-        return load_report(RUN3)
+        return load_report(BENCH_2XH200)
 
     monkeypatch.setattr(bench_cmd, "run_bench", measured)
     result = runner.invoke(app, ["bench", "--tiny", "--no-plot"])

@@ -3,10 +3,10 @@
 Inputs, labelled as in test_sanitizer.py:
 
 * RECORDED: the TRITON_DEBUG=1 run of the int32 specimen on 2x H200
-  (``h200x2-run1/sanitizer/traceback-int32-debug.stderr.gz``: 3,936 assert lines, two of them cut
+  (``tracebacks/2026-11-22-2xh200-7ada31c/traceback-int32-debug.stderr.gz``: 3,936 assert lines, two of them cut
   by the traceback's own writes), the ``stderr_tail`` of a scan's ``+debug`` rerun
-  (``h200x2-run1/scans/scan-int32_offsets.json``), and torch._grouped_mm's own asserts in a check
-  report (``h200x2-run3/check/check-torch.json``).
+  (``reports/scan/2026-11-22-2xh200-7ada31c/scan-int32_offsets.json``), and torch._grouped_mm's own asserts in a check
+  report (``reports/check/2026-11-22-2xh200-ab67830/check-torch.json``).
 * HAND-WRITTEN FORMAT SAMPLES: forms we have not recorded (an aten function with ``::`` and
   template arguments, single quotes, SYCL's ``global id``, a launcher prefix), values made up.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from recorded_logs import RECORDED, run1
+from recorded_logs import RECORDED, recorded_2xh200
 
 from qmoe_doctor.diagnose.device_assert import (
     AssertSite,
@@ -52,7 +52,7 @@ def _recorded_json(*parts: str) -> Any:
 
 
 def test_recorded_triton_overflow_asserts_give_file_line_and_operation() -> None:
-    asserts = find_device_asserts(run1("traceback-int32-debug.stderr.gz"))
+    asserts = find_device_asserts(recorded_2xh200("traceback-int32-debug.stderr.gz"))
     assert len(asserts) == 3936
     first = asserts[0]
     assert (first.file, first.line, first.function) == (SPECIMEN, 102, None)  # Triton prints "unknown"
@@ -68,12 +68,12 @@ def test_recorded_triton_overflow_asserts_give_file_line_and_operation() -> None
 
 
 def test_the_traceback_reader_keeps_the_same_asserts() -> None:
-    text = run1("traceback-int32-debug.stderr.gz")
+    text = recorded_2xh200("traceback-int32-debug.stderr.gz")
     assert parse_traceback(text).asserts == find_device_asserts(text)
 
 
 def test_recorded_debug_rerun_stderr_tail_of_a_scan() -> None:
-    doc = _recorded_json("h200x2-run1", "scans", "scan-int32_offsets.json")
+    doc = _recorded_json("scan", "2026-11-22-2xh200-7ada31c", "scan-int32_offsets.json")
     (tail,) = [o["stderr_tail"] for o in doc["outcomes"] if o["probe_id"].endswith("int32-boundary+debug")]
     (site,) = assert_sites(find_device_asserts(tail))
     assert (site.file, site.line, site.overflow_bits, site.operation) == (SPECIMEN, 102, 32, "mul")
@@ -81,7 +81,7 @@ def test_recorded_debug_rerun_stderr_tail_of_a_scan() -> None:
 
 
 def test_recorded_aten_asserts_name_the_function_and_no_operation() -> None:
-    logs = [s for s in _strings(_recorded_json("h200x2-run3", "check", "check-torch.json"), "log") if "Assertion" in s]
+    logs = [s for s in _strings(_recorded_json("check", "2026-11-22-2xh200-ab67830", "check-torch.json"), "log") if "Assertion" in s]
     sites = [site for log in logs for site in assert_sites(find_device_asserts(log))]
     assert [(s.file, s.line) for s in sites] == [
         ("/pytorch/aten/src/ATen/native/cuda/GroupMMCommon.cuh", 89),

@@ -90,7 +90,7 @@ def test_smem_and_grid_arithmetic() -> None:
     "rows",
     [
         [128] * 128,  # uniform (30b gate_up, 2048 tokens)
-        [819] + [122] * 127,  # 5% of the rows on the first expert (run 40's skew)
+        [819] + [122] * 127,  # 5% of the rows on the first expert (the skew measured on an H200, 2026-11-22)
         [122] * 127 + [819],  # ... on the last
         [0] * 60 + [5000] + [0] * 67,  # everything on one expert
         [512] * 128,  # 8192 tokens: every expert past the resident chunks
@@ -102,9 +102,9 @@ def test_smem_and_grid_arithmetic() -> None:
 def test_item_share_covers_every_item_once_and_balances_cost(rows: list[int], halves: int) -> None:
     """The overlapped kernel's items (host twin of ``_item_starts`` / ``_pieces``): every
     (expert, dw tile, K tile) covered by exactly one item, and with a hot expert the most loaded
-    program well under what whole (expert, n-tile) items gave (run 40: 157 TFLOP/s against 270
+    program well under what whole (expert, n-tile) items gave (H200, 2026-11-22: 157 TFLOP/s against 270
     uniform, with 5% of the rows on one expert). Paired items (two tiles) only where the expert
-    stays resident: past the resident chunks items are one tile wide (run 62: paired ones there
+    stays resident: past the resident chunks items are one tile wide (H200, 2026-11-22: paired ones there
     made random routing 260 TFLOP/s against 357 balanced)."""
     n_tiles, num_k, programs, r, chunks = 12, 16, 132, 32, 5
     shares = share_of_items(rows, n_tiles, num_k, programs, r, chunks, halves)
@@ -137,7 +137,7 @@ def test_item_share_covers_every_item_once_and_balances_cost(rows: list[int], ha
 
 
 def test_paired_items_leave_experts_past_the_chunks_no_seventh_item() -> None:
-    """Run 63's case: 2048 tokens of 30b gate_up (12 dw tiles of 128, 16 K tiles), paired items,
+    """The case measured on an H200 (2026-11-22): 2048 tokens of 30b gate_up (12 dw tiles of 128, 16 K tiles), paired items,
     32-row chunks x 5, random routing with two experts past 160 rows. Their one-tile items are
     cut into pieces about as heavy as a paired item (here: whole K) and come last, so no
     program gets more items than the 756 resident ones alone give it (half-K pieces made 804

@@ -104,18 +104,18 @@ def test_allocator_delta_counts_only_known_keys(ep_profile):
     }
 
 
-RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "h200-session4"
+RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "profiles" / "2026-11-22-4xh200-fc8a1a7"
 
 
 def test_recorded_trace_reproduces_the_recorded_gap_figures(ep_profile):
-    """Run 19 (2x H200): the chrome trace of two EP steps, re-analysed here, gives the figures
+    """GPUs 0,1 of a 4x H200 machine (2026-11-22, commit fc8a1a7): the chrome trace of two EP steps, re-analysed here, gives the figures
     the run printed, and the gaps name ops of the EP forward (the count exchange, the row
     gathers) rather than '?' (launches the analysis failed to match)."""
     import gzip
     import json
 
-    trace = json.loads(gzip.decompress((RECORDED / "ep_trace_run19_ep2_rank0.json.gz").read_bytes()))
-    recorded = json.loads((RECORDED / "ep_profile_run19_ep2_rank0.json").read_text())["variants"]["micro=1"]
+    trace = json.loads(gzip.decompress((RECORDED / "ep-trace-gpus-0-1-rank0.json.gz").read_bytes()))
+    recorded = json.loads((RECORDED / "ep-profile-gpus-0-1-rank0.json").read_text())["variants"]["micro=1"]
     got = ep_profile.gpu_gaps(trace, steps=2)
     assert got["gpu_idle_ms_per_step"] == pytest.approx(recorded["gpu_idle_ms_per_step"], abs=1e-3)
     assert got["gpu_idle_gaps"] == recorded["gpu_idle_gaps"]

@@ -3,8 +3,9 @@ what a saved log or traceback shows, which causes fit; and the inputs the comman
 
 Inputs, always labelled (see tests/unit/test_sanitizer.py for the same scheme):
 
-* RECORDED: our own logs and tracebacks (tests/fixtures/recorded/<run>/sanitizer/). The generic
-  tests glob every run, so newly recorded files are explained too.
+* RECORDED: our own logs and tracebacks (tests/fixtures/sanitizer/<recording>/ and
+  tests/fixtures/tracebacks/<recording>/). The generic tests glob every recording, so newly recorded files
+  are explained too.
 * DERIVED VARIANTS: a recorded file transformed in the test (rank prefixes, two ranks
   interleaved, cut, re-worded lines); or an exception line rebuilt from the ``error_type`` and
   ``error_message`` our probes recorded in a saved scan report / Outcome line.
@@ -37,15 +38,16 @@ from format_samples import API_SAMPLE, INITCHECK_SAMPLE, RACE_SAMPLE
 from recorded_logs import (
     ALL_LOGS,
     ALL_TRACEBACKS,
+    MANIFEST,
     RECORDED,
-    RUN1,
     first_records,
     interleave,
     older_address_wording,
+    path_2xh200,
     prefixed,
     read,
+    recorded_2xh200,
     rel,
-    run1,
 )
 from typer.testing import CliRunner
 
@@ -128,7 +130,7 @@ def test_command_helpers() -> None:
         check_command(cmd)
 
 
-# --- RECORDED, generic: every recorded file of every run -----------------------------------------
+# --- RECORDED, generic: every recorded file of every recording --------------------------------------
 
 
 @pytest.mark.parametrize("path", ALL_LOGS + ALL_TRACEBACKS, ids=rel)
@@ -147,7 +149,7 @@ def test_every_recorded_file_is_explained_with_valid_commands(path: Path) -> Non
 
 @pytest.mark.parametrize(("name", "arg", "condition"), [(NOPEER, 0, "_no_peer"), (BUFFER, 2, "_peer")])
 def test_recorded_pointer_check_failures(name: str, arg: int, condition: str) -> None:
-    e = explain_text(run1(name))
+    e = explain_text(recorded_2xh200(name))
     assert e.input_kind == "traceback" and e.findings
     assert e.error_kind is ErrorKind.POINTER_INACCESSIBLE and e.pointer_argument == arg
     assert e.kernel == "_grouped_gemm_kernel"
@@ -172,7 +174,7 @@ def test_recorded_pointer_check_failures(name: str, arg: int, condition: str) ->
 
 
 def test_recorded_illegal_address_surfacing_at_a_later_sync() -> None:
-    e = explain_text(run1(ILLEGAL))
+    e = explain_text(recorded_2xh200(ILLEGAL))
     assert e.error_kind is ErrorKind.ILLEGAL_ADDRESS
     assert e.facts[0] == "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"
     assert e.kernel is None  # the launch is not in the traceback
@@ -189,7 +191,7 @@ def test_recorded_illegal_address_surfacing_at_a_later_sync() -> None:
 
 
 def test_recorded_int32_overflow_asserts_gzipped() -> None:
-    e = explain_text(run1(INT32))
+    e = explain_text(recorded_2xh200(INT32))
     assert e.error_kind is ErrorKind.DEVICE_ASSERT
     assert e.assert_site == "/work/main/kernels/specimens/int32_offsets.py:102"
     tb = e.traceback
@@ -218,7 +220,7 @@ def test_recorded_int32_overflow_asserts_gzipped() -> None:
 def test_two_ranks_interleaved_with_rank_prefixes() -> None:
     """DERIVED: the two recorded pointer-check tracebacks as [rank0] and [rank1], one line each in turn."""
     text = (
-        "\n".join(interleave(prefixed(run1(NOPEER), "[rank0]: "), prefixed(run1(BUFFER), "[rank1]: "))) + "\n"
+        "\n".join(interleave(prefixed(recorded_2xh200(NOPEER), "[rank0]: "), prefixed(recorded_2xh200(BUFFER), "[rank1]: "))) + "\n"
     )
     r = parse_traceback(text)
     assert r.streams == ("rank0", "rank1")
@@ -227,7 +229,7 @@ def test_two_ranks_interleaved_with_rank_prefixes() -> None:
         ("rank1", "Pointer argument (at 2) cannot be accessed from Triton (cpu tensor?)"),
     ]
     # rank0's frames end in its exception; rank1's do not mix into them
-    assert [f.function for f in r.frames] == [f.function for f in parse_traceback(run1(NOPEER)).frames]
+    assert [f.function for f in r.frames] == [f.function for f in parse_traceback(recorded_2xh200(NOPEER)).frames]
     assert any(f.file.endswith("default_buffer.py") for f in r.other_user_frames)
     e = explain_text(text)
     assert e.pointer_argument == 0
@@ -239,7 +241,7 @@ def test_two_ranks_interleaved_with_rank_prefixes() -> None:
 
 def test_traceback_cut_before_its_exception_line() -> None:
     """DERIVED: the recorded traceback without its last line (the exception)."""
-    text = "".join(run1(NOPEER).splitlines(keepends=True)[:-1])
+    text = "".join(recorded_2xh200(NOPEER).splitlines(keepends=True)[:-1])
     e = explain_text(text)
     assert e.traceback is not None and e.traceback.truncated and e.traceback.exception is None
     assert not e.findings
@@ -254,7 +256,7 @@ def test_traceback_cut_before_its_exception_line() -> None:
 )
 def test_tool_prefixes_are_stripped(prefix: str) -> None:
     """DERIVED: the recorded traceback with a collector's, pytest's or a worker's prefix (ours)."""
-    text = "\n".join(prefix + ln for ln in run1(BUFFER).splitlines()) + "\n"
+    text = "\n".join(prefix + ln for ln in recorded_2xh200(BUFFER).splitlines()) + "\n"
     e = explain_text(text)
     assert e.error_kind is ErrorKind.POINTER_INACCESSIBLE and e.pointer_argument == 2
     assert e.kernel == "_grouped_gemm_kernel"
@@ -262,7 +264,7 @@ def test_tool_prefixes_are_stripped(prefix: str) -> None:
 
 def _scan_error(scan: str, probe_id: str) -> str:
     """DERIVED: 'type: message', as Python prints an exception, from a recorded scan outcome."""
-    doc = json.loads((RECORDED / "h200x2-run1" / "scans" / scan).read_text(encoding="utf-8"))
+    doc = json.loads((RECORDED / "scan" / "2026-11-22-2xh200-7ada31c" / scan).read_text(encoding="utf-8"))
     (o,) = [o for o in doc["outcomes"] if o["probe_id"] == probe_id]
     return f"{o['error_type']}: {o['error_message']}\n"
 
@@ -278,7 +280,7 @@ def test_invalid_resource_handle_from_a_recorded_scan_outcome() -> None:
 
 def test_launch_failure_under_memcheck_from_a_recorded_outcome() -> None:
     """DERIVED: the exception our over-routed probe raised under memcheck (its Outcome line)."""
-    line = (RUN1 / "memcheck-unmasked-overrouted-nocache.stdout").read_text(encoding="utf-8").strip()
+    line = path_2xh200("memcheck-unmasked-overrouted-nocache.stdout").read_text(encoding="utf-8").strip()
     o = from_json(Outcome, line.splitlines()[-1])
     assert o.error_type is not None and o.error_message is not None
     e = explain_text(f"{o.error_type}: {o.error_message}\n")
@@ -349,7 +351,7 @@ def test_sample_assert_without_int32_fits_routing() -> None:
 
 @pytest.mark.parametrize(("name", "distance"), [(NOCACHE, "1 byte"), (FAR, "129,937 bytes")])
 def test_recorded_writes_past_an_allocation_fit_routing_or_a_sizes_race(name: str, distance: str) -> None:
-    e = explain_text(run1(name))
+    e = explain_text(recorded_2xh200(name))
     assert e.input_kind == "sanitizer-log" and e.findings
     assert e.error_kind is ErrorKind.ILLEGAL_ADDRESS
     assert e.kernel == "_grouped_gemm_kernel_unmasked"
@@ -385,7 +387,7 @@ def test_recorded_writes_past_an_allocation_fit_routing_or_a_sizes_race(name: st
     ],
 )
 def test_recorded_clean_runs_are_not_findings(name: str, says: str) -> None:
-    e = explain_text(run1(name))
+    e = explain_text(recorded_2xh200(name))
     assert not e.findings and e.fits == ()
     assert e.headline.startswith(says)
     assert any("cannot see races across streams or GPUs" in c for c in e.caveats)
@@ -394,7 +396,7 @@ def test_recorded_clean_runs_are_not_findings(name: str, says: str) -> None:
 
 def test_log_and_traceback_in_one_file() -> None:
     """DERIVED: the recorded memcheck log followed by the recorded traceback of the same cell."""
-    e = explain_text(first_records(run1(NOCACHE), 3) + "\n" + run1(ILLEGAL))
+    e = explain_text(first_records(recorded_2xh200(NOCACHE), 3) + "\n" + recorded_2xh200(ILLEGAL))
     assert e.input_kind == "both"
     assert e.error_kind is ErrorKind.ILLEGAL_ADDRESS
     assert e.sanitizer is not None and len(e.sanitizer.errors) == 3
@@ -412,7 +414,7 @@ def test_log_and_traceback_in_one_file() -> None:
 def _one_record(replace_nearest: str | None = None, swap: tuple[str, str] | None = None) -> str:
     """DERIVED: the recorded log's first record (with its summary), its nearest-allocation line
     replaced, or one wording swapped, as the test says (numbers ours)."""
-    text = first_records(run1(NOCACHE), 1)
+    text = first_records(recorded_2xh200(NOCACHE), 1)
     if replace_nearest is not None:
         text = re.sub(r"and is 1 bytes after the nearest allocation.*", replace_nearest, text, count=1)
     if swap is not None:
@@ -457,7 +459,7 @@ def test_older_wording_without_nearest_allocation_fits_everything() -> None:
     """DERIVED: 'Address 0x...' wording and no nearest-allocation line, as older releases print."""
     text = "".join(
         ln
-        for ln in older_address_wording(first_records(run1(NOCACHE), 2)).splitlines(keepends=True)
+        for ln in older_address_wording(first_records(recorded_2xh200(NOCACHE), 2)).splitlines(keepends=True)
         if "nearest" not in ln
     )
     e = explain_text(text)
@@ -480,7 +482,7 @@ def test_misaligned_access_is_not_a_placement_cause() -> None:
 
 
 def test_log_starting_mid_record_and_cut_at_the_end() -> None:
-    lines = first_records(run1(NOCACHE), 3).splitlines(keepends=True)
+    lines = first_records(recorded_2xh200(NOCACHE), 3).splitlines(keepends=True)
     e = explain_text("".join(lines[4:60]))
     assert any("starts in the middle of a record" in c for c in e.caveats)
     assert any("no ERROR SUMMARY line" in c for c in e.caveats)
@@ -488,7 +490,7 @@ def test_log_starting_mid_record_and_cut_at_the_end() -> None:
 
 def test_rank_prefixed_logs_are_reported_per_process() -> None:
     """DERIVED: two recorded logs as [rank0] / [rank1], one line each in turn."""
-    a, b = first_records(run1(NOCACHE), 2), first_records(run1(FAR), 2)
+    a, b = first_records(recorded_2xh200(NOCACHE), 2), first_records(recorded_2xh200(FAR), 2)
     e = explain_text("\n".join(interleave(prefixed(a, "[rank0]: "), prefixed(b, "[rank1]: "))) + "\n")
     assert any("lines from 2 processes: [rank0]:, [rank1]:" in f for f in e.facts)
     assert e.sanitizer is not None and len(e.sanitizer.errors) == 4
@@ -526,7 +528,7 @@ def test_nothing_to_explain() -> None:
     with pytest.raises(NothingToExplain):
         explain_text("")
     with pytest.raises(NothingToExplain):
-        explain_text((RUN1.parent / "README.md").read_text(encoding="utf-8"))
+        explain_text(MANIFEST.read_text(encoding="utf-8"))
 
 
 # --- the command --------------------------------------------------------------------------------
@@ -557,7 +559,7 @@ def test_cli_on_every_recorded_file(path: Path) -> None:
 
 
 def test_cli_json_fields() -> None:
-    doc = json.loads(run(str(RUN1 / NOCACHE), "--json").stdout)
+    doc = json.loads(run(str(path_2xh200(NOCACHE)), "--json").stdout)
     assert doc["error_kind"] == "illegal-address"
     first = doc["sanitizer"]["errors"][0]
     assert first["nearest"] == {"relation": "after", "distance": 1, "base": 0x7F7CC49A0000, "size": 131072}
@@ -574,13 +576,13 @@ def test_cli_json_fields() -> None:
     ],
 )
 def test_cli_clean_runs_exit_0(name: str, says: str) -> None:
-    result = run(str(RUN1 / name))
+    result = run(str(path_2xh200(name)))
     assert result.exit_code == 0, result.output
     assert says in result.stdout
 
 
 def test_cli_recorded_int32_assert_gzipped() -> None:
-    result = run(str(RUN1 / INT32), "--json")
+    result = run(str(path_2xh200(INT32)), "--json")
     assert result.exit_code == 1
     doc = json.loads(result.stdout)
     assert doc["error_kind"] == "device-assert"
@@ -595,13 +597,13 @@ def test_cli_recorded_int32_assert_gzipped() -> None:
 def test_cli_both_in_one_file(tmp_path: Path) -> None:
     """DERIVED: a recorded log and a recorded pointer-check traceback in one file."""
     f = tmp_path / "run.txt"
-    f.write_text(first_records(run1(NOCACHE), 2) + "\n" + run1(NOPEER))
+    f.write_text(first_records(recorded_2xh200(NOCACHE), 2) + "\n" + recorded_2xh200(NOPEER))
     doc = json.loads(run(str(f), "--json").stdout)
     assert doc["input_kind"] == "both" and doc["error_kind"] == "pointer-inaccessible"
 
 
 def test_cli_reads_stdin() -> None:
-    result = runner.invoke(app, ["explain", "-", "--json"], input=run1(BUFFER))
+    result = runner.invoke(app, ["explain", "-", "--json"], input=recorded_2xh200(BUFFER))
     assert result.exit_code == 1
     assert json.loads(result.stdout)["error_kind"] == "pointer-inaccessible"
 
@@ -723,7 +725,7 @@ def test_cli_escapes_markup_in_the_input_name(tmp_path: Path) -> None:
     folder = tmp_path / "[bold]logs["
     folder.mkdir()
     path = folder / "]run.log"
-    path.write_text(run1(BUFFER))
+    path.write_text(recorded_2xh200(BUFFER))
     result = run(str(path))
     assert result.exit_code == 1, result.output
     assert "[bold]logs[/]run.log" in result.stdout
@@ -738,7 +740,7 @@ def test_the_workflow_names_the_input_it_refuses(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"  \n")))
     with pytest.raises(InputError, match="^standard input: it is empty$"):
         explain_input("-")
-    assert explain_input(RUN1 / NOPEER).error_kind is ErrorKind.POINTER_INACCESSIBLE
+    assert explain_input(path_2xh200(NOPEER)).error_kind is ErrorKind.POINTER_INACCESSIBLE
 
 
 def test_cli_help_documents_exit_status() -> None:

@@ -19,7 +19,7 @@ Inputs and where they come from:
   config's own keys with values of every type, integers of thousands of digits, deep nesting,
   and the text then cut, or salted with bytes that are not UTF-8.
 * compute-sanitizer logs and tracebacks (``diagnose.explain.explain_text``; ``explain FILE``):
-  DERIVED VARIANTS of our recorded files (tests/fixtures/recorded/*/sanitizer/): cut, lines
+  DERIVED VARIANTS of our recorded files (tests/fixtures/sanitizer/*/, tests/fixtures/tracebacks/*/): cut, lines
   shuffled, dropped and repeated, random bytes, numbers made huge, rich markup inserted.
 * kernel sources (``lint FILE``): text built from Python and Triton pieces, and deep expressions.
 

@@ -54,7 +54,7 @@ from qmoe_doctor.workflows.bench import load_report
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[2]
-RUN3_BENCH = REPO / "tests" / "fixtures" / "recorded" / "h200x2-run3" / "bench.json"
+BENCH_2XH200 = REPO / "tests" / "fixtures" / "reports" / "bench" / "2026-11-22-2xh200-ab67830" / "bench.json"
 MARKUP = "[/] [bold red]x[/bold red] [link=file:///x]y[/link]"
 LINUX = Path("/proc/self/environ").exists()
 needs_linux = pytest.mark.skipif(not LINUX, reason="uses /proc, /sys and /dev/full")
@@ -261,7 +261,7 @@ def test_bench_without_out_in_a_read_only_working_directory(
 
     def measured(request: Any, *, workdir: Path, **kw: Any) -> Any:
         seen.append(workdir)
-        return load_report(RUN3_BENCH)
+        return load_report(BENCH_2XH200)
 
     monkeypatch.setattr(bench_cmd, "run_bench", measured)
     result = runner.invoke(app, ["bench", "--tiny", "--no-plot"])
@@ -801,12 +801,21 @@ BAD_VALUES: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
     knobs.QMOE_RUN_RING: (("abc", "-1", "²", "9" * 5000), lambda v: knobs.run_ring({knobs.QMOE_RUN_RING: v})),
     knobs.QMOE_RUN_CALL_SITES: (("x", "1.5"), lambda v: knobs.run_call_sites({knobs.QMOE_RUN_CALL_SITES: v})),
     knobs.QMOE_RUN_STRICT: (("yes", "true", "2"), lambda v: knobs.run_strict({knobs.QMOE_RUN_STRICT: v})),
+    knobs.QMOE_LEAN_LAUNCH: (("yes", "false", "2"), lambda v: knobs.lean_launch({knobs.QMOE_LEAN_LAUNCH: v})),
+    knobs.QMOE_EP_MICRO_BATCHES: (
+        ("abc", "0", "-1", "9" * 5000),
+        lambda v: knobs.ep_micro_batches({knobs.QMOE_EP_MICRO_BATCHES: v}),
+    ),
+    knobs.QMOE_EP_DISPATCH: (("bogus", "[/]"), lambda v: knobs.ep_dispatch({knobs.QMOE_EP_DISPATCH: v})),
+    knobs.QMOE_EP_TRANSPORT: (("bogus", "[/]"), lambda v: knobs.ep_transport({knobs.QMOE_EP_TRANSPORT: v})),
 }
 #: Variables whose every value is usable, and where the doctor checks what it names instead.
 CHECKED_ELSEWHERE = {
     knobs.QMOE_CHILD_PYTHON: "test_a_child_python_that_does_not_start (exit 4, the variable named)",
     knobs.QMOE_RUN_DIR: "any folder: qmoe-doctor run creates it and the monitor writes there",
     knobs.QMOE_RUN_HOME: "a folder put on the command's sys.path by the run's bootstrap",
+    knobs.QMOE_CONFIG_TABLE: "test_knobs_env: a missing or malformed table is a ConfigTableError naming the variable",
+    knobs.QMOE_CACHE_DIR: "test_knobs_env: any folder; the tuner creates it and says where it wrote",
 }
 
 

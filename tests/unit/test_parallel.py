@@ -942,35 +942,35 @@ def test_an_interrupted_parent_leaves_no_rank_behind(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Recorded on 4x H200 (run 19): the per-rank outcomes, classified again here
+# Recorded on 2, 4 and 8 H200s (2026-11-22): the per-rank outcomes, classified again here
 # ---------------------------------------------------------------------------------------------
 
-RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "recorded"
+RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "reports" / "parallel"
 
 
 @pytest.mark.parametrize(
     ("name", "cause"),
     [
-        ("h200-session4/parallel_run19_builtin_4gpu.json", None),
-        ("h200-session4/parallel_run19_specimen-rank_no_set_device_4gpu.json", "device-never-set"),
-        ("h200-session4/parallel_run19_specimen-global_expert_ids_4gpu.json", "invalid-routing"),
-        # the gather dispatch (run 27: ep by copy-engine pushes, the specimen's remap still caught)
-        ("h200-session5/parallel_run27_builtin_4gpu.json", None),
-        ("h200-session5/parallel_run27_specimen-global_expert_ids_4gpu.json", "invalid-routing"),
-        ("h200-session5/parallel_run25_builtin_2gpu.json", None),
-        ("h200-session5/parallel_run25_specimen-global_expert_ids_2gpu.json", "invalid-routing"),
-        # the final gather dispatch on 2 GPUs (run 31, sixth session)
-        ("h200-session6/parallel-run31-builtin.json", None),
-        ("h200-session6/parallel-run31-specimen-rank_no_set_device.json", "device-never-set"),
-        ("h200-session6/parallel-run31-specimen-global_expert_ids.json", "invalid-routing"),
-        # eight ranks at the 235B preset (run 51, issue 9)
-        ("h200x8-runs50-52/parallel-run51-builtin.json", None),
-        ("h200x8-runs50-52/parallel-run51-specimen-rank_no_set_device.json", "device-never-set"),
-        ("h200x8-runs50-52/parallel-run51-specimen-global_expert_ids.json", "invalid-routing"),
+        ("2026-11-22-4xh200-fc8a1a7/parallel-builtin-4gpu.json", None),
+        ("2026-11-22-4xh200-fc8a1a7/parallel-specimen-rank_no_set_device-4gpu.json", "device-never-set"),
+        ("2026-11-22-4xh200-fc8a1a7/parallel-specimen-global_expert_ids-4gpu.json", "invalid-routing"),
+        # the gather dispatch (commit 859cfc6: ep by copy-engine pushes, the specimen's remap still caught)
+        ("2026-11-22-4xh200-859cfc6/parallel-builtin-4gpu.json", None),
+        ("2026-11-22-4xh200-859cfc6/parallel-specimen-global_expert_ids-4gpu.json", "invalid-routing"),
+        ("2026-11-22-4xh200-859cfc6/parallel-builtin-2gpu.json", None),
+        ("2026-11-22-4xh200-859cfc6/parallel-specimen-global_expert_ids-2gpu.json", "invalid-routing"),
+        # the final gather dispatch on 2 GPUs (commit e60e57e)
+        ("2026-11-22-2xh200-e60e57e/parallel-builtin.json", None),
+        ("2026-11-22-2xh200-e60e57e/parallel-specimen-rank_no_set_device.json", "device-never-set"),
+        ("2026-11-22-2xh200-e60e57e/parallel-specimen-global_expert_ids.json", "invalid-routing"),
+        # eight ranks at the 235B preset (commit c1a2d84, issue 9)
+        ("2026-11-22-8xh200-c1a2d84/parallel-builtin.json", None),
+        ("2026-11-22-8xh200-c1a2d84/parallel-specimen-rank_no_set_device.json", "device-never-set"),
+        ("2026-11-22-8xh200-c1a2d84/parallel-specimen-global_expert_ids.json", "invalid-routing"),
     ],
 )
 def test_recorded_gpu_outcomes_classify_to_the_recorded_verdict(name: str, cause: str | None) -> None:
-    """The ranks' outcomes of runs 19, 25, 27, 31 and 51 give the verdict the run printed: nothing for our
+    """The ranks' outcomes of each recorded run give the verdict the run printed: nothing for our
     kernel (dp, pp, tp, ep all passing), else the specimen's cause on every rank but 0 and never
     on rank 0 (rank 0 sets cuda:0 / owns experts starting at 0: the planted fault cannot show
     there)."""
@@ -995,17 +995,17 @@ def test_recorded_gpu_outcomes_classify_to_the_recorded_verdict(name: str, cause
 
 @pytest.mark.parametrize(
     "name",
-    ["parallel-run51-specimen-rank_no_set_device.json", "parallel-run51-specimen-global_expert_ids.json"],
+    ["parallel-specimen-rank_no_set_device.json", "parallel-specimen-global_expert_ids.json"],
 )
 def test_a_rank_that_waited_for_diagnosed_ranks_is_explained_not_unexplained(name: str) -> None:
-    """Run 51 (8x H200): ranks 1-7 failed with the specimen's cause and rank 0, whose own
+    """8x H200 (2026-11-22, commit c1a2d84): ranks 1-7 failed with the specimen's cause and rank 0, whose own
     single-device run was correct, hung in the step until the parent's timeout. The run
     reported rank 0 as unexplained (the 2-rank runs never hit this: torchrun stopped rank 0
     first). Re-classified, rank 0 is explained by the diagnosed ranks; without them (rank 0's
     outcome alone) its timeout stays unexplained: a hang of its own is never hidden."""
     from qmoe_doctor.core.records import from_jsonable
 
-    report = json.loads((RECORDED / "h200x8-runs50-52" / name).read_text())
+    report = json.loads((RECORDED / "2026-11-22-8xh200-c1a2d84" / name).read_text())
     assert [u["probe_id"] for u in report["unexplained"]] == [f"rank 0/{report['outcomes'][0]['spec']['condition']}"]
     outcomes = [from_jsonable(Outcome, o) for o in report["outcomes"]]
     rank0 = next(o for o in outcomes if o.facts.get("parallel.rank") == 0)
@@ -1018,9 +1018,9 @@ def test_a_rank_that_waited_for_diagnosed_ranks_is_explained_not_unexplained(nam
 
 
 def test_recorded_gather_runs_used_the_copy_engine_transport() -> None:
-    """Runs 25-27 recorded which ep dispatch and transport every rank ran: gather over symmetric
+    """The gather runs (commit 859cfc6) recorded which ep dispatch and transport every rank ran: gather over symmetric
     memory on the GPUs (no silent fallback to the collective transport)."""
-    report = json.loads((RECORDED / "h200-session5" / "parallel_run27_ep-131072-2gpu-a.json").read_text())
+    report = json.loads((RECORDED / "2026-11-22-4xh200-859cfc6" / "parallel-ep-131072-tokens-2gpu.json").read_text())
     ep_ranks = [o for o in report["outcomes"] if o["facts"].get("parallel.mode") == "ep"]
     assert len(ep_ranks) == 2
     assert {(o["facts"]["ep.dispatch"], o["facts"]["ep.transport"]) for o in ep_ranks} == {("gather", "symm")}

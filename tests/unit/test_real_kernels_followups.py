@@ -1,6 +1,6 @@
 """The scan's memcheck follow-up of blind invalid-routing cells, on recorded GPU outcomes.
 
-The outcomes are the recorded over-routed cells of 2x H200 run 2 (``canary_after_output:
+The outcomes are the recorded over-routed cells of 2x H200 (commit b7713e6; ``canary_after_output:
 false``: blind); the sanitizer run is a fake with the answers ``confirm_with_sanitizer`` gives
 (its own tests run it on recorded sanitizer logs: tests/unit/test_repro.py).
 """
@@ -18,12 +18,12 @@ from qmoe_doctor.diagnose.scan_rules import classify
 from qmoe_doctor.machine.sanitizer import SanitizerInfo
 from qmoe_doctor.workflows.blind_cells import NO_SANITIZER, settle_blind_cells
 
-RECORDED = Path(__file__).parent.parent / "fixtures" / "recorded"
+RECORDED = Path(__file__).parent.parent / "fixtures" / "reports" / "scan"
 SANITIZER = SanitizerInfo(path="/usr/local/cuda/bin/compute-sanitizer", version="2025.3.1", found_via="PATH")
 
 
 def _outcomes(report: str) -> list[Outcome]:
-    doc = json.loads((RECORDED / "h200x2-run2" / "scans" / f"{report}.json").read_text())
+    doc = json.loads((RECORDED / "2026-11-22-2xh200-b7713e6" / f"{report}.json").read_text())
     return [from_jsonable(Outcome, o) for o in doc["outcomes"]]
 
 
@@ -98,10 +98,10 @@ def test_without_a_sanitizer_the_cell_stays_unchecked_and_says_why() -> None:
 
 def test_cpu_cells_and_cells_with_a_canary_are_not_re_run() -> None:
     confirm = _FakeConfirm(_Found(status="clean", reason="0 errors", errors=0))
-    run1 = json.loads((RECORDED / "h200x2-run1" / "scans" / "scan-builtin.json").read_text())
-    outcomes = [from_jsonable(Outcome, o) for o in run1["outcomes"]]
+    doc = json.loads((RECORDED / "2026-11-22-2xh200-7ada31c" / "scan-builtin.json").read_text())
+    outcomes = [from_jsonable(Outcome, o) for o in doc["outcomes"]]
     _settle(outcomes, confirm, SANITIZER)
-    # run 1's negative-sizes cells had their canary: only the over-routed ones are blind
+    # that recording's negative-sizes cells had their canary: only the over-routed ones are blind
     assert sorted(confirm.asked) == ["GPU 0/over-routed", "GPU 1/over-routed"]
 
 

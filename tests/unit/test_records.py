@@ -84,23 +84,23 @@ def test_every_cause_has_its_fixed_parts() -> None:
 
 
 def test_saved_scan_report_reads_back() -> None:
-    """A --save'd report (real, run 2) reads back into a ScanReport: int dict keys included."""
+    """A --save'd report (real: 2x H200, commit b7713e6) reads back into a ScanReport: int dict keys included."""
     from pathlib import Path
 
     from qmoe_doctor.core.records import from_jsonable
     from qmoe_doctor.core.reports import ScanReport
 
-    path = Path(__file__).parent.parent / "fixtures/recorded/h200x2-run2/scans/scan-unguarded.json"
+    path = Path(__file__).parent.parent / "fixtures/reports/scan/2026-11-22-2xh200-b7713e6/scan-unguarded.json"
     report = from_jsonable(ScanReport, json.loads(path.read_text()))
     assert report.sessions[0].gpu_of_ordinal == {0: 0, 1: 1}
     assert [d.cause for d in report.diagnoses] == ["missing-device-guard"]
 
 
 def test_eight_gpu_scans_cover_every_ordered_pair_and_reclassify_healthy() -> None:
-    """Issue 9 (runs 50 and 52, 8x H200): run 50's full scan was stopped after 48 of the 56
-    ordered pairs (its printed lines are all that is left), run 52 scanned the other 8 as two-GPU
-    scans (--save'd reports). Together they cover all 56 ordered pairs, every probe passed, and
-    run 52's recorded outcomes classify to no diagnosis here too."""
+    """Issue 9 (8x H200, 2026-11-22): a full scan was stopped after 48 of the 56 ordered pairs
+    (its printed lines are all that is left, commit c1a2d84), then the other 8 were scanned as
+    two-GPU scans (--save'd reports, commit 9a99b45). Together they cover all 56 ordered pairs,
+    every probe passed, and the two-GPU scans' recorded outcomes classify to no diagnosis here too."""
     import itertools
     import re
     from pathlib import Path
@@ -109,13 +109,13 @@ def test_eight_gpu_scans_cover_every_ordered_pair_and_reclassify_healthy() -> No
     from qmoe_doctor.core.reports import ScanReport
     from qmoe_doctor.diagnose.scan_rules import classify
 
-    runs = Path(__file__).parent.parent / "fixtures/recorded/h200x8-runs50-52"
-    lines = (runs / "scan-run50-partial.log").read_text().splitlines()
+    scans = Path(__file__).parent.parent / "fixtures/reports/scan"
+    lines = (scans / "2026-11-22-8xh200-c1a2d84" / "scan-stopped-after-48-pairs.log").read_text().splitlines()
     probe = re.compile(r"^\s+(\d)->(\d)/([\w:-]+): (\w+)")
     pairs = {(int(m[1]), int(m[2])) for m in map(probe.match, lines) if m}
     assert all(line.rstrip().endswith(": pass") for line in lines if line.strip())
     assert len(pairs) == 48
-    for path in sorted(runs.glob("run52-scan-*.json")):
+    for path in sorted((scans / "2026-11-22-8xh200-9a99b45").glob("scan-gpus-*.json")):
         report = from_jsonable(ScanReport, json.loads(path.read_text()))
         assert report.complete and report.healthy and all(o.status is Status.PASS for o in report.outcomes)
         got = classify([from_jsonable(Outcome, o) for o in json.loads(path.read_text())["outcomes"]], kernel="builtin")
@@ -176,8 +176,8 @@ def test_recorded_reports_without_placement_read_with_one_derived() -> None:
     from qmoe_doctor.core.reports import ParallelReport, ScanReport
     from qmoe_doctor.diagnose.matrix import build_matrix
 
-    recorded = Path(__file__).parent.parent / "fixtures/recorded"
-    doc = json.loads((recorded / "h200x2-run2/scans/scan-int32_offsets.json").read_text())
+    recorded = Path(__file__).parent.parent / "fixtures/reports"
+    doc = json.loads((recorded / "scan/2026-11-22-2xh200-b7713e6/scan-int32_offsets.json").read_text())
     assert all("placement" not in o["spec"] for o in doc["outcomes"])  # written before the field
     report = from_jsonable(ScanReport, doc)
     for o in report.outcomes:
@@ -188,7 +188,7 @@ def test_recorded_reports_without_placement_read_with_one_derived() -> None:
     debug = next(o for o in report.outcomes if o.probe_id == "GPU 1/int32-boundary+debug")
     assert debug.spec.placement.rerun == "debug" and debug.spec.placement.gpu_b == 1
     assert set(build_matrix(report.outcomes).groups()) == {"0->1", "1->0", "GPU 0", "GPU 1"}
-    doc = json.loads((recorded / "h200-session6/parallel-run31-specimen-rank_no_set_device.json").read_text())
+    doc = json.loads((recorded / "parallel/2026-11-22-2xh200-e60e57e/parallel-specimen-rank_no_set_device.json").read_text())
     parallel = from_jsonable(ParallelReport, doc)
     assert [(o.spec.placement.group, o.spec.placement.rank) for o in parallel.outcomes] == [
         ("rank 0", 0), ("rank 1", 1),

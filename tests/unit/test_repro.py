@@ -58,7 +58,7 @@ from qmoe_doctor.reports.repro_script import (
 )
 from qmoe_doctor.workflows.repro import confirm_with_sanitizer, report_json, run_repro
 
-RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "h200x2-run1" / "sanitizer"
+RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "sanitizer" / "2026-11-22-2xh200-7ada31c"
 runner = CliRunner()
 
 

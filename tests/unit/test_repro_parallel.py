@@ -523,7 +523,7 @@ sys.exit(script.main(sys.argv[2:]))
 
 @pytest.mark.slow
 def test_a_failing_rank_waits_for_a_slower_one_to_print(tmp_path: Path) -> None:
-    """Run 19 on 4 GPUs lost rank 2's line: torchrun stopped it when rank 3 exited 1. Rank 0
+    """A run on 4 H200s (2026-11-22) lost rank 2's line: torchrun stopped it when rank 3 exited 1. Rank 0
     here is six seconds slower than the failing rank 1 and still prints its PASS."""
     path = tmp_path / parallel_script_name("invalid-routing")
     path.write_text(render_parallel_script(_spec("invalid-routing", "specimen:global_expert_ids")))

@@ -76,6 +76,9 @@ json.dump({{"flags": flags, "caching": os.environ.get("PYTORCH_NO_CUDA_MEMORY_CA
 record = json.load(open(path))
 t = record["ring"][-1]["tensors"][0]
 end = t["data_ptr"] + t["nbytes"]
+if os.environ.get("FAKE_LOG"):  # a recorded log, verbatim
+    open(log.replace("%p", str(os.getpid())), "w").write(open(os.environ["FAKE_LOG"]).read())
+    sys.exit(code)
 open(log.replace("%p", str(os.getpid())), "w").write(
     "========= COMPUTE-SANITIZER\\n"
     "========= Invalid __global__ read of size 4 bytes\\n"
@@ -208,3 +211,24 @@ def test_sigint_to_the_doctor_is_passed_to_the_command_which_writes_its_record(t
     (record,) = first.processes
     assert record.end is not None and record.end.kind is EndKind.SIGNAL and record.launches == 1
     assert report.notes[0] == "the command was interrupted: the reruns asked for were not made"
+
+
+#: compute-sanitizer 2025.3.1 giving up inside the run (one H100 80GB HBM3, 2026-11-25: memcheck of
+#: `qmoe-doctor run --sanitize` on the Transformers example with specimen:unmasked_rows over-routed)
+INTERNAL_ERROR_LOG = (
+    Path(__file__).resolve().parents[1]
+    / "fixtures" / "sanitizer" / "2026-11-25-h100-e9d91ec" / "memcheck-unmasked-overrouted-internal-error.log"
+)
+
+
+def test_a_sanitizer_that_fails_inside_the_run_is_reported_as_failed_never_clean(tmp_path: Path) -> None:
+    prog, env = setup(tmp_path)
+    report = run_program(
+        [sys.executable, str(prog)],
+        RunOptions(sanitize=True, log_dir=tmp_path / "r"),
+        environ={**env, "FAKE_LOG": str(INTERNAL_ERROR_LOG)},
+    )
+    s = report.sanitizer
+    assert s is not None and s.ran and not s.addresses
+    assert s.note.startswith("compute-sanitizer failed: Internal Sanitizer Error"), s.note
+    assert "not clean" in s.note and "0 errors" not in s.note

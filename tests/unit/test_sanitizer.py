@@ -4,8 +4,8 @@ parsing its output (``diagnose/sanitizer_log.py``; the XML reader is the test he
 
 Three kinds of input, always labelled:
 
-* RECORDED: our own compute-sanitizer logs (tests/fixtures/recorded/<run>/sanitizer/, see each
-  run's README.md). The generic tests glob every run, so newly recorded logs are checked too.
+* RECORDED: our own compute-sanitizer logs (tests/fixtures/sanitizer/<recording>/, see
+  tests/fixtures/MANIFEST.md). The generic tests glob every recording, so newly recorded logs are checked too.
 * DERIVED VARIANTS: a recorded log transformed inside the test (cut, interleaved, prefixed,
   re-worded); the transformation is named where it is made (tests/unit/recorded_logs.py).
 * HAND-WRITTEN FORMAT SAMPLES: a few short lines we wrote ourselves from the format of record
@@ -34,15 +34,17 @@ from format_samples import API_SAMPLE, INITCHECK_SAMPLE, LEGACY_SAMPLE, NOTES_SA
 from recorded_logs import (
     ALL_LOGS,
     ALL_XML,
+    MANIFEST,
     RECORDED,
-    RUN1,
+    SANITIZER_2XH200,
     first_records,
     interleave,
     older_address_wording,
+    path_2xh200,
     prefixed,
     read,
+    recorded_2xh200,
     rel,
-    run1,
 )
 from sanitizer_xml import parse_sanitizer_xml
 
@@ -69,12 +71,12 @@ FAR = "memcheck-unmasked-far-overrouted.log"  # 2,667 errors, 129,937 bytes past
 
 
 def parse(name: str) -> SanitizerReport:
-    return parse_sanitizer_log(run1(name))
+    return parse_sanitizer_log(recorded_2xh200(name))
 
 
 def test_the_recorded_run_is_present() -> None:
-    assert (RUN1.parent / "README.md").is_file()
-    assert {p.name for p in ALL_LOGS if p.parent == RUN1} >= {
+    assert MANIFEST.is_file()
+    assert {p.name for p in ALL_LOGS if p.parent == SANITIZER_2XH200} >= {
         "memcheck-builtin-clean.log",
         "memcheck-unmasked-overrouted-cached.log",
         NOCACHE,
@@ -83,7 +85,7 @@ def test_the_recorded_run_is_present() -> None:
     }
 
 
-# --- RECORDED, generic: every log of every run -----------------------------------------------------
+# --- RECORDED, generic: every log of every recording -------------------------------------------------
 
 
 @pytest.mark.parametrize("path", ALL_LOGS, ids=rel)
@@ -243,7 +245,7 @@ def test_location_and_host_frame_forms_from_the_recording() -> None:
 def test_every_line_and_mid_line_cut_of_the_first_records() -> None:
     """DERIVED: the banner + first 3 records of the recorded log (with its summary lines), cut at
     every line boundary and in the middle of every line."""
-    text = first_records(run1(NOCACHE), 3)
+    text = first_records(recorded_2xh200(NOCACHE), 3)
     full = parse_sanitizer_log(text)
     assert len(full.errors) == 3
     offsets = [0]
@@ -263,7 +265,7 @@ def test_every_line_and_mid_line_cut_of_the_first_records() -> None:
 
 def test_address_line_cut_mid_number_is_not_read() -> None:
     """DERIVED: the recorded log cut inside the first record's address."""
-    text = run1(NOCACHE)
+    text = recorded_2xh200(NOCACHE)
     cut = text.index("0x7f7cc49c0000") + len("0x7f7cc4")
     r = parse_sanitizer_log(text[:cut])
     (e,) = r.errors
@@ -274,20 +276,20 @@ def test_address_line_cut_mid_number_is_not_read() -> None:
 
 def test_log_cut_at_a_line_boundary_keeps_the_record_marked_cut() -> None:
     """DERIVED: the recorded log's first 5 lines (up to the address line)."""
-    lines = run1(NOCACHE).splitlines(keepends=True)
+    lines = recorded_2xh200(NOCACHE).splitlines(keepends=True)
     (e,) = parse_sanitizer_log("".join(lines[:5])).errors
     assert e.address == 0x7F7CC49C0000 and e.nearest is None and not e.complete
 
 
 def test_summary_without_final_newline_is_still_read() -> None:
     """DERIVED: the recorded clean log without its last newline."""
-    r = parse_sanitizer_log(run1("memcheck-builtin-clean.log").rstrip("\n"))
+    r = parse_sanitizer_log(recorded_2xh200("memcheck-builtin-clean.log").rstrip("\n"))
     assert r.clean and r.partial_last_line is None
 
 
 def test_log_starting_mid_record_is_flagged() -> None:
     """DERIVED: the recorded log without its banner and the first 3 lines of its first record."""
-    text = first_records(run1(NOCACHE), 3)
+    text = first_records(recorded_2xh200(NOCACHE), 3)
     lines = text.splitlines(keepends=True)
     r = parse_sanitizer_log("".join(lines[4:]))
     assert r.starts_mid_record
@@ -308,7 +310,7 @@ def _records(r: SanitizerReport) -> list[tuple[object, ...]]:
 def test_program_output_interleaved_at_random_lines(path: Path) -> None:
     """DERIVED: lines of our recorded traceback dropped between the sanitizer's lines change nothing."""
     text = read(path)
-    noise = [ln for ln in run1_traceback().splitlines() if ln.strip()]
+    noise = [ln for ln in far_overrouted_traceback().splitlines() if ln.strip()]
     rng = random.Random(path.name)
     mixed: list[str] = []
     for i, line in enumerate(text.splitlines(keepends=True)):
@@ -326,14 +328,14 @@ def test_program_output_interleaved_at_random_lines(path: Path) -> None:
     assert r.program_lines > full.program_lines
 
 
-def run1_traceback() -> str:
-    return run1("traceback-unmasked-far-overrouted.stderr")
+def far_overrouted_traceback() -> str:
+    return recorded_2xh200("traceback-unmasked-far-overrouted.stderr")
 
 
 def test_two_processes_interleaved_line_by_line_with_rank_prefixes() -> None:
     """DERIVED: two recorded logs (first 3 records each) prefixed ``[rank0]: `` / ``[rank1]: `` and
     merged one line from each in turn; the last line loses its newline (a partial line)."""
-    a_text, b_text = first_records(run1(NOCACHE), 3), first_records(run1(FAR), 3)
+    a_text, b_text = first_records(recorded_2xh200(NOCACHE), 3), first_records(recorded_2xh200(FAR), 3)
     mixed = interleave(prefixed(a_text, "[rank0]: "), prefixed(b_text, "[rank1]: "))
     r = parse_sanitizer_log("\n".join(mixed))
     assert r.streams == ("[rank0]:", "[rank1]:")
@@ -349,7 +351,7 @@ def test_two_processes_interleaved_line_by_line_with_rank_prefixes() -> None:
 def test_worker_tags_in_parentheses_and_indentation() -> None:
     """DERIVED: the recorded log with a worker tag of our own wording before every line, two
     workers, then the same log indented by two spaces."""
-    text = first_records(run1(NOCACHE), 2)
+    text = first_records(recorded_2xh200(NOCACHE), 2)
     lines = text.splitlines()
     tagged = interleave(
         [f"(Worker rank=0 pid=101) {ln}" for ln in lines], [f"(Worker rank=1 pid=202) {ln}" for ln in lines]
@@ -362,14 +364,14 @@ def test_worker_tags_in_parentheses_and_indentation() -> None:
 
 def test_longer_rules_of_equals_signs_are_not_sanitizer_lines() -> None:
     """DERIVED: a pytest-style rule (30 '=') before the recorded clean log."""
-    text = "=" * 30 + " 3 passed " + "=" * 30 + "\n" + run1("memcheck-builtin-clean.log")
+    text = "=" * 30 + " 3 passed " + "=" * 30 + "\n" + recorded_2xh200("memcheck-builtin-clean.log")
     r = parse_sanitizer_log(text)
     assert r.program_lines == 1 and r.error_summary == 0 and r.clean
 
 
 def test_collector_timestamps_do_not_split_one_process() -> None:
     """DERIVED: a container-log timestamp, different on every line, before each recorded line."""
-    lines = first_records(run1(NOCACHE), 2).splitlines()
+    lines = first_records(recorded_2xh200(NOCACHE), 2).splitlines()
     stamped = [f"2026-11-22T00:47:10.{i:09d}+00:00 stderr F {ln}" for i, ln in enumerate(lines)]
     r = parse_sanitizer_log("\n".join(stamped) + "\n")
     assert r.streams == ("",)
@@ -381,7 +383,7 @@ def test_collector_timestamps_do_not_split_one_process() -> None:
 
 def test_older_address_wording() -> None:
     """DERIVED: 'Access to 0x...' re-worded to the older 'Address 0x...'."""
-    text = first_records(run1(NOCACHE), 3)
+    text = first_records(recorded_2xh200(NOCACHE), 3)
     variant = older_address_wording(text)
     assert "Access to" not in variant and "Address 0x7f7cc49c0000 is out of bounds" in variant
     assert _records(parse_sanitizer_log(variant)) == _records(parse_sanitizer_log(text))
@@ -391,7 +393,7 @@ def test_older_address_wording() -> None:
 def test_access_at_wording_and_no_nearest_allocation() -> None:
     """DERIVED: 'Access to' re-worded 'Access at', and the nearest-allocation lines removed (older
     releases print none)."""
-    text = first_records(run1(NOCACHE), 2).replace("Access to 0x", "Access at 0x")
+    text = first_records(recorded_2xh200(NOCACHE), 2).replace("Access to 0x", "Access at 0x")
     text = "".join(ln for ln in text.splitlines(keepends=True) if "nearest allocation" not in ln)
     r = parse_sanitizer_log(text)
     assert [e.address for e in r.errors] == [0x7F7CC49C0000, 0x7F7CC49C0010]
@@ -421,7 +423,7 @@ def test_access_at_wording_and_no_nearest_allocation() -> None:
 def test_nearest_allocation_relations(replacement: str, expected: NearestAllocation) -> None:
     """DERIVED: the recorded record's nearest-allocation line replaced by the 'before' and
     'inside' forms (numbers ours), and by 'byte'/no thousands separators."""
-    text = first_records(run1(NOCACHE), 1)
+    text = first_records(recorded_2xh200(NOCACHE), 1)
     variant = re.sub(r"and is 1 bytes after the nearest allocation.*", replacement, text, count=1)
     (e,) = parse_sanitizer_log(variant).errors
     assert e.nearest == expected
@@ -429,7 +431,7 @@ def test_nearest_allocation_relations(replacement: str, expected: NearestAllocat
 
 def test_shared_space_and_misaligned_wording() -> None:
     """DERIVED: '__global__' re-worded '__shared__', and 'is out of bounds' re-worded 'is misaligned'."""
-    text = first_records(run1(NOCACHE), 1)
+    text = first_records(recorded_2xh200(NOCACHE), 1)
     (e,) = parse_sanitizer_log(text.replace("__global__", "__shared__")).errors
     assert (e.space, e.access, e.size) == ("shared", "write", 16)
     (e,) = parse_sanitizer_log(text.replace("is out of bounds", "is misaligned")).errors
@@ -439,7 +441,7 @@ def test_shared_space_and_misaligned_wording() -> None:
 def test_xml_reader_reads_record_lines_inside_elements() -> None:
     """DERIVED: no XML report is recorded yet, so the recorded text log's record lines are wrapped
     in elements of our own naming; the reader assumes no element names. Then the XML cut in half."""
-    lines = first_records(run1(NOCACHE), 3).splitlines()
+    lines = first_records(recorded_2xh200(NOCACHE), 3).splitlines()
     body = "".join(f"<line>{escape(ln.split('=========', 1)[1])}</line>" for ln in lines)
     r = parse_sanitizer_xml(f"<ComputeSanitizerOutput>{body}</ComputeSanitizerOutput>")
     assert r.error_summary == 450 and r.errors_not_printed == 400
@@ -453,7 +455,7 @@ def test_xml_reader_reads_record_lines_inside_elements() -> None:
 
 def test_xml_reader_reads_a_saved_file(tmp_path: Path) -> None:
     """DERIVED: the same wrapping, saved as a file (the reader takes a path, like --save writes)."""
-    lines = run1("memcheck-builtin-clean.log").splitlines()
+    lines = recorded_2xh200("memcheck-builtin-clean.log").splitlines()
     body = "".join(f"<line>{escape(ln.split('=========', 1)[1])}</line>" for ln in lines)
     f = tmp_path / "clean.xml"
     f.write_text(f"<?xml version='1.0'?><ComputeSanitizerOutput>{body}</ComputeSanitizerOutput>")
@@ -464,7 +466,7 @@ def test_xml_reader_reads_a_saved_file(tmp_path: Path) -> None:
 def test_empty_and_foreign_text() -> None:
     r = parse_sanitizer_log("")
     assert not r.recognized and not r.errors
-    r = parse_sanitizer_log(run1("traceback-unguarded-nopeer.stderr"))  # RECORDED traceback, no log
+    r = parse_sanitizer_log(recorded_2xh200("traceback-unguarded-nopeer.stderr"))  # RECORDED traceback, no log
     assert not r.recognized and r.program_lines > 0 and not r.errors
 
 
@@ -548,7 +550,7 @@ def test_sample_version_banner_in_program_output() -> None:
     """HAND-WRITTEN FORMAT SAMPLE: the version line ``compute-sanitizer --version`` prints, when a
     user pastes it above the log."""
     text = "NVIDIA (R) Compute Sanitizer\nVersion 2025.3.1.0 (build 0) (public-release)\n"
-    r = parse_sanitizer_log(text + run1("memcheck-builtin-clean.log"))
+    r = parse_sanitizer_log(text + recorded_2xh200("memcheck-builtin-clean.log"))
     assert r.version == "2025.3.1.0" and r.clean
 
 
@@ -699,7 +701,7 @@ def test_not_found(tmp_path: Path) -> None:
 
 def outcome_of(name: str) -> Outcome:
     """The probe's Outcome JSON line, printed by the same process that memcheck watched."""
-    line = (RUN1 / name).read_text(encoding="utf-8").strip().splitlines()[-1]
+    line = path_2xh200(name).read_text(encoding="utf-8").strip().splitlines()[-1]
     return from_json(Outcome, line)
 
 
@@ -775,7 +777,7 @@ def test_attribute_the_recorded_far_writes_against_the_logged_allocation() -> No
 
 def scan_tensors(scan: str, probe_id: str) -> list[TensorInfo]:
     """RECORDED: the tensor table of one outcome of a saved scan report."""
-    doc = json.loads((RECORDED / "h200x2-run1" / "scans" / scan).read_text(encoding="utf-8"))
+    doc = json.loads((RECORDED / "scan" / "2026-11-22-2xh200-7ada31c" / scan).read_text(encoding="utf-8"))
     (o,) = [o for o in doc["outcomes"] if o["probe_id"] == probe_id]
     return [from_jsonable(TensorInfo, t) for t in o["tensors"]]
 

@@ -207,7 +207,7 @@ def _passing(specs, **_):
 def test_run_scan_reports_progress_after_every_round_but_the_last(monkeypatch: pytest.MonkeyPatch) -> None:
     """A report of everything so far after each round (complete: false, the sessions not run
     listed, never healthy), so that a scan stopped half-way leaves its finished sessions behind
-    (run 50: an eight-GPU scan stopped after 48 of 56 pairs left nothing)."""
+    (8x H200, 2026-11-22: an eight-GPU scan stopped after 48 of 56 pairs left nothing)."""
     from qmoe_doctor.workflows import scan
 
     monkeypatch.setattr(scan, "run_session", _passing)

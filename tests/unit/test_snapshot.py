@@ -38,7 +38,7 @@ from qmoe_doctor.probes import run_one
 from qmoe_doctor.probes.snapshot import LIBRARY_PARTS, AllocatorRecorder, reduce_snapshot, user_frame
 from qmoe_doctor.workflows.repro import CommandResult, confirm_with_sanitizer
 
-RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "h200x2-run1" / "sanitizer"
+RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "sanitizer" / "2026-11-22-2xh200-7ada31c"
 
 TORCH_FRAME = {"filename": "/usr/lib/python3/site-packages/torch/cuda/memory.py", "line": 10, "name": "empty"}
 TRITON_FRAME = {"filename": "/usr/lib/python3/site-packages/triton/runtime/jit.py", "line": 5, "name": "run"}

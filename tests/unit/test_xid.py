@@ -54,7 +54,7 @@ from qmoe_doctor.machine.sanitizer import SanitizerInfo
 from qmoe_doctor.machine.xid import XidWatcher
 from qmoe_doctor.workflows.repro import CommandResult, confirm_with_sanitizer
 
-RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "recorded" / "h200x2-run1" / "sanitizer"
+RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "sanitizer" / "2026-11-22-2xh200-7ada31c"
 X_ADDR = 0x7F7CC4800200  # x of the recorded over-routed run, on cuda:0 (GPU 0)
 
 # a dmesg excerpt: two unrelated older lines, then what a cross-GPU read on GPU 1 would print

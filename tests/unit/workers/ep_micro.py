@@ -25,7 +25,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def prepared_transport() -> type:
     """The collective transport, checking what a GPU's symmetric-memory transport needs: every
     send goes to an exchange ``prepare`` made beforehand, with the same shapes (buffers made
-    lazily during a send deadlocked two H200s in run 25)."""
+    lazily during a send deadlocked two H200s, 2026-11-22)."""
     from qmoe_doctor.probes.parallel.ep_gather import CollectiveTransport
 
     class Prepared(CollectiveTransport):
