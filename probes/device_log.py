@@ -6,7 +6,7 @@ prints one line per failing thread, ``file.py:79: kernel: block: [..], thread: [
 onto the process's stdout. Only these lines name the kernel's source line; the exception Python
 raises later says "device-side assert triggered", and the tail of the log the parent attaches
 holds the traceback, not them (thousands of lines come before it: 3,962 in the recorded
-``h200x2-run1/sanitizer/traceback-int32-debug.stderr.gz``).
+``tests/fixtures/tracebacks/2026-11-22-2xh200-7ada31c/traceback-int32-debug.stderr.gz``).
 
 A worker's stdout and stderr are one log file (``isolate.worker_pool``), so the worker notes
 the file's size when a probe starts and, when the probe ends in a device assert, reads what was

@@ -276,7 +276,7 @@ if HAVE_GLUON:
         CHUNKS row chunks (a piece then weighs about what a resident item does) where they all
         fit the last round's programs that hold one item fewer, else about one per CHUNKS row
         chunks (lighter pieces for the programs that get one more). ``share_of_items`` is the
-        host twin; run 63 measured what the last round costs."""
+        host twin; an H200 measurement (2026-11-22) gave what the last round costs."""
         live = e_idx < E
         lo = gl.load(bounds_ptr + e_idx, mask=live, other=0)
         hi = gl.load(bounds_ptr + e_idx + 1, mask=live, other=0)
@@ -349,7 +349,7 @@ if HAVE_GLUON:
         # the items, round-robin over the programs as in the resident kernel (neighbouring
         # programs share the expert's x in L2): (expert, n-tile), and for an expert past the
         # resident chunks (expert, n-tile, K piece), so that a hot expert's items are as fine
-        # as the others' (skewed routing, run 40); with no such expert, item = expert * n_tiles
+        # as the others' (skewed routing, measured on an H200, 2026-11-22); with no such expert, item = expert * n_tiles
         # + n-tile, and no search
         e_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
         e_idx = gl.arange(0, E_POW2, layout=e_layout)
@@ -380,7 +380,7 @@ if HAVE_GLUON:
                     for h in gl.static_range(HALVES):
                         stores = _store_tile(zero, c_bufs, stores, dw_desc, out_row + h * BN, t * BK)
             elif chunks <= CHUNKS:
-                # only the expert's own chunks are loaded and multiplied (run 53: +5-7% over
+                # only the expert's own chunks are loaded and multiplied (H200, 2026-11-22: +5-7% over
                 # always CHUNKS, the surplus ones repeating the last chunk masked to zero). The
                 # walk's chunk count is a constant, one copy per count: an MMA under a runtime
                 # condition makes ptxas wait for the MMAs before the overlapped epilogue (C7517).

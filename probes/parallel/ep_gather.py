@@ -15,7 +15,7 @@ exchange while the bytes travel:
 On a GPU the pushes are copy-engine transfers into the peers' symmetric-memory buffers
 (``SymmTransport``: ``peer_buffer.copy_`` between two ``barrier``s on a stream of its own), which
 use no SM, so the GEMMs keep every SM while the exchange runs (NCCL's all-to-all beside a GEMM
-took longer than the two in a row: run 23). Elsewhere (gloo on the CPU, or no symmetric memory)
+took longer than the two in a row: 2x H200, 2026-11-22). Elsewhere (gloo on the CPU, or no symmetric memory)
 ``CollectiveTransport`` does the same exchange with ``all_to_all_single``, synchronously, so the
 CPU tests check the same arithmetic.
 
@@ -144,7 +144,7 @@ class SymmTransport:
         Call it where every rank is in step (the forward's count exchange has just synchronized
         them) and no barrier of this transport is pending: making buffers is a host-side
         collective (``rendezvous``), and one rank inside it while the other's GPU spins in a
-        barrier waiting for it deadlocks the pair (run 25: the first backward made its buffers
+        barrier waiting for it deadlocks the pair (2x H200, 2026-11-22: the first backward made its buffers
         lazily and hung on 2x H200)."""
         wanted = {name: tuple(spec) for name, spec in specs.items()}
         if all(name in self._exchanges and self._exchanges[name].key == key for name, key in wanted.items()):

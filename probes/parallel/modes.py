@@ -784,7 +784,7 @@ EP_DISPATCHES = knobs.EP_DISPATCHES  # and the variables that choose: core/knobs
 
 # The gather dispatch sends every token to every rank: on W ranks with top-8 of 128 experts a
 # token misses a rank's experts with probability 0.4% (W=2), 10% (W=4), 34% (W=8). Measured on
-# H200s (runs 24-27, 30B preset): on 2 ranks it is at least as fast as the all-to-all at every
+# H200s (2026-11-22, 30B preset): on 2 ranks it is at least as fast as the all-to-all at every
 # batch (32,768 tokens: 12.2 vs 12.3 ms; 131,072: 39.8-41.2 vs 44.4 ms); on 4 ranks it wins at
 # 32,768 tokens per rank (22.9-24.4 vs 25.6 ms) and loses at 8,192 (9.5-10.6 vs 8.6 ms).
 GATHER_MAX_RANKS = 4
@@ -816,7 +816,7 @@ def ep_dispatch(world: int, tokens_per_rank: int) -> tuple[str, str]:
 def ep_micro_batches() -> int:
     """Micro-batches of the ep mode's block: ``$QMOE_EP_MICRO_BATCHES`` or the default, 1 (two
     overlap one micro-batch's all-to-all with the other's experts, but measured slower on 2x
-    H200: 18.7 against 12.8 ms per step, run 15; docs/parallel.md)."""
+    H200: 18.7 against 12.8 ms per step, 2026-11-22; docs/parallel.md)."""
     return knobs.ep_micro_batches()  # ValueError naming the variable for anything but 1, 2, ...
 
 

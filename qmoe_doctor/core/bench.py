@@ -20,7 +20,7 @@ reference:
     BenchRequest --(JSON argument)--> python -m qmoe_doctor.probes.bench --> BenchReport (JSON file)
 
 ``report_from_jsonable`` also reads the single-shape JSON of the earlier
-``benchmarks/bench_kernels.py`` (kind ``qmoe-bench-kernels``, validation run 3).
+``benchmarks/bench_kernels.py`` (kind ``qmoe-bench-kernels``, the 2x H200 validation of 2026-11-22).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from qmoe_doctor.core.exitcodes import ExitCode
 from qmoe_doctor.core.records import SCHEMA_VERSION, from_jsonable, json_document
 
 KIND = "bench"
-#: The JSON kind of the single-shape reports the earlier script wrote (validation run 3).
+#: The JSON kind of the single-shape reports the earlier script wrote (the 2x H200 validation of 2026-11-22).
 LEGACY_KIND = "qmoe-bench-kernels"
 
 Op = Literal["forward", "dx", "dw", "block-forward", "block-forward-backward"]

@@ -26,7 +26,7 @@ _TEXT_PATTERNS: tuple[tuple[ErrorKind, re.Pattern[str]], ...] = (
     # the MMU refused, sticky for the context.
     # "CUDA error: unspecified launch failure" (cudaErrorLaunchFailure) is what a kernel that
     # memcheck stopped at a bad access reports (recorded under compute-sanitizer 2025.3 on H200:
-    # tests/fixtures/recorded/h200x2-run1/sanitizer/memcheck-unmasked-overrouted-nocache.stdout).
+    # tests/fixtures/sanitizer/2026-11-22-2xh200-7ada31c/memcheck-unmasked-overrouted-nocache.stdout).
     (
         ErrorKind.ILLEGAL_ADDRESS,
         re.compile(

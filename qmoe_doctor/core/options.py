@@ -41,9 +41,9 @@ class ScanOptions:
 #: cells on the pair's operand GPU: repeat-call (must be the process's first call), single (the
 #: side-stream rule's baseline), side-stream, over-routed and negative-sizes (small shapes).
 #: int32-boundary (a 4.4 GiB stack, ~1.5 s on H200; without it check passed specimen:int32_offsets
-#: in validation run 3). Left to ``scan``: untouched (a child of its own, ~5 s, and only shows
+#: in the 2x H200 validation of 2026-11-22). Left to ``scan``: untouched (a child of its own, ~5 s, and only shows
 #: "works by accident"), sizes-race (an illegal access when it fails: a new child) and the offset /
-#: launch-config sweeps. Measured on 2x H200 (run 3): 8-10 s per kernel for the GPU subset.
+#: launch-config sweeps. Measured on 2x H200 (2026-11-22): 8-10 s per kernel for the GPU subset.
 GPU_FAST_CONDITIONS = frozenset(
     {
         Condition.REPEAT_CALL,

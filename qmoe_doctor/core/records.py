@@ -341,7 +341,7 @@ def rank_spec(template: ProbeSpec, rank: int, ordinal: int | None, *, local: boo
 
 def legacy_placement(probe_id: str) -> Placement:
     """COMPAT, applied only when reading: the Placement of a spec written before ProbeSpec had
-    one (the recorded reports under tests/fixtures/recorded/), derived from its probe id
+    one (the recorded reports under tests/fixtures/reports/), derived from its probe id
     ("0->1/peer", "GPU 1/offsets:padded-rows", "CPU/int32-boundary+debug", "rank 1/parallel-dp",
     "pipeline"), which the planners built as "<group>/<condition>[:<variant>][+<rerun>]".
     Nothing else reads a probe id's parts."""

@@ -3,8 +3,8 @@
 A failed device-side assert prints one line per failing thread on the process's stderr; the
 CUDA error itself ("device-side assert triggered") surfaces later, at the next synchronizing
 call, so these lines are the only place that names the kernel's file and line. The forms, as
-our runs recorded them (``tests/fixtures/recorded/h200x2-run1/sanitizer/traceback-int32-debug.stderr.gz``;
-the outcomes' ``stderr_tail`` in ``h200x2-run3/check/check-torch.json``)::
+our runs recorded them (``tests/fixtures/tracebacks/2026-11-22-2xh200-7ada31c/traceback-int32-debug.stderr.gz``;
+the outcomes' ``stderr_tail`` in ``tests/fixtures/reports/check/2026-11-22-2xh200-ab67830/check-torch.json``)::
 
     /work/main/kernels/specimens/int32_offsets.py:102: unknown: block: [101,0,0], thread: [32,0,0] Assertion `int32 overflow detected for operation mul` failed.
     /pytorch/aten/src/ATen/native/cuda/GroupMMCommon.cuh:89: prepare_grouped_gemm_data: block: [0,0,0], thread: [7,0,0] Assertion `offset <= tensor_ShapeA[0] && "expected offset to be less than tensor size\\n"` failed.

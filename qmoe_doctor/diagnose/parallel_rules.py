@@ -341,7 +341,7 @@ def followers(ctx: ParallelContext) -> Finding:
                 )
                 explained.add(o.probe_id)
         # a rank that hung in the step while other ranks of the same run failed with a diagnosed
-        # cause: a collective waits for every rank (8 ranks, run 51: rank 0 waited for the seven
+        # cause: a collective waits for every rank (8 ranks on 8 H200s, 2026-11-22: rank 0 waited for the seven
         # that failed until the parent's timeout). Only with its own single-device run correct,
         # and only when another rank's failure is diagnosed: a hang of its own stays unexplained.
         culprits_here = [ctx.place(f) for f in failed_first if f.probe_id in explained]

@@ -278,6 +278,20 @@ def confirmation_from_log(
     fields of the confirmation that do not depend on the log)."""
     errors = report.error_summary if report.error_summary is not None else len(report.errors)
     status_word = str(sanitized.status) if sanitized else None
+    failure = report.tool_failures[0] if report.tool_failures else None
+    if failure is not None and not any(e.category == "invalid-access" for e in report.errors):
+        # the tool gave up (recorded on an H100: "failed to handle a hardware exception") before
+        # it saw an access: its error count is its own failure and what followed from it
+        return SanitizerConfirmation(
+            status="failed",
+            reason=(
+                f"compute-sanitizer failed inside the run ({failure}) before it reported an invalid "
+                "access: the fault is neither confirmed nor ruled out"
+            ),
+            errors=errors,
+            sanitized_status=status_word,
+            **common,
+        )
     if not errors:
         ran = f"the probe itself was {status_word} under it" if status_word else "the probe wrote no outcome"
         reason = (
@@ -324,6 +338,8 @@ def confirmation_from_log(
         reason += f" ({len(report.errors)} printed)"
     if not tables:
         reason += "; no tensor table came back from the sanitized run, so the addresses stay unattributed"
+    if failure is not None:
+        reason += f"; then the tool failed ({failure}): later accesses were not checked"
     return SanitizerConfirmation(
         status="confirmed",
         reason=reason,

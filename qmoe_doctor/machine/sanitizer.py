@@ -171,7 +171,7 @@ def sanitizer_command(
         cmd += ["--target-processes", "all"]
     if xml_path is not None:
         # `--xml` is a flag in 2025.3: "--xml yes" fails with "extra yes detected on the input
-        # command line" (validation run 3 on H200)
+        # command line" (2x H200 validation, 2026-11-22)
         cmd += ["--xml", "--save", os.fspath(xml_path)]
     if log_path is not None:
         cmd += ["--log-file", os.fspath(log_path)]

@@ -300,7 +300,7 @@ def _plan(kernel: str, gpus: Sequence[PlannedGpu], opts: ScanOptions) -> ScanPla
                         # A launch from an untouched device loads the kernel in the operand
                         # device's context and Triton caches that handle under the untouched
                         # device: every later launch from that device, once touched, fails with
-                        # "invalid resource handle" (measured on 2x H200, run 1). So this cell
+                        # "invalid resource handle" (measured on 2x H200, 2026-11-22). So this cell
                         # gets a child of its own.
                         fresh_process=cond is Condition.UNTOUCHED,
                     )

@@ -86,7 +86,7 @@ def run_scan(
     is called from those threads, one call at a time. ``on_progress`` gets a report of everything
     so far (``complete=False``, the sessions not run yet in ``not_run``) after each round:
     ``scan --save`` writes it, so that a scan that is stopped (a CI job's time limit, a device
-    call's) leaves its finished pairs behind (run 50: the eight-GPU scan was stopped after 48 of
+    call's) leaves its finished pairs behind (8x H200, 2026-11-22: the eight-GPU scan was stopped after 48 of
     56 pairs and left nothing). The workers' logs stay in ``log_dir`` when given, else in a temp
     folder kept only when the scan did not end healthy. Raises KernelUnusable when the kernel
     cannot be used in the child."""
