@@ -26,7 +26,7 @@
 #              tensors), specimen:int32_offsets at the 480B stack
 #              (int32-offset-overflow from lint + size, live)
 #   overhead   benchmarks/monitor_overhead.py: the MoE block training step with and without the
-#              launch monitor (2048 and 128 tokens)
+#              launch monitor (2048 and 128 tokens), with a profile of each child's host time
 # Knobs: BUDGET (seconds for the whole call, default 560), TEST_TIMEOUT (default 300).
 # Results: $OUT/summary.txt (one line per step, verdicts), logs and JSON reports in
 # $OUT/logs.tar.gz. Record the run in docs/validation/ (gpu-tests.md, scan-specimens.md).
@@ -101,7 +101,7 @@ if has run; then
   grep -E "int32-offset-overflow" "$R/run-int32.log" | head -3 | tee -a "$S"
 fi
 if has overhead; then
-  t overhead "$(cap 240)" python3 -m benchmarks.monitor_overhead
-  tail -8 "$R/overhead.log" | tee -a "$S"
+  t overhead "$(cap 240)" python3 -m benchmarks.monitor_overhead --profile 25
+  tail -4 "$R/overhead.log" | tee -a "$S"
 fi
 finish
