@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from made_reports import one_probe_scan
 from typer.testing import CliRunner
 
 from qmoe_doctor.cli import output, parallel_runs
@@ -20,8 +21,6 @@ from qmoe_doctor.cli.commands import check as check_cmd
 from qmoe_doctor.cli.commands import repro as repro_cmd
 from qmoe_doctor.cli.commands import scan as scan_cmd
 from qmoe_doctor.core.events import Interrupted
-from qmoe_doctor.core.records import Condition, Outcome, Phase, ProbeSpec, Shape, Status
-from qmoe_doctor.core.reports import ScanReport
 from qmoe_doctor.workflows.bench import load_report
 
 runner = CliRunner()
@@ -108,34 +107,13 @@ def test_a_read_only_folder_is_refused_before_the_run(
     assert f"--save {target}: cannot write in {tmp_path} (Read-only file system)" in _flat(result.stderr)
 
 
-def _one_probe_report(log_dir: Path) -> ScanReport:
-    spec = ProbeSpec(
-        probe_id="CPU/single",
-        kernel="builtin",
-        condition=Condition.SINGLE,
-        device=None,
-        current=None,
-        shape=Shape(m=64, e=4, n=32, k=32, dtype="float32"),
-    )
-    outcome = Outcome(probe_id=spec.probe_id, spec=spec, status=Status.PASS, phase=Phase.DONE)
-    return ScanReport(
-        kernel="builtin",
-        tier="cpu",
-        started="2026-01-01T00:00:00+00:00",
-        wall_s=0.1,
-        gpus=(),
-        sessions=(),
-        outcomes=(outcome,),
-        diagnoses=(),
-        log_dir=str(log_dir),
-    )
 
 
 def test_a_write_that_fails_at_the_end_lands_in_the_log_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     logs, target = tmp_path / "logs", tmp_path / "report.json"
-    monkeypatch.setattr(scan_cmd, "run_scan", lambda plan, **kw: _one_probe_report(logs))
+    monkeypatch.setattr(scan_cmd, "run_scan", lambda plan, **kw: one_probe_scan(logs))
     real = output.write_atomic
 
     def disk_full(path: Path, text: str) -> None:
@@ -202,7 +180,7 @@ def test_interrupted_check_exits_128_plus_the_signal(
 def test_save_writes_the_document_json_prints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--json and --save FILE are the same versioned document."""
     logs, target = tmp_path / "logs", tmp_path / "report.json"
-    monkeypatch.setattr(scan_cmd, "run_scan", lambda plan, **kw: _one_probe_report(logs))
+    monkeypatch.setattr(scan_cmd, "run_scan", lambda plan, **kw: one_probe_scan(logs))
     result = runner.invoke(app, ["scan", "--cpu", "--json", "--save", str(target)])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == json.loads(target.read_text())

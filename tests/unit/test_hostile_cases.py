@@ -37,6 +37,7 @@ from typing import Any
 
 import pytest
 from fake_nvml import two_h200_nvswitch
+from made_reports import one_probe_scan
 from test_signals import WORKER_MODULE, marked, wait_for
 from typer.testing import CliRunner, Result
 
@@ -48,8 +49,6 @@ from qmoe_doctor.cli.commands import scan as scan_cmd
 from qmoe_doctor.core import knobs, lifeline
 from qmoe_doctor.core.events import Interrupted
 from qmoe_doctor.core.inputs import MAX_INPUT_BYTES
-from qmoe_doctor.core.records import Condition, Outcome, Phase, ProbeSpec, Shape, Status
-from qmoe_doctor.core.reports import ScanReport
 from qmoe_doctor.workflows.bench import load_report
 
 runner = CliRunner()
@@ -659,7 +658,7 @@ def test_an_interrupted_scan_saves_the_report_so_far(tmp_path: Path, monkeypatch
     target = tmp_path / "partial.json"
 
     def first_session_then_sigterm(plan: Any, *, on_progress: Callable[[Any], None], **kw: Any) -> Any:
-        on_progress(replace(_one_probe_scan(tmp_path), complete=False, not_run=("GPU 0,1",)))
+        on_progress(replace(one_probe_scan(tmp_path), complete=False, not_run=("GPU 0,1",)))
         raise Interrupted(signal.SIGTERM)
 
     monkeypatch.setattr(scan_cmd, "run_scan", first_session_then_sigterm)
@@ -670,27 +669,6 @@ def test_an_interrupted_scan_saves_the_report_so_far(tmp_path: Path, monkeypatch
     assert f"complete: false) is in {target}" in flat(result.stderr)
 
 
-def _one_probe_scan(log_dir: Path) -> ScanReport:
-    spec = ProbeSpec(
-        probe_id="CPU/single",
-        kernel="builtin",
-        condition=Condition.SINGLE,
-        device=None,
-        current=None,
-        shape=Shape(m=64, e=4, n=32, k=32, dtype="float32"),
-    )
-    outcome = Outcome(probe_id=spec.probe_id, spec=spec, status=Status.PASS, phase=Phase.DONE)
-    return ScanReport(
-        kernel="builtin",
-        tier="cpu",
-        started="2026-01-01T00:00:00+00:00",
-        wall_s=0.1,
-        gpus=(),
-        sessions=(),
-        outcomes=(outcome,),
-        diagnoses=(),
-        log_dir=str(log_dir),
-    )
 
 
 # =================================================================================================
