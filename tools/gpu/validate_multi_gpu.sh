@@ -7,7 +7,7 @@
 #
 #   bash tools/gpu/validate_multi_gpu.sh [STEPS...]
 #
-# Steps (default: env scan specimens check repro tests):
+# Steps (default: env scan specimens check repro run tests):
 #   env        qmoe-doctor env
 #   scan       qmoe-doctor scan of the built-in kernel (want: no diagnosis) and of the
 #              torch:grouped_mm control on GPUS (every GPU with ALL_PAIRS=1: ~12 s per ordered
@@ -17,6 +17,11 @@
 #   check      qmoe-doctor check --require-gpus 2: built-in exit 0, each specimen exit 1
 #   repro      qmoe-doctor repro --gpus GPUS on specimen:unguarded (a verdict and a script that
 #              fails alone) and on the built-in kernel (exit 0, no script)
+#   run        qmoe-doctor run on examples/qwen3_moe_device_map.py split with device_map over GPUS:
+#              our kernel (no finding), specimen:unguarded (missing-device-guard named live, with
+#              its call site), the same with --strict (stops at that launch),
+#              specimen:default_buffer; then the two-GPU step with and without the monitor
+#              (median step ms of 20 steps, each way)
 #   verdict    time to a verdict: scan and repro of specimen:unguarded from an empty Triton
 #              cache, then again warm
 #   tests      pytest tests/gpu -m "gpu or multigpu"
@@ -25,7 +30,7 @@
 # Knobs: GPUS (default 0,1), ALL_PAIRS, BUDGET (default 560), TEST_TIMEOUT (default 300),
 # SANITIZER_CASES (names of record_sanitizer_logs.py's cases; default all).
 # Results: $OUT/summary.txt and $OUT/logs.tar.gz. Record the run in docs/validation/.
-DEFAULT_STEPS="env scan specimens check repro tests"
+DEFAULT_STEPS="env scan specimens check repro run tests"
 source "$(dirname "${BASH_SOURCE[0]}")/run_common.sh" "$@"
 header
 GPUS=${GPUS:-0,1}
@@ -67,6 +72,22 @@ if has repro; then
   done
   t repro-builtin "$(cap 120)" qmoe-doctor repro --gpus "$GPUS" --kernel builtin --out "$R/repro-builtin"
   say "   want exit 0, no script: $(ls "$R/repro-builtin" 2>/dev/null | wc -l) files"
+fi
+if has run; then
+  E=examples/qwen3_moe_device_map.py
+  t run-ours "$(cap 150)" qmoe-doctor run --save "$R/run-ours.json" -- python3 $E --gpus "$GPUS"
+  tail -2 "$R/run-ours.log" | tee -a "$S"
+  for name in unguarded default_buffer; do
+    t "run-$name" "$(cap 150)" qmoe-doctor run --save "$R/run-$name.json" -- python3 $E --gpus "$GPUS" \
+      --kernel "specimen:$name" --steps 2
+    grep -E "^qmoe-doctor:|step 1/" "$R/run-$name.log" | head -4 | tee -a "$S"
+  done
+  t run-unguarded-strict "$(cap 150)" qmoe-doctor run --strict --save "$R/run-unguarded-strict.json" -- \
+    python3 $E --gpus "$GPUS" --kernel specimen:unguarded --steps 2
+  grep -E "CrossDeviceLaunchError|step 1/" "$R/run-unguarded-strict.log" | head -3 | tee -a "$S"
+  t step-plain "$(cap 150)" python3 $E --gpus "$GPUS" --steps 20
+  t step-monitored "$(cap 150)" qmoe-doctor run -- python3 $E --gpus "$GPUS" --steps 20
+  grep -h "median step" "$R/step-plain.log" "$R/step-monitored.log" | tee -a "$S"
 fi
 if has verdict; then
   rm -rf "$TRITON_CACHE_DIR"
