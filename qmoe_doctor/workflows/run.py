@@ -47,7 +47,7 @@ from qmoe_doctor.core.reports import (
 )
 from qmoe_doctor.diagnose import run_findings
 from qmoe_doctor.diagnose.attribution import attribute
-from qmoe_doctor.diagnose.sanitizer_log import parse_sanitizer_log
+from qmoe_doctor.diagnose.sanitizer_log import SanitizerReport, parse_sanitizer_log
 from qmoe_doctor.isolate.foreground import run_foreground
 from qmoe_doctor.isolate.logs import LogDir
 from qmoe_doctor.isolate.process import SpawnError
@@ -207,18 +207,20 @@ def _sanitize(
     options: RunOptions,
     environ: Mapping[str, str],
     on_pass: OnPass | None,
-) -> tuple[RunPass | None, SanitizerRun]:
+) -> tuple[tuple[RunPass, ...], SanitizerRun]:
+    """The sanitize passes (none where it could not run, two where the filtered one failed
+    inside compute-sanitizer) and what they found."""
     errors = [e for p in earlier for e in p.cuda_errors]
     records = [r for p in earlier for r in p.processes]
     targets = run_findings.sanitizer_targets(errors, found, records)
     if targets is None:
-        return None, SanitizerRun(ran=False, note="no Triton kernel was launched: nothing to check")
+        return (), SanitizerRun(ran=False, note="no Triton kernel was launched: nothing to check")
     try:
         info = find_compute_sanitizer(env=environ)
     except ValueError as exc:
-        return None, SanitizerRun(ran=False, note=f"compute-sanitizer cannot be used: {exc}")
+        return (), SanitizerRun(ran=False, note=f"compute-sanitizer cannot be used: {exc}")
     if info is None:
-        return None, SanitizerRun(
+        return (), SanitizerRun(
             ran=False,
             note=(
                 "compute-sanitizer was not found (looked at $QMOE_DOCTOR_COMPUTE_SANITIZER, PATH, "
@@ -229,25 +231,105 @@ def _sanitize(
             launch_count=targets.launch_count,
         )
     folder = root / "sanitize"
-    folder.mkdir(parents=True, exist_ok=True)
-    log = folder / SANITIZER_LOG
-    full = sanitizer_command(
-        info,
-        SanitizerTool.MEMCHECK,
-        argv,
-        kernel_regex=_kernel_regex(targets.kernels),
-        launch_count=targets.launch_count,
-        log_path=log,
-        target_processes_all=True,
-    )
-    prefix = full[: len(full) - len(argv)]
     # the caching allocator hides out-of-bounds accesses inside its pooled segments
     extra = {knobs.PYTORCH_NO_CUDA_MEMORY_CACHING: "1"}
-    if on_pass is not None:
-        on_pass("sanitize", [*prefix, *argv], f"compute-sanitizer memcheck on {', '.join(targets.kernels)} ({targets.why})")
-    sanitized, _ = _run_pass(
-        "sanitize", argv, folder=folder, options=options, extra_env=extra, environ=environ, prefix=prefix
+
+    def memcheck(
+        kernels: Sequence[str], launch_count: int | None, where: Path, why: str
+    ) -> tuple[RunPass, _Memcheck]:
+        where.mkdir(parents=True, exist_ok=True)
+        full = sanitizer_command(
+            info,
+            SanitizerTool.MEMCHECK,
+            argv,
+            kernel_regex=_kernel_regex(kernels) if kernels else None,
+            launch_count=launch_count,
+            log_path=where / SANITIZER_LOG,
+            target_processes_all=True,
+        )
+        prefix = full[: len(full) - len(argv)]
+        if on_pass is not None:
+            on_pass("sanitize", [*prefix, *argv], why)
+        done, _ = _run_pass(
+            "sanitize", argv, folder=where, options=options, extra_env=extra, environ=environ, prefix=prefix
+        )
+        return done, _read_memcheck(where, done)
+
+    first, result = memcheck(
+        targets.kernels,
+        targets.launch_count,
+        folder,
+        f"compute-sanitizer memcheck on {', '.join(targets.kernels)} ({targets.why})",
     )
+    first_failed = ""
+    if result.parsed is not None and result.parsed.tool_failures and not result.addresses:
+        # Memcheck with the kernel filter ended in its own "failed to handle a hardware
+        # exception" with nothing found (the example's over-routed specimen, H100, 2026-11-25),
+        # where the scan's unfiltered memcheck of the same specimen places the write (2x H200,
+        # 2026-11-22): memcheck runs once more on every kernel (slower: every kernel up to the
+        # fault is checked).
+        first_failed = result.parsed.tool_failures[0]
+        second, result = memcheck(
+            (),
+            None,
+            folder / "unfiltered",
+            "compute-sanitizer memcheck on every kernel (the filtered pass failed inside compute-sanitizer)",
+        )
+    base = SanitizerRun(
+        ran=True,
+        note="",
+        binary=info.path,
+        version=info.version or "",
+        kernels=() if first_failed else targets.kernels,
+        launch_count=None if first_failed else targets.launch_count,
+        log_path=str(folder),
+    )
+    before = (
+        f"memcheck on {', '.join(targets.kernels)} alone failed inside compute-sanitizer ({first_failed}); "
+        "on every kernel: "
+        if first_failed
+        else ""
+    )
+    sanitized = (first, second) if first_failed else (first,)
+    if result.parsed is None:
+        return sanitized, replace(
+            base,
+            note=f"{before}compute-sanitizer wrote no readable log ({result.problems or 'none was written'})",
+        )
+    parsed = result.parsed
+    count = parsed.error_summary if parsed.error_summary is not None else len(parsed.errors)
+    placed = sum(1 for a in result.addresses if a.tensor is not None)
+    if parsed.tool_failures:
+        # what it printed before it gave up is kept; the rest of the run was not checked
+        note = (
+            f"compute-sanitizer failed: {parsed.tool_failures[0]} It printed {count:,} "
+            f"error{'s' if count != 1 else ''} before that; {placed} of {len(result.addresses)} invalid addresses "
+            "placed against recorded tensors; what it did not check is unknown, not clean (a "
+            "smaller over-run of the same fault, fewer rows or a smaller input, lets it finish)"
+        )
+    elif count:
+        note = (
+            f"{count:,} error{'s' if count != 1 else ''}; {placed} of {len(result.addresses)} invalid "
+            "addresses placed against recorded tensors"
+        )
+    elif parsed.clean:
+        note = "0 errors in the kernels checked"
+    else:
+        note = "the log holds no error record (the run may have been cut short)"
+    return sanitized, replace(base, note=before + note, errors=count, addresses=result.addresses)
+
+
+@dataclass(frozen=True)
+class _Memcheck:
+    """What one memcheck pass left: its parsed logs (None: no readable log) and the invalid
+    addresses placed against the pass's recorded tensors."""
+
+    parsed: SanitizerReport | None
+    problems: str
+    addresses: tuple[AddressNote, ...]
+
+
+def _read_memcheck(folder: Path, done: RunPass) -> _Memcheck:
     texts: list[str] = []
     problems: list[str] = []
     for path in sorted(folder.glob(SANITIZER_LOG.replace("%p", "*"))):
@@ -256,17 +338,9 @@ def _sanitize(
         except InputError as exc:
             problems.append(str(exc))
     if not texts:
-        return sanitized, SanitizerRun(
-            ran=True,
-            note=f"compute-sanitizer wrote no readable log ({'; '.join(problems) or 'none was written'})",
-            binary=info.path,
-            version=info.version or "",
-            kernels=targets.kernels,
-            launch_count=targets.launch_count,
-            log_path=str(folder),
-        )
+        return _Memcheck(None, "; ".join(problems), ())
     parsed = parse_sanitizer_log("\n".join(texts))
-    tables = run_findings.tensor_tables(sanitized.processes)
+    tables = run_findings.tensor_tables(done.processes)
     addresses = tuple(
         AddressNote(
             address=a.address,
@@ -280,36 +354,7 @@ def _sanitize(
         )
         for a in attribute(parsed, tables)
     )
-    count = parsed.error_summary if parsed.error_summary is not None else len(parsed.errors)
-    placed = sum(1 for a in addresses if a.tensor is not None)
-    if parsed.tool_failures:
-        # what it printed before it gave up is kept; the rest of the run was not checked
-        note = (
-            f"compute-sanitizer failed: {parsed.tool_failures[0]} It printed {count:,} "
-            f"error{'s' if count != 1 else ''} before that; {placed} of {len(addresses)} invalid addresses "
-            "placed against recorded tensors; what it did not check is unknown, not clean (a "
-            "smaller over-run of the same fault, fewer rows or a smaller input, lets it finish)"
-        )
-    elif count:
-        note = (
-            f"{count:,} error{'s' if count != 1 else ''}; {placed} of {len(addresses)} invalid "
-            "addresses placed against recorded tensors"
-        )
-    elif parsed.clean:
-        note = "0 errors in the kernels checked"
-    else:
-        note = "the log holds no error record (the run may have been cut short)"
-    return sanitized, SanitizerRun(
-        ran=True,
-        note=note,
-        binary=info.path,
-        version=info.version or "",
-        kernels=targets.kernels,
-        launch_count=targets.launch_count,
-        log_path=str(folder),
-        errors=count,
-        addresses=addresses,
-    )
+    return _Memcheck(parsed, "; ".join(problems), addresses)
 
 
 def _merged_lint(passes: Sequence[RunPass]) -> tuple[SourceLint, ...]:
@@ -384,8 +429,8 @@ def run_program(
                 environ=env,
                 on_pass=on_pass,
             )
-            if sanitized is not None:
-                passes.append(sanitized)
+            if sanitized:
+                passes.extend(sanitized)
                 found = _merged_diagnoses(passes)
         if not first.processes:
             notes.append("no process of the command imported Triton: no launch was monitored")
