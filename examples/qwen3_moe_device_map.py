@@ -8,6 +8,8 @@ placed over GPUs with ``device_map`` and trained for a few steps: a user's progr
         --kernel specimen:unmasked_rows --over-route 1000000
     qmoe-doctor run -- python examples/qwen3_moe_device_map.py --gpus 0 --kernel specimen:int32_offsets \\
         --preset qwen3-coder-480b-a35b --layers 1 --tokens 256 --steps 1
+    qmoe-doctor run -- python examples/qwen3_moe_device_map.py --gpus 0,1 --side-stream \\
+        --kernel specimen:wrong_stream                                       # a kernel on the default stream
     python examples/qwen3_moe_device_map.py --cpu --steps 1                  # Triton interpreter, float32
 
 The model is built from a config (no download): attention, norms and embeddings are Transformers'
@@ -19,8 +21,12 @@ qmoe-doctor command reads it). ``accelerate.dispatch_model`` places the layers a
 first GPU stays the current device, which is what an unguarded kernel trips over.
 
 ``--over-route ROWS`` adds ROWS to the last expert's row count the forward kernel is given (a
-routing bug: counts that no longer describe the rows). Needs ``pip install "qmoe-doctor[example]"``
-(transformers, accelerate).
+routing bug: counts that no longer describe the rows). ``--side-stream`` runs the training steps
+with a new stream current on every GPU the model uses, as a program that overlaps work does: a
+kernel that launches on the default stream instead of the caller's current one then stands out
+(on the CPU there is no stream: it is ignored, with a message).
+
+Needs ``pip install "qmoe-doctor[example]"`` (transformers, accelerate).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=None, help="tokens per step (default: 512; 16 on the CPU)")
     p.add_argument("--steps", type=int, default=3, help="training steps")
     p.add_argument("--over-route", type=int, default=0, metavar="ROWS", help="rows added to the last expert's count")
+    p.add_argument("--side-stream", action="store_true", help="train with a side stream current on every GPU")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     for name in ("layers", "tokens", "steps"):
@@ -67,6 +74,22 @@ def over_routed(kernel: Callable[..., Any], rows: int) -> Callable[..., Any]:
         return kernel(x, w, counts, **kwargs)
 
     return forward
+
+
+def use_side_streams(devices: list[Any]) -> list[Any]:
+    """A new stream made current on each of ``devices`` (ordered after the set-up queued on its
+    default stream), then the first device current again: ``torch.cuda.set_stream`` makes the
+    stream's device current too."""
+    import torch
+
+    streams = []
+    for device in devices:
+        stream = torch.cuda.Stream(device=device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        torch.cuda.set_stream(stream)
+        streams.append(stream)
+    torch.cuda.set_device(devices[0])
+    return streams
 
 
 def build(args: argparse.Namespace, devices: list[Any], dtype: Any) -> tuple[Any, dict[str, Any]]:
@@ -152,6 +175,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(args.seed)
     print(f"{args.kernel}: {len(model.model.layers)} layers over {', '.join(placed)}, {tokens} tokens a step", flush=True)
+    if args.side_stream and args.cpu:
+        print("--side-stream: the CPU has no CUDA stream; ignored", file=sys.stderr)
+    elif args.side_stream:
+        streams = use_side_streams(devices)
+        print(f"side streams current: {', '.join(f'{s.device} 0x{s.cuda_stream:x}' for s in streams)}", flush=True)
     step_s: list[float] = []
     for step in range(1, args.steps + 1):
         ids = torch.randint(0, VOCAB, (1, tokens), generator=generator).to(devices[0])

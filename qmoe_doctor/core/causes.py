@@ -112,7 +112,7 @@ _CAUSES = (
             "A process that never calls torch.cuda.set_device runs every unguarded launch and "
             "every device='cuda' allocation on GPU 0. Ranks then share one GPU or mix devices."
         ),
-        fix="torch.cuda.set_device(local_rank)  # first thing in every rank",
+        fix='torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # first thing in every rank',
         public_evidence=("torchtitan #1225",),
     ),
     Cause(
@@ -138,7 +138,9 @@ _CAUSES = (
             "with torch.cuda.device(x.device):\n"
             "    # launch on the caller's current stream of x.device (Triton does this by default);\n"
             "    # never torch.cuda.default_stream() or a stream taken before the guard\n"
-            "    kernel[grid](...)"
+            "    kernel[grid](...)\n"
+            "# a stream of your own: s.wait_stream(torch.cuda.current_stream(x.device)) before it,\n"
+            "# torch.cuda.current_stream(x.device).wait_stream(s) after, x.record_stream(s)"
         ),
         public_evidence=("flash-attention #2356", "flashinfer #349/#361"),
     ),

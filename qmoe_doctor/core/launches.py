@@ -12,7 +12,8 @@ flushed. The parent reads them back (``workflows.run``)::
                   lint=(SourceLint, ...), end=ProcessEnd | None)
 
 ``LaunchFacts`` is what the device checks (``diagnose.launch_rules``, pure functions) read: one
-launch's kernel, device and tensors, with what the lint found in the kernel's source.
+launch's kernel, device and tensors, with what the lint found in the kernel's source and the
+process's local rank under a launcher.
 
 Records round-trip through JSON like those of ``core.records`` (``to_json`` / ``from_json``).
 """
@@ -52,12 +53,18 @@ class HookPoint(StrEnum):
 
 
 class FindingKind(StrEnum):
-    """What a device check saw at a launch (``diagnose.launch_rules``)."""
+    """What a device check saw at a launch (``diagnose.launch_rules``), or a check over a
+    process's last launches at a flush (``diagnose.stream_rules``)."""
 
     OTHER_DEVICE = "tensor-on-other-device"  # a tensor on another GPU than the launch's
     MIXED_DEVICES = "mixed-devices"  # the tensors of one launch on several devices
     CPU_TENSOR = "cpu-tensor"  # a CPU tensor passed to a GPU launch
     INT32_BY_SIZE = "int32-offset-by-size"  # a tensor of >= 2**31 elements, int32 products in the lint
+    # a launcher's rank r != 0 with its tensors on cuda:r and a tensor (or the launch) on cuda:0
+    RANK_ON_DEVICE_0 = "rank-on-device-0"
+    # found over the ring at a flush, not at a launch: a kernel always on the default stream while
+    # the same thread's other launches on that device ran on a side stream
+    DEFAULT_STREAM = "default-stream-launch"
 
 
 #: What became of a launch that a device check flagged: Triton refused its pointer ("refused"),
@@ -167,6 +174,7 @@ class LaunchFacts:
     device: str | None  # launch device ("cuda:0"); None under the interpreter (no device)
     tensors: tuple[TensorArg, ...]
     int32_lint: tuple[LintFinding, ...] = ()  # int32 offset products the lint found in the kernel
+    local_rank: int | None = None  # the process's LOCAL_RANK (a launcher's rank), read once at attach
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,6 +16,12 @@ One function per fact, each naming a cause of ``core.causes``:
 * :func:`cpu_tensor` (``default-device-buffer``): a CPU tensor passed to a GPU launch.
 * :func:`int32_by_size` (``int32-offset-overflow``): a tensor whose element span reaches 2**31
   passed to a kernel whose source forms an offset product in int32 (found by the lint).
+* :func:`device_never_set` (``device-never-set``): in a launcher's rank r != 0 (``LOCAL_RANK``),
+  a launch whose tensors sit on cuda:r with one on cuda:0, or that runs on cuda:0: the rank never
+  made cuda:r current. It is the one cause of that launch's cross-GPU tensors: the guard and
+  mixed-device findings it explains are not made.
+
+Checks over many launches (a kernel's stream against its neighbours') are ``diagnose.stream_rules``.
 """
 
 from __future__ import annotations
@@ -54,6 +60,19 @@ def _gpu_index(device: str | None) -> int | None:
     return int(index) if kind != "cpu" and index.isdigit() else None
 
 
+def _consequence(launch: str, other: str, peer: bool | None) -> str:
+    """What a launch on ``launch`` makes of pointers on ``other``, by peer access."""
+    if peer is None:
+        return "without peer access Triton refuses the pointer; with it the kernel runs remotely"
+    if peer:
+        return (
+            f"{launch} can reach {other} over peer access, so once it is enabled (any copy "
+            f"{launch} -> {other} does) the kernel runs remotely: several times slower and "
+            f"unordered against {other}'s stream"
+        )
+    return f"{launch} cannot reach {other} (no peer access): the launch fails"
+
+
 def other_device(facts: LaunchFacts, peer_access: PeerAccess | None = None) -> list[LaunchFinding]:
     """One finding per GPU, other than the launch device, that holds tensors of the launch."""
     launch_gpu = _gpu_index(facts.device)
@@ -69,18 +88,7 @@ def other_device(facts: LaunchFacts, peer_access: PeerAccess | None = None) -> l
         tensor_gpu = tensors[0].device_index
         assert tensor_gpu is not None
         peer = peer_access(launch_gpu, tensor_gpu) if peer_access is not None else None
-        if peer is None:
-            consequence = (
-                "without peer access Triton refuses the pointer; with it the kernel runs remotely"
-            )
-        elif peer:
-            consequence = (
-                f"{facts.device} can reach {device} over peer access, so once it is enabled (any copy "
-                f"{facts.device} -> {device} does) the kernel runs remotely: several times slower and "
-                f"unordered against {device}'s stream"
-            )
-        else:
-            consequence = f"{facts.device} cannot reach {device} (no peer access): the launch fails"
+        consequence = _consequence(str(facts.device), device, peer)
         out.append(
             LaunchFinding(
                 kind=FindingKind.OTHER_DEVICE,
@@ -97,6 +105,53 @@ def other_device(facts: LaunchFacts, peer_access: PeerAccess | None = None) -> l
             )
         )
     return out
+
+
+def device_never_set(facts: LaunchFacts, peer_access: PeerAccess | None = None) -> list[LaunchFinding]:
+    """A launcher's rank r != 0 whose launch has at least half of its GPU tensors (one at least)
+    on cuda:r, the rest on cuda:0, and either a tensor on cuda:0 or the launch itself on cuda:0
+    (launched on cuda:0 or cuda:r only). The rank never called ``torch.cuda.set_device(r)``: its
+    current device is still cuda:0, where ``device="cuda"`` buffers and unguarded launches go.
+    A third GPU, or a rank's tensors mostly on cuda:0, is left to the other checks."""
+    rank = facts.local_rank
+    launch_gpu = _gpu_index(facts.device)
+    if rank is None or rank <= 0 or launch_gpu not in (0, rank):
+        return []
+    gpus = [t for t in facts.tensors if t.device_index is not None]
+    own = [t for t in gpus if t.device_index == rank]
+    zero = [t for t in gpus if t.device_index == 0]
+    if not own or len(own) + len(zero) != len(gpus) or len(own) < len(zero):
+        return []
+    if not zero and launch_gpu != 0:
+        return []
+    gpu = f"cuda:{rank}"
+    parts = [f"{_names(own)} on {gpu} (the rank's GPU)"]
+    if zero:
+        parts.append(f"{_names(zero)} on cuda:0")
+    follows = " and ".join(
+        what
+        for what, there in (("a buffer made with device='cuda'", zero), ("an unguarded launch", launch_gpu == 0))
+        if there
+    )
+    other = 0 if launch_gpu == rank else rank
+    peer = peer_access(launch_gpu, other) if peer_access is not None else None
+    return [
+        LaunchFinding(
+            kind=FindingKind.RANK_ON_DEVICE_0,
+            cause="device-never-set",
+            kernel=facts.kernel,
+            message=(
+                f"`{facts.kernel}` in the rank of LOCAL_RANK={rank}, launched on {facts.device} with "
+                f"{'; '.join(parts)}: this rank never called torch.cuda.set_device({rank}), so its "
+                f"current device is still cuda:0 and {follows} went there; "
+                f"{_consequence(str(facts.device), f'cuda:{other}', peer)}"
+            ),
+            launch_device=facts.device,
+            tensors=(*own, *zero),
+            peer_access=peer,
+            first_seq=facts.seq,
+        )
+    ]
 
 
 def mixed_devices(facts: LaunchFacts) -> list[LaunchFinding]:
@@ -179,13 +234,21 @@ def int32_by_size(facts: LaunchFacts) -> list[LaunchFinding]:
     ]
 
 
-#: Every check, in the order a report lists their findings.
-CHECKS: tuple[Callable[[LaunchFacts], list[LaunchFinding]], ...] = (mixed_devices, cpu_tensor, int32_by_size)
+#: The checks that run whatever explains the launch's GPUs, after them.
+CHECKS: tuple[Callable[[LaunchFacts], list[LaunchFinding]], ...] = (cpu_tensor, int32_by_size)
+#: The findings ``--strict`` stops a launch for: a tensor on another device than the launch's.
+_CROSS_DEVICE = frozenset(
+    {FindingKind.OTHER_DEVICE, FindingKind.MIXED_DEVICES, FindingKind.CPU_TENSOR, FindingKind.RANK_ON_DEVICE_0}
+)
 
 
 def check_launch(facts: LaunchFacts, peer_access: PeerAccess | None = None) -> tuple[LaunchFinding, ...]:
-    """Every finding of one launch."""
-    found = other_device(facts, peer_access)
+    """Every finding of one launch. When :func:`device_never_set` explains its GPUs (one cause),
+    the guard and mixed-device findings of the same tensors are not made."""
+    found = device_never_set(facts, peer_access)
+    if not found:
+        found = other_device(facts, peer_access)
+        found.extend(mixed_devices(facts))
     for check in CHECKS:
         found.extend(check(facts))
     return tuple(found)
@@ -193,7 +256,7 @@ def check_launch(facts: LaunchFacts, peer_access: PeerAccess | None = None) -> t
 
 def cross_device(finding: LaunchFinding) -> bool:
     """Whether ``--strict`` stops the launch: a tensor another device than the launch's."""
-    return finding.kind in (FindingKind.OTHER_DEVICE, FindingKind.MIXED_DEVICES, FindingKind.CPU_TENSOR)
+    return finding.kind in _CROSS_DEVICE
 
 
 __all__ = [
@@ -203,6 +266,7 @@ __all__ = [
     "cpu_tensor",
     "cross_device",
     "describe",
+    "device_never_set",
     "int32_by_size",
     "mixed_devices",
     "other_device",

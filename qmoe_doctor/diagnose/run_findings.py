@@ -27,15 +27,26 @@ MAX_SANITIZED_KERNELS = 8
 SANITIZE_FIRST_LAUNCHES = 2
 
 _CUDA_KINDS = (ErrorKind.ILLEGAL_ADDRESS, ErrorKind.DEVICE_ASSERT)
-#: Observed at a launch: the tensors' devices were read, not inferred. The int32 finding joins a
-#: static finding (the lint) to an observed size: it shows the wrap is reachable, not that it ran.
+#: Observed at a launch: the tensors' devices (and the rank's LOCAL_RANK) were read, not inferred.
+#: The int32 finding joins a static finding (the lint) to an observed size: it shows the wrap is
+#: reachable, not that it ran. The default-stream finding is a heuristic over the ring
+#: (``diagnose.stream_rules`` says what makes it wrong).
 _CONFIDENCE = {
+    FindingKind.RANK_ON_DEVICE_0: Confidence.HIGH,
     FindingKind.OTHER_DEVICE: Confidence.HIGH,
     FindingKind.MIXED_DEVICES: Confidence.HIGH,
     FindingKind.CPU_TENSOR: Confidence.HIGH,
     FindingKind.INT32_BY_SIZE: Confidence.MEDIUM,
+    FindingKind.DEFAULT_STREAM: Confidence.MEDIUM,
 }
-_ORDER = (FindingKind.OTHER_DEVICE, FindingKind.MIXED_DEVICES, FindingKind.CPU_TENSOR, FindingKind.INT32_BY_SIZE)
+_ORDER = (
+    FindingKind.RANK_ON_DEVICE_0,
+    FindingKind.OTHER_DEVICE,
+    FindingKind.MIXED_DEVICES,
+    FindingKind.CPU_TENSOR,
+    FindingKind.INT32_BY_SIZE,
+    FindingKind.DEFAULT_STREAM,
+)
 
 
 def _processes_in_order(records: Iterable[ProcessRecord]) -> list[ProcessRecord]:

@@ -14,7 +14,11 @@ of its kernel's first ``call_sites`` launches, every ``SAMPLE_EVERY``-th after, 
 the pre-check. A launch that fails it is turned into ``LaunchFacts`` for the device checks
 (``diagnose.launch_rules``), once per kernel and placement; repeats are counted. A kernel whose
 lint found an int32 offset product has every launch read whole: its tensors' spans are checked
-against 2**31 each time.
+against 2**31 each time. ``LOCAL_RANK`` (a launcher's rank) is read once, when the monitor
+attaches, and goes into those facts.
+
+The checks over many launches (``diagnose.stream_rules``: a kernel on the default stream among
+its thread's side-stream launches) run on the ring when the record is written, never at a launch.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from qmoe_doctor.core.error_kind import match_text
 from qmoe_doctor.core.launches import (
     INT32_LIMIT,
     HookPoint,
+    Launch,
     LaunchFacts,
     LaunchFinding,
     LaunchOutcome,
@@ -44,6 +49,7 @@ from qmoe_doctor.core.launches import (
 )
 from qmoe_doctor.core.records import ErrorKind
 from qmoe_doctor.diagnose.launch_rules import check_launch, cross_device
+from qmoe_doctor.diagnose.stream_rules import shows, wrong_stream
 from qmoe_doctor.monitor import ring as R
 from qmoe_doctor.monitor.callsite import Places, call_path, find_sites
 from qmoe_doctor.monitor.kernels import KernelInfo, SourceCache, describe_kernel, lint_kernel
@@ -124,6 +130,8 @@ class Monitor:
         self._threads: dict[int, str] = {}  # names of the threads that launched, by ident
         self.seq = 0
         self.sampled = 0  # launches read whole (tests and the benchmarks read it)
+        self.local_rank = _env_int("LOCAL_RANK")  # a launcher's rank; None outside one
+        self._ring_counted = 0  # the last launch the ring checks counted (``_check_ring``)
         self.t0 = time.monotonic()
         self.started = time.time()
         self.last_flush = self.t0
@@ -367,6 +375,7 @@ class Monitor:
                     device=R.device_name(entry[R.DEVICE]),
                     tensors=tuple(R.tensor_arg(t) for t in raw),
                     int32_lint=info.int32_lint,
+                    local_rank=self.local_rank,
                 )
                 found = check_launch(facts, self.peer_access)
                 launch = dataclasses.replace(R.to_launch(entry, self._thread_names()), flagged=bool(found))
@@ -423,6 +432,28 @@ class Monitor:
         except (OSError, ValueError):
             pass
 
+    def _check_ring(self, ring: Sequence[Launch]) -> None:
+        """The checks over the last launches (``diagnose.stream_rules``), where the record is
+        written. A new finding is warned about; one found before counts its launches made since
+        the previous check (launches the ring dropped in between are not counted)."""
+        if not ring:
+            return
+        found = wrong_stream(ring)
+        counted, self._ring_counted = self._ring_counted, ring[-1].seq
+        new: list[LaunchFinding] = []
+        with self._lock:
+            for f in found:
+                known = self.findings.get(f.key)
+                if known is None:
+                    self.findings[f.key] = f
+                    new.append(f)
+                    continue
+                more = sum(1 for launch in ring if launch.seq > counted and shows(known, launch))
+                if more:
+                    self.findings[f.key] = dataclasses.replace(known, count=known.count + more)
+        for f in new:
+            self._warn(f)
+
     def problem(self, text: str) -> None:
         if text not in self.problems and len(self.problems) < MAX_PROBLEMS:
             self.problems.append(text)
@@ -438,20 +469,27 @@ class Monitor:
         return names
 
     def record(self) -> ProcessRecord:
+        """The record as it stands, once the checks over the ring have run on it."""
         entries = self.ring.snapshot()
         threads = self._thread_names()
         with self._lock:
-            findings = tuple(self.findings.values())
             kernels = tuple(info.seen() for info in self.kernels.values())
             sampled = [info.last_sampled for info in self.kernels.values() if info.last_sampled is not None]
         known = R.known_tensors([*sampled, *entries])
+        ring = tuple(R.to_launch(e, threads, known) for e in entries)
+        try:
+            self._check_ring(ring)
+        except Exception as exc:  # the record is written all the same
+            self.problem(f"the checks over the ring failed: {type(exc).__name__}: {exc}")
+        with self._lock:
+            findings = tuple(self.findings.values())
         triton = sys.modules.get("triton")
         torch = sys.modules.get("torch")
         return ProcessRecord(
             pid=self.pid,
             ppid=os.getppid(),
             rank=_env_int("RANK"),
-            local_rank=_env_int("LOCAL_RANK"),
+            local_rank=self.local_rank,
             world_size=_env_int("WORLD_SIZE"),
             argv=tuple(str(a) for a in sys.argv),
             python=sys.version.split()[0],
@@ -464,7 +502,7 @@ class Monitor:
             flushed_at=time.time(),
             launches=self.seq,
             ring_size=self.settings.ring,
-            ring=tuple(R.to_launch(e, threads, known) for e in entries),
+            ring=ring,
             kernels=kernels,
             lint=self.sources.lints(),
             findings=findings,

@@ -383,3 +383,71 @@ def test_unsampled_launches_take_the_sizes_of_a_sampled_launch_of_the_same_buffe
         ("x_ptr", z.data_ptr(), 0),  # a buffer no sampled launch read: no size
         ("y_ptr", y.data_ptr(), 16),
     ]
+
+
+def seg_body(rows_ptr, out_ptr, n, BLOCK):  # type: ignore[no-untyped-def]  # a segment sum's stand-in
+    return rows_ptr, out_ptr, n, BLOCK
+
+
+def gemm_body(x_ptr, y_ptr, n, BLOCK):  # type: ignore[no-untyped-def]  # a grouped GEMM's stand-in
+    return x_ptr, y_ptr, n, BLOCK
+
+
+def test_a_kernel_on_the_default_stream_among_side_stream_launches_is_found_at_the_flush(tmp_path: Path) -> None:
+    """The wrong_stream specimen's pattern through the monitor: the stream each launch recorded
+    (the driver's current stream) is read from the ring when the record is written, not at the
+    launch; a later flush counts the launches made since, once."""
+    side = 0x55D0C3A0
+    current = {"stream": side}
+    module = fake_jit_module()
+    module.driver = SimpleNamespace(  # type: ignore[attr-defined]
+        # the launch device is the one CPU tensors report: every launch passes the device pre-check
+        active=SimpleNamespace(get_current_device=lambda: -1, get_current_stream=lambda device: current["stream"])
+    )
+    warnings = io.StringIO()
+    monitor = Monitor(Settings(folder=str(tmp_path), ring=16, call_sites=1), stderr=warnings)
+    assert hook.patch_jit(module, monitor)
+    seg, gemm = module.JITFunction(seg_body), module.JITFunction(gemm_body)
+    x, y = torch.ones(4), torch.empty(4)
+
+    def forward() -> None:  # as MoEBlock.forward under a side stream, on the specimen
+        current["stream"] = side
+        seg[(1,)](x, y, 4, BLOCK=16)
+        current["stream"] = 0  # torch.cuda.stream(torch.cuda.default_stream(x.device))
+        gemm[(1,)](x, y, 4, BLOCK=16)
+        gemm[(1,)](x, y, 4, BLOCK=16)
+        current["stream"] = side
+        seg[(1,)](x, y, 4, BLOCK=16)
+
+    forward()
+    assert not monitor.findings  # nothing at the launches (their first ones flushed before the pattern)
+    record = read_record(monitor)
+    (f,) = record.findings
+    assert f.kind is FindingKind.DEFAULT_STREAM and f.cause == "wrong-device-stream" and f.kernel == "gemm_body"
+    assert f.count == 2 and f.launch is not None and f.launch.stream == 0 and f.launch.call_site is not None
+    assert [launch.stream for launch in record.ring] == [side, 0, 0, side]
+    (line,) = warnings.getvalue().splitlines()
+    assert line.startswith("qmoe-doctor: wrong-device-stream: `gemm_body`") and f"0x{side:x}" in line
+    forward()
+    assert read_record(monitor).findings[0].count == 4  # the two launches made since
+    assert read_record(monitor).findings[0].count == 4  # and no launch counted twice
+    assert len(warnings.getvalue().splitlines()) == 1  # warned once
+
+
+def test_local_rank_is_read_once_when_the_monitor_attaches_and_reaches_the_device_checks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qmoe_doctor.monitor import session
+
+    checked: list[Any] = []
+    check = session.check_launch
+    monkeypatch.setattr(session, "check_launch", lambda facts, peer=None: checked.append(facts) or check(facts, peer))
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    FakeJIT.calls = []
+    monitor = Monitor(Settings(folder=str(tmp_path)), stderr=io.StringIO())
+    module = fake_jit_module()
+    assert hook.patch_jit(module, monitor)
+    monkeypatch.setenv("LOCAL_RANK", "5")  # read once: a later change is not seen
+    module.JITFunction(kernel_body)[(1,)](torch.ones(4), torch.empty(4), 4, BLOCK=16)  # CPU tensors on cuda:0
+    assert [facts.local_rank for facts in checked] == [1]
+    assert read_record(monitor).local_rank == 1

@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import pytest
 
 from qmoe_doctor.core.causes import CAUSES
@@ -16,12 +19,13 @@ from qmoe_doctor.core.launches import (
     LaunchFacts,
     ProcessEnd,
     ProcessRecord,
+    SourceSite,
     TensorArg,
     element_span,
 )
 from qmoe_doctor.core.lint_findings import LintFinding, Rule
 from qmoe_doctor.core.records import ErrorKind, from_json, to_json
-from qmoe_doctor.diagnose import launch_rules, run_findings
+from qmoe_doctor.diagnose import launch_rules, run_findings, stream_rules
 
 
 def tensor(name: str, device: str, shape: tuple[int, ...] = (4, 8), *, ptr: int = 0x1000, dtype: str = "bfloat16") -> TensorArg:
@@ -48,8 +52,20 @@ INT32_NOTE = LintFinding(
 )
 
 
-def facts(device: str | None, *tensors: TensorArg, lint: tuple[LintFinding, ...] = ()) -> LaunchFacts:
-    return LaunchFacts(seq=7, kernel="_k", device=device, tensors=tensors, int32_lint=lint)
+def facts(
+    device: str | None, *tensors: TensorArg, lint: tuple[LintFinding, ...] = (), rank: int | None = None
+) -> LaunchFacts:
+    return LaunchFacts(seq=7, kernel="_k", device=device, tensors=tensors, int32_lint=lint, local_rank=rank)
+
+
+def operands(gpu: int, *, y: int | None = None) -> tuple[TensorArg, ...]:
+    """A grouped GEMM's x, w, m_sizes on cuda:gpu and its output y on cuda:y (default: gpu)."""
+    return (
+        tensor("x_ptr", f"cuda:{gpu}"),
+        tensor("w_ptr", f"cuda:{gpu}", (8, 4, 8)),
+        tensor("m_sizes_ptr", f"cuda:{gpu}", (8,), dtype="int32"),
+        tensor("y_ptr", f"cuda:{gpu if y is None else y}"),
+    )
 
 
 # --- one row per edge: (what it covers, facts, peer access, kinds expected) ---
@@ -99,6 +115,56 @@ CASES = [
         None,
         [],
     ),
+    (
+        "rank 1, guarded launch on its GPU, output made with device='cuda' on cuda:0: one cause, not the guard and the mix",
+        facts("cuda:1", *operands(1, y=0), rank=1),
+        False,
+        [FindingKind.RANK_ON_DEVICE_0],
+    ),
+    (
+        "rank 1, unguarded: launched on cuda:0 with every tensor on cuda:1",
+        facts("cuda:0", *operands(1), rank=1),
+        None,
+        [FindingKind.RANK_ON_DEVICE_0],
+    ),
+    (
+        "rank 3, unguarded and the output on cuda:0 too",
+        facts("cuda:0", *operands(3, y=0), rank=3),
+        True,
+        [FindingKind.RANK_ON_DEVICE_0],
+    ),
+    (
+        "local rank 0: cuda:0 is its own GPU, the guard and the mix as before",
+        facts("cuda:0", *operands(1, y=0), rank=0),
+        None,
+        [FindingKind.OTHER_DEVICE, FindingKind.MIXED_DEVICES],
+    ),
+    (
+        "no LOCAL_RANK (no launcher): the guard and the mix as before",
+        facts("cuda:1", *operands(1, y=0)),
+        None,
+        [FindingKind.OTHER_DEVICE, FindingKind.MIXED_DEVICES],
+    ),
+    ("rank 1, every tensor on cuda:1 and a guard: nothing", facts("cuda:1", *operands(1), rank=1), None, []),
+    (
+        "rank 1 with a tensor on a third GPU: not its own GPU against cuda:0, the other checks",
+        facts("cuda:1", *operands(1, y=2), rank=1),
+        None,
+        [FindingKind.OTHER_DEVICE, FindingKind.MIXED_DEVICES],
+    ),
+    (
+        "rank 1 with its tensors mostly on cuda:0: not that rank's tensors with a stray one",
+        facts("cuda:0", tensor("x", "cuda:1"), tensor("w", "cuda:0"), tensor("y", "cuda:0"), rank=1),
+        None,
+        [FindingKind.OTHER_DEVICE, FindingKind.MIXED_DEVICES],
+    ),
+    (
+        "rank 1, a CPU tensor beside the stray output: both facts",
+        facts("cuda:1", *operands(1, y=0), tensor("bias", "cpu"), rank=1),
+        None,
+        [FindingKind.RANK_ON_DEVICE_0, FindingKind.CPU_TENSOR],
+    ),
+    ("rank 1 under the interpreter: no launch device, nothing", facts(None, *operands(1), rank=1), None, []),
 ]
 
 
@@ -145,6 +211,25 @@ def test_a_view_is_judged_by_the_elements_it_spans_not_its_numel() -> None:
     assert element_span((2, 0), (1, 1)) == 0
     (f,) = launch_rules.int32_by_size(facts("cuda:0", column, lint=(INT32_NOTE,)))
     assert f.kind is FindingKind.INT32_BY_SIZE
+
+
+def test_a_rank_that_never_set_its_device_is_named_with_its_rank_and_the_fix() -> None:
+    asked: list[tuple[int, int]] = []
+    (f,) = launch_rules.check_launch(
+        facts("cuda:1", *operands(1, y=0), rank=1), lambda a, b: asked.append((a, b)) or False
+    )
+    assert f.cause == "device-never-set" and f.kind is FindingKind.RANK_ON_DEVICE_0
+    assert [t.name for t in f.tensors] == ["x_ptr", "w_ptr", "m_sizes_ptr", "y_ptr"]
+    assert "LOCAL_RANK=1" in f.message and "torch.cuda.set_device(1)" in f.message
+    assert "x_ptr, w_ptr, m_sizes_ptr on cuda:1" in f.message and "y_ptr on cuda:0" in f.message
+    assert "device='cuda'" in f.message and "unguarded" not in f.message
+    assert asked == [(1, 0)] and f.peer_access is False and "the launch fails" in f.message
+    (unguarded,) = launch_rules.device_never_set(facts("cuda:0", *operands(1), rank=1), lambda a, b: True)
+    assert "an unguarded launch" in unguarded.message and "runs remotely" in unguarded.message
+    assert launch_rules.cross_device(f)  # --strict stops it before it runs
+    assert 'torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))' in CAUSES["device-never-set"].fix
+    (d,) = run_findings.diagnoses([record(21, rank=1, findings=(f,))])
+    assert d.cause == "device-never-set" and d.confidence.value == "high"
 
 
 def test_strict_stops_cross_device_launches_only() -> None:
@@ -231,3 +316,95 @@ def test_a_process_record_round_trips_through_json() -> None:
     r = record(9, rank=0, ring=(launch(1, "_k"),), findings=(f,), end=ProcessEnd(kind=EndKind.SIGNAL, detail="SIGTERM"))
     back = from_json(ProcessRecord, to_json(r))
     assert back == r and isinstance(back.findings[0].tensors[0], TensorArg)
+
+
+# --- the ring check: a kernel on the default stream among its thread's side-stream launches ---
+
+SIDE, SIDE_2 = 0x55D0C3A0, 0x55D0C4F0  # two side streams' cudaStream_t
+
+
+def at(seq: int, kernel: str, stream: int | None, *, device: str | None = "cuda:0", thread: str = "") -> Launch:
+    return Launch(
+        seq=seq, kernel=kernel, kernel_seq=seq, device=device, stream=stream, thread=thread,
+        tensors=(tensor("x_ptr", device or "cpu"),),
+    )
+
+
+def ring(*launches: tuple[Any, ...]) -> tuple[Launch, ...]:
+    """Launches numbered from 1: (kernel, stream) or (kernel, stream, {"device": ..., "thread": ...})."""
+    return tuple(
+        at(i, kernel, stream, **(where[0] if where else {})) for i, (kernel, stream, *where) in enumerate(launches, 1)
+    )
+
+
+#: The MoE block's forward twice, as the wrong_stream specimen runs it under a side stream: the
+#: combine's segment sum on the caller's side stream, the two grouped GEMMs on the default stream.
+SPECIMEN = ring(*[("_seg", SIDE), ("_gemm", 0), ("_gemm", 0), ("_seg", SIDE)] * 2)
+
+STREAM_CASES = [
+    ("the specimen: the grouped GEMM on the default stream among the side stream's launches", SPECIMEN, ["_gemm"]),
+    ("every launch on the default stream: a program that uses no stream", ring(*[("_seg", 0), ("_gemm", 0)] * 3), []),
+    ("every launch on one side stream", ring(*[("_seg", SIDE), ("_gemm", SIDE)] * 3), []),
+    ("two side streams, none on the default stream", ring(*[("_seg", SIDE), ("_gemm", SIDE_2)] * 3), []),
+    (
+        "the per-thread default stream (2) is a default stream too",
+        ring(("_seg", SIDE), ("_gemm", 2), ("_seg", SIDE)),
+        ["_gemm"],
+    ),
+    (
+        "a phase on the default stream before the side stream's: never between two side launches",
+        ring(("_gemm", 0), ("_gemm", 0), ("_seg", SIDE), ("_seg", SIDE)),
+        [],
+    ),
+    (
+        "the kernel once on the side stream too: it follows the caller's stream",
+        ring(("_seg", SIDE), ("_gemm", 0), ("_gemm", SIDE), ("_seg", SIDE)),
+        [],
+    ),
+    (
+        "the side stream's launches in another thread: each thread has its own current stream",
+        ring(("_seg", SIDE, {"thread": "worker"}), ("_gemm", 0), ("_seg", SIDE, {"thread": "worker"})),
+        [],
+    ),
+    (
+        "the side stream's launches on another device",
+        ring(("_seg", SIDE, {"device": "cuda:1"}), ("_gemm", 0), ("_seg", SIDE, {"device": "cuda:1"})),
+        [],
+    ),
+    (
+        "the interpreter: no stream recorded",
+        ring(*[("_seg", None, {"device": None}), ("_gemm", None, {"device": None})] * 2),
+        [],
+    ),
+]
+
+
+@pytest.mark.parametrize(("edge", "launches", "kernels"), STREAM_CASES, ids=[c[0] for c in STREAM_CASES])
+def test_the_default_stream_check_fires_on_its_pattern_only(
+    edge: str, launches: tuple[Launch, ...], kernels: list[str]
+) -> None:
+    found = stream_rules.wrong_stream(launches)
+    assert [f.kernel for f in found] == kernels, edge
+    for f in found:
+        assert f.cause == "wrong-device-stream" and f.kind is FindingKind.DEFAULT_STREAM
+        assert f.launch_device == "cuda:0"
+
+
+def test_the_default_stream_finding_names_kernel_device_streams_and_the_fix() -> None:
+    sampled = tuple(
+        dataclasses.replace(launch, call_site=SourceSite(file="train.py", line=12, function="forward"))
+        if launch.seq == 3 else launch
+        for launch in SPECIMEN
+    )  # fmt: skip
+    (f,) = stream_rules.wrong_stream(sampled)
+    assert f.count == 4 and f.launch is not None and f.first_seq == 3  # the first launch with a call site
+    assert f.launch.call_site is not None and f.tensors == f.launch.tensors
+    for part in ("`_gemm`", "cuda:0", "default stream (0x0)", f"0x{SIDE:x}", "`_seg`", "the main thread",
+                 "torch.cuda.current_stream(x.device)", "wait_stream"):  # fmt: skip
+        assert part in f.message, part
+    assert "wait_stream" in CAUSES["wrong-device-stream"].fix
+    assert stream_rules.shows(f, at(20, "_gemm", 0)) and not stream_rules.shows(f, at(21, "_gemm", SIDE))
+    assert not stream_rules.shows(f, at(22, "_gemm", 0, thread="worker"))
+    assert not launch_rules.cross_device(f)  # --strict never stops a launch for it: it is found later
+    (d,) = run_findings.diagnoses([record(30, findings=(f,))])
+    assert d.cause == "wrong-device-stream" and d.confidence.value == "medium"

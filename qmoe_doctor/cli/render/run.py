@@ -53,7 +53,7 @@ def _processes_line(processes: tuple[ProcessRecord, ...]) -> str:
 def _outcome(f: LaunchFinding) -> str:
     return {
         "ran": "it ran (over peer access the kernel reads the other GPU remotely)"
-        if f.launch_device and f.kind.value == "tensor-on-other-device"
+        if f.launch_device and f.kind.value in ("tensor-on-other-device", "rank-on-device-0")
         else "it ran",
         "refused": "Triton refused the pointer (no peer access): the launch raised",
         "raised": "the launch raised",
