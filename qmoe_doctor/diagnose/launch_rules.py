@@ -243,15 +243,35 @@ _CROSS_DEVICE = frozenset(
 
 
 def check_launch(facts: LaunchFacts, peer_access: PeerAccess | None = None) -> tuple[LaunchFinding, ...]:
-    """Every finding of one launch. When :func:`device_never_set` explains its GPUs (one cause),
-    the guard and mixed-device findings of the same tensors are not made."""
+    """Every finding of one launch, one cause per fault:
+
+    * when :func:`device_never_set` explains its GPUs, the guard and mixed-device findings of the
+      same tensors are not made;
+    * when most of its tensors are on the launch device and the rest on other GPUs, the launch
+      is where its operands live and the stray tensors are buffers made on another device:
+      :func:`mixed_devices` (``default-device-buffer``) only, not also a missing guard for the
+      stray ones (``specimen:default_buffer`` under ``device_map`` on 2x H100, 2026-11-25, was
+      reported under both causes before).
+    """
     found = device_never_set(facts, peer_access)
     if not found:
-        found = other_device(facts, peer_access)
-        found.extend(mixed_devices(facts))
+        mixed = mixed_devices(facts)
+        found = [] if mixed and _launch_device_holds_most(facts) else other_device(facts, peer_access)
+        found.extend(mixed)
     for check in CHECKS:
         found.extend(check(facts))
     return tuple(found)
+
+
+def _launch_device_holds_most(facts: LaunchFacts) -> bool:
+    """More of the launch's GPU tensors on the launch device than on any other GPU."""
+    counts: dict[int, int] = {}
+    for t in facts.tensors:
+        if t.device_index is not None:
+            counts[t.device_index] = counts.get(t.device_index, 0) + 1
+    launch_gpu = _gpu_index(facts.device)
+    here = counts.pop(launch_gpu, 0) if launch_gpu is not None else 0
+    return here > 0 and all(here > n for n in counts.values())
 
 
 def cross_device(finding: LaunchFinding) -> bool:

@@ -7,7 +7,7 @@
 #
 #   bash tools/gpu/validate_multi_gpu.sh [STEPS...]
 #
-# Steps (default: env scan specimens check repro run tests):
+# Steps (default: env scan specimens check repro run ranks tests):
 #   env        qmoe-doctor env
 #   scan       qmoe-doctor scan of the built-in kernel (want: no diagnosis) and of the
 #              torch:grouped_mm control on GPUS (every GPU with ALL_PAIRS=1: ~12 s per ordered
@@ -20,8 +20,11 @@
 #   run        qmoe-doctor run on examples/qwen3_moe_device_map.py split with device_map over GPUS:
 #              our kernel (no finding), specimen:unguarded (missing-device-guard named live, with
 #              its call site), the same with --strict (stops at that launch),
-#              specimen:default_buffer; then the two-GPU step with and without the monitor
-#              (median step ms of 20 steps, each way)
+#              specimen:default_buffer (default-device-buffer only), specimen:wrong_stream with
+#              a side stream current (wrong-device-stream) and our kernel with one (no finding);
+#              then the two-GPU step with and without the monitor (median step ms of 20 steps)
+#   ranks      qmoe-doctor run on examples/moe_ranks.py under torchrun, two ranks: our kernel (no
+#              finding), specimen:rank_no_set_device (device-never-set on rank 1 only)
 #   verdict    time to a verdict: scan and repro of specimen:unguarded from an empty Triton
 #              cache, then again warm
 #   tests      pytest tests/gpu -m "gpu or multigpu"
@@ -30,7 +33,7 @@
 # Knobs: GPUS (default 0,1), ALL_PAIRS, BUDGET (default 560), TEST_TIMEOUT (default 300),
 # SANITIZER_CASES (names of record_sanitizer_logs.py's cases; default all).
 # Results: $OUT/summary.txt and $OUT/logs.tar.gz. Record the run in docs/validation/.
-DEFAULT_STEPS="env scan specimens check repro run tests"
+DEFAULT_STEPS="env scan specimens check repro run ranks tests"
 source "$(dirname "${BASH_SOURCE[0]}")/run_common.sh" "$@"
 header
 GPUS=${GPUS:-0,1}
@@ -85,9 +88,24 @@ if has run; then
   t run-unguarded-strict "$(cap 150)" qmoe-doctor run --strict --save "$R/run-unguarded-strict.json" -- \
     python3 $E --gpus "$GPUS" --kernel specimen:unguarded --steps 2
   grep -E "CrossDeviceLaunchError|step 1/" "$R/run-unguarded-strict.log" | head -3 | tee -a "$S"
+  t run-wrong_stream "$(cap 150)" qmoe-doctor run --save "$R/run-wrong_stream.json" -- python3 $E --gpus "$GPUS" \
+    --kernel specimen:wrong_stream --side-stream --steps 2
+  grep -E "^qmoe-doctor:|^wrong-device-stream|diagnos" "$R/run-wrong_stream.log" | head -4 | tee -a "$S"
+  t run-ours-side-stream "$(cap 150)" qmoe-doctor run --save "$R/run-ours-side-stream.json" -- python3 $E \
+    --gpus "$GPUS" --side-stream --steps 2
+  tail -2 "$R/run-ours-side-stream.log" | tee -a "$S"
   t step-plain "$(cap 150)" python3 $E --gpus "$GPUS" --steps 20
   t step-monitored "$(cap 150)" qmoe-doctor run -- python3 $E --gpus "$GPUS" --steps 20
   grep -h "median step" "$R/step-plain.log" "$R/step-monitored.log" | tee -a "$S"
+fi
+if has ranks; then
+  # torchrun as a module of this python3 (a bare `torchrun` may belong to another Python)
+  TR=(python3 -m torch.distributed.run --nproc-per-node 2 examples/moe_ranks.py --steps 2)
+  t ranks-ours "$(cap 150)" qmoe-doctor run --save "$R/ranks-ours.json" -- "${TR[@]}"
+  tail -2 "$R/ranks-ours.log" | tee -a "$S"
+  t ranks-no-set-device "$(cap 150)" qmoe-doctor run --save "$R/ranks-no-set-device.json" -- "${TR[@]}" \
+    --kernel specimen:rank_no_set_device
+  grep -E "^qmoe-doctor|^device-never-set|diagnos" "$R/ranks-no-set-device.log" | head -5 | tee -a "$S"
 fi
 if has verdict; then
   rm -rf "$TRITON_CACHE_DIR"
