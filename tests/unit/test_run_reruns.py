@@ -143,12 +143,13 @@ def test_sanitize_reruns_under_memcheck_and_places_the_address_in_a_recorded_ten
     assert [p.label for p in report.passes] == ["run", "blocking", "sanitize"]
     s = report.sanitizer
     assert s is not None and s.ran and s.version == "2025.3.1.0"
-    assert s.kernels == ("scale_rows",) and s.launch_count == 5  # the faulting launch is its 4th
+    # aimed at a CUDA error: every launch of the kernel up to the fault, no --launch-count
+    assert s.kernels == ("scale_rows",) and s.launch_count is None
     seen = json.loads((tmp_path / "seen.json").read_text())
     assert seen["caching"] == "1"  # the caching allocator off
     flags = {f[0]: f[1:] for f in seen["flags"]}
     assert flags["--tool"] == ["memcheck"] and flags["--kernel-name"] == ["regex=^scale_rows$"]
-    assert flags["--launch-count"] == ["5"] and flags["--target-processes"] == ["all"]
+    assert "--launch-count" not in flags and flags["--target-processes"] == ["all"]
     assert s.errors == 1
     (address,) = s.addresses
     assert address.tensor is not None and address.tensor.startswith("x_ptr of scale_rows #")

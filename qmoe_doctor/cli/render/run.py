@@ -136,11 +136,22 @@ def render_run(out: Console, report: RunReport) -> None:
         out.print(Text(f"compute-sanitizer: {s.note}", style=style), soft_wrap=True)
         if s.kernels:
             out.print(
-                Text(f"  kernels: {', '.join(s.kernels)}; --launch-count {s.launch_count}", style="dim"),
+                Text(
+                    f"  kernels: {', '.join(s.kernels)}"
+                    + (
+                        f"; --launch-count {s.launch_count}"
+                        if s.launch_count is not None
+                        else "; every launch up to the fault"
+                    ),
+                    style="dim",
+                ),
                 soft_wrap=True,
             )
         for a in s.addresses[:8]:
-            out.print(Text(f"  0x{a.address:x} ({a.access}{', in ' + a.kernel if a.kernel else ''}):"), soft_wrap=True)
+            out.print(
+                Text(f"  0x{a.address:x} ({a.access}{', in ' + a.kernel if a.kernel else ''}):"),
+                soft_wrap=True,
+            )
             for sentence in a.sentences[:3]:
                 out.print(Text(f"    {sentence}"), soft_wrap=True)
         if s.log_path:
