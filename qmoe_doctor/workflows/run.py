@@ -309,8 +309,7 @@ def _sanitize(
         note = (
             f"compute-sanitizer failed: {parsed.tool_failures[0]} It printed {count:,} "
             f"error{'s' if count != 1 else ''} before that; {placed} of {len(result.addresses)} invalid addresses "
-            "placed against recorded tensors; what it did not check is unknown, not clean (a "
-            "smaller over-run of the same fault, fewer rows or a smaller input, lets it finish)"
+            "placed against recorded tensors; what it did not check is unknown, not clean"
         )
     elif count:
         note = (

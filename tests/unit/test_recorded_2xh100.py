@@ -5,8 +5,11 @@ still come out of the rules, one cause per fault.
 ``reports/run/2026-11-25-2xh100-2261a74/`` holds the reports of
 ``examples/qwen3_moe_device_map.py --gpus 0,1`` (four layers split over the two GPUs with
 ``device_map``) under ``qmoe-doctor run``: our kernel (healthy), ``specimen:unguarded``, the same
-under ``--strict``, and ``specimen:default_buffer``. ``tests/fixtures/MANIFEST.md`` gives the
-commands and versions.
+under ``--strict``, and ``specimen:default_buffer``. ``reports/run/2026-11-25-2xh100-88138dc/`` holds the runs made after the
+one-cause rule, the default-stream check and the rank check were added: ``specimen:default_buffer``
+again, ``specimen:wrong_stream`` and our kernel with a side stream current on both GPUs, and
+``examples/moe_ranks.py`` under torchrun with two ranks, our kernel and
+``specimen:rank_no_set_device``. ``tests/fixtures/MANIFEST.md`` gives the commands and versions.
 """
 
 from __future__ import annotations
@@ -25,18 +28,25 @@ from qmoe_doctor.diagnose.stream_rules import wrong_stream
 
 REPO = Path(__file__).resolve().parents[2]
 RUNS = REPO / "tests" / "fixtures" / "reports" / "run" / "2026-11-25-2xh100-2261a74"
+LATER = RUNS.parent / "2026-11-25-2xh100-88138dc"
 EXAMPLE = "examples/qwen3_moe_device_map.py"
 
 
-def _report(name: str) -> RunReport:
-    data = (RUNS / name).read_bytes()
+def _report(name: str, folder: Path = RUNS) -> RunReport:
+    data = (folder / name).read_bytes()
     raw: Any = json.loads(gzip.decompress(data) if name.endswith(".gz") else data)
     return from_jsonable(RunReport, raw)
 
 
-def _facts(launch: Launch) -> LaunchFacts:
+def _facts(launch: Launch, local_rank: int | None = None) -> LaunchFacts:
     assert launch.tensors, "a flagged launch keeps its tensors"
-    return LaunchFacts(seq=launch.seq, kernel=launch.kernel, device=launch.device, tensors=launch.tensors)
+    return LaunchFacts(
+        seq=launch.seq, kernel=launch.kernel, device=launch.device, tensors=launch.tensors, local_rank=local_rank
+    )
+
+
+def _ring(report: RunReport) -> list[Launch]:
+    return [launch for p in report.passes for r in p.processes for launch in r.ring]
 
 
 def _flagged(report: RunReport) -> list[Launch]:
@@ -100,3 +110,58 @@ def test_the_default_buffer_launch_now_gives_one_cause() -> None:
     assert [(f.kind, f.cause) for f in found] == [(FindingKind.MIXED_DEVICES, "default-device-buffer")]
     (finding,) = found
     assert [t.name for t in finding.tensors if t.device == "cuda:0"] == ["y_ptr"]
+
+
+# --- after the one-cause rule, the default-stream check and the rank check (88138dc) --------------
+
+
+def test_the_default_buffer_run_reported_one_cause_live() -> None:
+    report = _report("run-default_buffer.json.gz", LATER)
+    assert [d.cause for d in report.diagnoses] == ["default-device-buffer"]
+    (launch, *_) = _flagged(report)
+    assert [f.cause for f in check_launch(_facts(launch), _peer)] == ["default-device-buffer"]
+
+
+def test_the_default_stream_launches_are_found_again_from_the_recorded_ring() -> None:
+    report = _report("run-wrong_stream.json.gz", LATER)
+    ring = _ring(report)
+    streams = {(launch.device, launch.stream != 0) for launch in ring}
+    assert streams == {("cuda:0", True), ("cuda:0", False), ("cuda:1", True), ("cuda:1", False)}
+    found = wrong_stream(ring)
+    assert sorted((f.kernel, f.launch_device, f.cause) for f in found) == [
+        ("_grouped_gemm_kernel", "cuda:0", "wrong-device-stream"),
+        ("_grouped_gemm_kernel", "cuda:1", "wrong-device-stream"),
+    ]
+    assert [d.cause for d in report.diagnoses] == ["wrong-device-stream"]
+
+
+def test_our_kernel_with_a_side_stream_current_stays_clean() -> None:
+    report = _report("run-ours-side-stream.json.gz", LATER)
+    ring = _ring(report)
+    assert ring and all(launch.stream not in (0, None) for launch in ring)  # every launch on the side streams
+    assert wrong_stream(ring) == [] and report.diagnoses == () and report.exit_code == 0
+
+
+def test_torchrun_ranks_with_our_kernel_stay_clean() -> None:
+    report = _report("ranks-ours.json.gz", LATER)
+    processes = [r for p in report.passes for r in p.processes]
+    assert sorted(r.local_rank or 0 for r in processes) == [0, 1] and None not in {r.local_rank for r in processes}
+    for record in processes:
+        assert {launch.device for launch in record.ring} == {f"cuda:{record.local_rank}"}
+        for launch in record.ring:
+            if launch.tensors:
+                assert check_launch(_facts(launch, record.local_rank), _peer) == ()
+    assert report.diagnoses == () and report.exit_code == 0
+
+
+def test_the_rank_that_never_set_its_device_is_named_on_rank_1_only() -> None:
+    report = _report("ranks-no-set-device.json.gz", LATER)
+    processes = {r.local_rank: r for p in report.passes for r in p.processes}
+    assert processes[0].findings == ()
+    (finding,) = processes[1].findings
+    assert finding.launch is not None
+    found = check_launch(_facts(finding.launch, 1), _peer)
+    assert [(f.kind, f.cause) for f in found] == [(FindingKind.RANK_ON_DEVICE_0, "device-never-set")]
+    # the same launch read without its rank: only the stray buffer, which the rank check explains
+    assert sorted(f.cause for f in check_launch(_facts(finding.launch), _peer)) == ["default-device-buffer"]
+    assert [d.cause for d in report.diagnoses] == ["device-never-set"]
