@@ -1,4 +1,4 @@
-"""Data-parallel torchrun ranks, each training the MoE block on its own GPU: a user's program for
+"""Torchrun ranks, each training its own copy of the MoE block on its own GPU: a user's program for
 ``qmoe-doctor run`` to watch under a launcher (docs/run.md).
 
     torchrun --nproc-per-node 2 examples/moe_ranks.py                        # ours: no finding
@@ -14,7 +14,8 @@ interpreter, float32, gloo), makes it current the way the kernel's module says (
 ``qmoe_doctor.kernels.moe_block.MoEBlock`` there on the ``--kernel`` forward grouped GEMM
 (``builtin``, ``specimen:NAME``, ``module:function``, ``path/to/file.py:function``) and runs
 ``--steps`` forward + backward steps of ``--tokens`` random tokens, all-reducing the loss over the
-process group (nccl on GPUs, gloo on the CPU). Run alone, without torchrun, it is one rank with
+process group (nccl on GPUs, gloo on the CPU): one collective a step, as a training loop has; the
+gradients are not averaged, so it is not data parallel in full. Run alone, without torchrun, it is one rank with
 its process group in memory.
 """
 
@@ -93,7 +94,7 @@ def train(args: argparse.Namespace, kernel: Any, device: Any, dtype: Any, rank: 
 
     shape = get_preset(args.preset or ("tiny" if args.cpu else "qwen3-30b-a3b"))
     tokens = args.tokens or (16 if args.cpu else 512)
-    torch.manual_seed(args.seed)  # every rank starts from the same weights (data parallel)
+    torch.manual_seed(args.seed)  # every rank starts from the same weights
     block = MoEBlock(shape, kernel=kernel, device=device, dtype=dtype)
     optimizer = torch.optim.SGD(block.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(args.seed * 1000 + rank)  # each rank its own tokens
@@ -108,7 +109,7 @@ def train(args: argparse.Namespace, kernel: Any, device: Any, dtype: Any, rank: 
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         total = loss.detach().clone()
-        dist.all_reduce(total)  # a collective per step, as a data-parallel loop has
+        dist.all_reduce(total)  # a collective per step
         value, mean = loss.item(), total.item() / world  # waits for the step
         print(
             f"rank {rank} step {step}/{args.steps}: loss {value:.4f}, mean over {world} rank"

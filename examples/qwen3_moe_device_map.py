@@ -188,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        value = loss.item()  # waits for the step: the time below is the whole step's
+        value = loss.item()  # waits for the loss's GPU; the other GPU's last work is waited for by the next step's
         step_s.append(time.perf_counter() - t0)
         print(f"step {step}/{args.steps}: loss {value:.4f} ({step_s[-1]:.2f} s)", flush=True)
     if len(step_s) > 1:  # the first step compiles: left out

@@ -197,7 +197,12 @@ class LaunchFinding:
 
     @property
     def key(self) -> tuple[str, ...]:
-        """Repeats of one fact share it: kind, kernel, launch device, tensors and their devices."""
+        """Repeats of one fact share it: kind, kernel, launch device, tensors and their devices.
+        A default-stream finding (made over the ring, its example launch changing as the ring
+        moves) is one fact per kernel, device and thread."""
+        if self.kind is FindingKind.DEFAULT_STREAM:
+            thread = self.launch.thread if self.launch is not None else ""
+            return (self.kind.value, self.kernel, self.launch_device or "", f"thread={thread}")
         named = tuple(f"{t.name}@{t.device}" for t in self.tensors)
         return (self.kind.value, self.kernel, self.launch_device or "", *named)
 

@@ -247,8 +247,8 @@ def check_launch(facts: LaunchFacts, peer_access: PeerAccess | None = None) -> t
 
     * when :func:`device_never_set` explains its GPUs, the guard and mixed-device findings of the
       same tensors are not made;
-    * when most of its tensors are on the launch device and the rest on other GPUs, the launch
-      is where its operands live and the stray tensors are buffers made on another device:
+    * when most of its tensor bytes are on the launch device and the rest on other GPUs, the
+      launch is where its operands live and the stray tensors are buffers made on another device:
       :func:`mixed_devices` (``default-device-buffer``) only, not also a missing guard for the
       stray ones (``specimen:default_buffer`` under ``device_map`` on 2x H100, 2026-11-25, was
       reported under both causes before).
@@ -264,14 +264,16 @@ def check_launch(facts: LaunchFacts, peer_access: PeerAccess | None = None) -> t
 
 
 def _launch_device_holds_most(facts: LaunchFacts) -> bool:
-    """More of the launch's GPU tensors on the launch device than on any other GPU."""
-    counts: dict[int, int] = {}
+    """More of the launch's GPU tensor bytes on the launch device than on any other GPU: the
+    operands live there (bytes, not a count: several small metadata buffers made on the current
+    device beside the operands on another GPU are a missing guard, not a stray output)."""
+    held: dict[int, int] = {}
     for t in facts.tensors:
         if t.device_index is not None:
-            counts[t.device_index] = counts.get(t.device_index, 0) + 1
+            held[t.device_index] = held.get(t.device_index, 0) + t.nbytes
     launch_gpu = _gpu_index(facts.device)
-    here = counts.pop(launch_gpu, 0) if launch_gpu is not None else 0
-    return here > 0 and all(here > n for n in counts.values())
+    here = held.pop(launch_gpu, 0) if launch_gpu is not None else 0
+    return here > 0 and all(here > n for n in held.values())
 
 
 def cross_device(finding: LaunchFinding) -> bool:

@@ -95,7 +95,7 @@ def wrong_stream(launches: Sequence[Launch]) -> list[LaunchFinding]:
                     cause="wrong-device-stream",
                     kernel=kernel,
                     message=(
-                        f"`{kernel}` ran its {len(own)} launch{'es' if len(own) != 1 else ''} in the ring on "
+                        f"`{kernel}` ran on "
                         f"{device}'s default stream ({_streams([o.stream or 0 for o in own])}) while "
                         f"{named} of {_thread(thread)} ran on {device}'s side stream "
                         f"{_streams([s.stream or 0 for s in side])} before and after it: the caller's "

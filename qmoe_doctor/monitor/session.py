@@ -439,9 +439,10 @@ class Monitor:
         if not ring:
             return
         found = wrong_stream(ring)
-        counted, self._ring_counted = self._ring_counted, ring[-1].seq
         new: list[LaunchFinding] = []
-        with self._lock:
+        with self._lock:  # flushes may overlap (any launching thread flushes): count each launch once
+            counted = self._ring_counted
+            self._ring_counted = max(counted, ring[-1].seq)
             for f in found:
                 known = self.findings.get(f.key)
                 if known is None:

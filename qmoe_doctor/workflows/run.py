@@ -208,13 +208,19 @@ def _sanitize(
     environ: Mapping[str, str],
     on_pass: OnPass | None,
 ) -> tuple[tuple[RunPass, ...], SanitizerRun]:
-    """The sanitize passes (none where it could not run, two where the filtered one failed
-    inside compute-sanitizer) and what they found."""
+    """The sanitize passes (none where it could not run, two where the first, bounded by a
+    launch count, failed inside compute-sanitizer) and what they found."""
     errors = [e for p in earlier for e in p.cuda_errors]
     records = [r for p in earlier for r in p.processes]
     targets = run_findings.sanitizer_targets(errors, found, records)
     if targets is None:
         return (), SanitizerRun(ran=False, note="no Triton kernel was launched: nothing to check")
+    # Aimed at a CUDA error, memcheck checks every launch of the target kernels up to the fault:
+    # every pass with `--launch-count 2` on the example's over-routed specimen ended in "Internal
+    # Sanitizer Error: failed to handle a hardware exception" with nothing found, and every pass
+    # without it, whatever the kernel filter, printed the writes past `y` (H100, 2026-11-25).
+    # With no fault to aim at, the count bounds the cost of a long healthy run.
+    launch_count = None if errors else targets.launch_count
     try:
         info = find_compute_sanitizer(env=environ)
     except ValueError as exc:
@@ -228,22 +234,20 @@ def _sanitize(
                 "compute-sanitizer or point QMOE_DOCTOR_COMPUTE_SANITIZER at it; no rerun was made"
             ),
             kernels=targets.kernels,
-            launch_count=targets.launch_count,
+            launch_count=launch_count,
         )
     folder = root / "sanitize"
     # the caching allocator hides out-of-bounds accesses inside its pooled segments
     extra = {knobs.PYTORCH_NO_CUDA_MEMORY_CACHING: "1"}
 
-    def memcheck(
-        kernels: Sequence[str], launch_count: int | None, where: Path, why: str
-    ) -> tuple[RunPass, _Memcheck]:
+    def memcheck(count: int | None, where: Path, why: str) -> tuple[RunPass, _Memcheck]:
         where.mkdir(parents=True, exist_ok=True)
         full = sanitizer_command(
             info,
             SanitizerTool.MEMCHECK,
             argv,
-            kernel_regex=_kernel_regex(kernels) if kernels else None,
-            launch_count=launch_count,
+            kernel_regex=_kernel_regex(targets.kernels),
+            launch_count=count,
             log_path=where / SANITIZER_LOG,
             target_processes_all=True,
         )
@@ -255,43 +259,35 @@ def _sanitize(
         )
         return done, _read_memcheck(where, done)
 
-    # Aimed at a CUDA error, memcheck checks every launch of the target kernels up to the fault:
-    # with `--launch-count 2` on the example's over-routed specimen it ended in "Internal
-    # Sanitizer Error: failed to handle a hardware exception" with nothing found, where the same
-    # kernel filter without it placed the writes past `y` (2x H100, 2026-11-25). With no fault to
-    # aim at, the count bounds the cost of a long healthy run.
-    count = None if errors else targets.launch_count
-    first, result = memcheck(
-        targets.kernels,
-        count,
-        folder,
-        f"compute-sanitizer memcheck on {', '.join(targets.kernels)} ({targets.why})",
-    )
+    why = f"compute-sanitizer memcheck on {', '.join(targets.kernels)} ({targets.why})"
+    first, result = memcheck(launch_count, folder, why)
     first_failed = ""
-    if result.parsed is not None and result.parsed.tool_failures and not result.addresses:
-        # compute-sanitizer failed and found nothing: memcheck runs once more on every kernel,
-        # no filter, no count (slower: every kernel up to the fault is checked). On the
-        # example's over-routed specimen (2x H100, 2026-11-25) the filtered pass with a launch
-        # count failed so and this one placed all 64 addresses it printed in `y`.
+    if (
+        launch_count is not None
+        and result.parsed is not None
+        and result.parsed.tool_failures
+        and not result.addresses
+    ):
+        # the bounded pass failed inside compute-sanitizer and found nothing: once more on the
+        # same kernels, every launch (slower: the whole run of those kernels is checked)
         first_failed = result.parsed.tool_failures[0]
         second, result = memcheck(
-            (),
             None,
-            folder / "unfiltered",
-            "compute-sanitizer memcheck on every kernel (the filtered pass failed inside compute-sanitizer)",
+            folder / "unbounded",
+            f"{why}, every launch: the pass with --launch-count failed inside compute-sanitizer",
         )
     base = SanitizerRun(
         ran=True,
         note="",
         binary=info.path,
         version=info.version or "",
-        kernels=() if first_failed else targets.kernels,
-        launch_count=None if first_failed else count,
+        kernels=targets.kernels,
+        launch_count=None if first_failed else launch_count,
         log_path=str(folder),
     )
     before = (
-        f"memcheck on {', '.join(targets.kernels)} alone failed inside compute-sanitizer ({first_failed}); "
-        "on every kernel: "
+        f"memcheck with --launch-count {launch_count} failed inside compute-sanitizer ({first_failed}); "
+        "on every launch: "
         if first_failed
         else ""
     )
@@ -302,25 +298,24 @@ def _sanitize(
             note=f"{before}compute-sanitizer wrote no readable log ({result.problems or 'none was written'})",
         )
     parsed = result.parsed
-    count = parsed.error_summary if parsed.error_summary is not None else len(parsed.errors)
+    n_errors = parsed.error_summary if parsed.error_summary is not None else len(parsed.errors)
     placed = sum(1 for a in result.addresses if a.tensor is not None)
+    # the log prints its first records only, and each kind of access keeps its first 64 distinct
+    # addresses (diagnose.sanitizer_log.group_errors): the addresses are those, not every error
+    read = f"{placed} of the {len(result.addresses)} distinct invalid addresses read from the log placed against recorded tensors"
     if parsed.tool_failures:
         # what it printed before it gave up is kept; the rest of the run was not checked
         note = (
-            f"compute-sanitizer failed: {parsed.tool_failures[0]} It printed {count:,} "
-            f"error{'s' if count != 1 else ''} before that; {placed} of {len(result.addresses)} invalid addresses "
-            "placed against recorded tensors; what it did not check is unknown, not clean"
+            f"compute-sanitizer failed: {parsed.tool_failures[0]} It printed {n_errors:,} "
+            f"error{'s' if n_errors != 1 else ''} before that; {read}; what it did not check is unknown, not clean"
         )
-    elif count:
-        note = (
-            f"{count:,} error{'s' if count != 1 else ''}; {placed} of {len(result.addresses)} invalid "
-            "addresses placed against recorded tensors"
-        )
+    elif n_errors:
+        note = f"{n_errors:,} error{'s' if n_errors != 1 else ''}; {read}"
     elif parsed.clean:
         note = "0 errors in the kernels checked"
     else:
         note = "the log holds no error record (the run may have been cut short)"
-    return sanitized, replace(base, note=before + note, errors=count, addresses=result.addresses)
+    return sanitized, replace(base, note=before + note, errors=n_errors, addresses=result.addresses)
 
 
 @dataclass(frozen=True)

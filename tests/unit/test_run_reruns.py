@@ -76,9 +76,9 @@ json.dump({{"flags": flags, "caching": os.environ.get("PYTORCH_NO_CUDA_MEMORY_CA
 record = json.load(open(path))
 t = record["ring"][-1]["tensors"][0]
 end = t["data_ptr"] + t["nbytes"]
-filtered = any(f[0] == "--kernel-name" for f in flags)
-if os.environ.get("FAKE_LOG") and (filtered or not os.environ.get("FAKE_LOG_ONLY_FILTERED")):
-    # a recorded log, verbatim (with FAKE_LOG_ONLY_FILTERED: only where a kernel filter is given)
+counted = any(f[0] == "--launch-count" for f in flags)
+if os.environ.get("FAKE_LOG") and (counted or not os.environ.get("FAKE_LOG_ONLY_COUNTED")):
+    # a recorded log, verbatim (with FAKE_LOG_ONLY_COUNTED: only where --launch-count is given)
     open(log.replace("%p", str(os.getpid())), "w").write(open(os.environ["FAKE_LOG"]).read())
     sys.exit(code)
 open(log.replace("%p", str(os.getpid())), "w").write(
@@ -233,28 +233,44 @@ def test_a_sanitizer_that_fails_inside_the_run_is_reported_as_failed_never_clean
     )
     s = report.sanitizer
     assert s is not None and s.ran and not s.addresses
-    # the filtered pass failed inside compute-sanitizer, so it ran once more on every kernel,
-    # which failed the same way here
-    assert [p.label for p in report.passes] == ["run", "sanitize", "sanitize"]
-    assert s.note.startswith("memcheck on scale_rows alone failed inside compute-sanitizer (Internal Sanitizer Error"), s.note
-    assert "on every kernel: compute-sanitizer failed: Internal Sanitizer Error" in s.note
+    # aimed at the CUDA error the pass had no launch count already: no second pass
+    assert [p.label for p in report.passes] == ["run", "sanitize"]
+    assert s.note.startswith("compute-sanitizer failed: Internal Sanitizer Error"), s.note
     assert "not clean" in s.note and "0 errors" not in s.note
-    assert s.kernels == () and s.launch_count is None
+    assert s.kernels == ("scale_rows",) and s.launch_count is None
 
 
-def test_a_filtered_memcheck_that_fails_inside_compute_sanitizer_is_run_again_on_every_kernel(tmp_path: Path) -> None:
-    # The H100 log of 2026-11-25 for the filtered pass; the unfiltered one places the address.
+def test_a_bounded_memcheck_that_fails_inside_compute_sanitizer_is_run_again_on_every_launch(tmp_path: Path) -> None:
+    # No CUDA error to aim at: the pass is bounded by --launch-count. The fake answers such a pass
+    # with the H100 log of 2026-11-25 (compute-sanitizer's own failure) and places the address
+    # in the pass without the count, as every pass without it did on that machine.
     prog, env = setup(tmp_path)
     report = run_program(
         [sys.executable, str(prog)],
         RunOptions(sanitize=True, log_dir=tmp_path / "r"),
-        environ={**env, "FAKE_LOG": str(INTERNAL_ERROR_LOG), "FAKE_LOG_ONLY_FILTERED": "1"},
+        environ={**env, "FAULT": "0", "FAKE_LOG": str(INTERNAL_ERROR_LOG), "FAKE_LOG_ONLY_COUNTED": "1"},
     )
+    assert [p.label for p in report.passes] == ["run", "sanitize", "sanitize"]
     s = report.sanitizer
-    assert s is not None and s.ran
+    assert s is not None and s.ran and s.kernels == ("scale_rows",) and s.launch_count is None
     flags = {f[0]: f[1:] for f in json.loads((tmp_path / "seen.json").read_text())["flags"]}
-    assert "--kernel-name" not in flags and "--launch-count" not in flags  # the second pass
+    assert flags["--kernel-name"] == ["regex=^scale_rows$"] and "--launch-count" not in flags  # the second pass
     (address,) = s.addresses
     assert address.tensor is not None and address.tensor.startswith("x_ptr of scale_rows #")
-    assert s.note.startswith("memcheck on scale_rows alone failed inside compute-sanitizer"), s.note
-    assert s.note.endswith("1 error; 1 of 1 invalid addresses placed against recorded tensors"), s.note
+    assert s.note.startswith("memcheck with --launch-count "), s.note
+    assert "failed inside compute-sanitizer (Internal Sanitizer Error" in s.note
+    assert s.note.endswith(
+        "on every launch: 1 error; 1 of the 1 distinct invalid addresses read from the log placed against recorded tensors"
+    ), s.note
+
+
+def test_a_bounded_memcheck_that_finishes_is_not_run_again(tmp_path: Path) -> None:
+    prog, env = setup(tmp_path)
+    report = run_program(
+        [sys.executable, str(prog)], RunOptions(sanitize=True, log_dir=tmp_path / "r"), environ={**env, "FAULT": "0"}
+    )
+    assert [p.label for p in report.passes] == ["run", "sanitize"]
+    s = report.sanitizer
+    assert s is not None and s.launch_count is not None and s.launch_count > 0
+    flags = {f[0]: f[1:] for f in json.loads((tmp_path / "seen.json").read_text())["flags"]}
+    assert flags["--launch-count"] == [str(s.launch_count)]

@@ -152,7 +152,20 @@ CASES = [
         [FindingKind.OTHER_DEVICE, FindingKind.MIXED_DEVICES],
     ),
     (
-        "as many tensors on the launch device as on another GPU: both, neither side is the stray one",
+        "an unguarded launch on the current device, its operands on another GPU and several small buffers made here: both",
+        facts(
+            "cuda:0",
+            tensor("x", "cuda:1", (64, 64)),
+            tensor("w", "cuda:1", (8, 64, 64)),
+            tensor("offsets", "cuda:0", (8,), dtype="int32"),
+            tensor("expert_ids", "cuda:0", (8,), dtype="int32"),
+            tensor("counts", "cuda:0", (8,), dtype="int32"),
+        ),
+        None,
+        [FindingKind.OTHER_DEVICE, FindingKind.MIXED_DEVICES],
+    ),
+    (
+        "as many tensor bytes on the launch device as on another GPU: both, neither side is the stray one",
         facts("cuda:0", tensor("x", "cuda:0"), tensor("w", "cuda:1")),
         None,
         [FindingKind.OTHER_DEVICE, FindingKind.MIXED_DEVICES],
@@ -246,7 +259,7 @@ def test_a_rank_that_never_set_its_device_is_named_with_its_rank_and_the_fix() -
 
 def test_strict_stops_cross_device_launches_only() -> None:
     found = launch_rules.check_launch(
-        facts("cuda:0", tensor("x", "cuda:1"), tensor("w", "cuda:0", (160, 5120, 6144)), lint=(INT32_NOTE,))
+        facts("cuda:0", tensor("y", "cuda:0"), tensor("w", "cuda:1", (160, 5120, 6144)), lint=(INT32_NOTE,))
     )
     stops = {f.kind: launch_rules.cross_device(f) for f in found}
     assert stops[FindingKind.OTHER_DEVICE] and stops[FindingKind.MIXED_DEVICES]
@@ -420,3 +433,21 @@ def test_the_default_stream_finding_names_kernel_device_streams_and_the_fix() ->
     assert not launch_rules.cross_device(f)  # --strict never stops a launch for it: it is found later
     (d,) = run_findings.diagnoses([record(30, findings=(f,))])
     assert d.cause == "wrong-device-stream" and d.confidence.value == "medium"
+
+
+def test_a_default_stream_finding_keeps_its_key_as_the_ring_moves() -> None:
+    """The example launch of a ring finding changes as the ring slides (another launch of the
+    kernel, other tensor names): still one fact per kernel, device and thread."""
+    (first,) = stream_rules.wrong_stream(SPECIMEN)
+    renamed = tuple(
+        dataclasses.replace(launch, tensors=(tensor("a_ptr", "cuda:0"), tensor("b_ptr", "cuda:0")))
+        if launch.kernel == "_gemm" else launch
+        for launch in SPECIMEN[2:]
+    )  # fmt: skip
+    (later,) = stream_rules.wrong_stream(renamed)
+    assert later.launch is not None and first.launch is not None
+    assert later.launch.seq != first.launch.seq and later.tensors != first.tensors
+    assert later.key == first.key
+    other_thread = tuple(dataclasses.replace(launch, thread="worker") for launch in SPECIMEN)
+    (elsewhere,) = stream_rules.wrong_stream(other_thread)
+    assert elsewhere.key != first.key

@@ -88,8 +88,8 @@ if has run; then
   E=examples/qwen3_moe_device_map.py
   t run-ours "$(cap 150)" qmoe-doctor run --save "$R/run-ours.json" -- python3 $E --gpus 0
   tail -3 "$R/run-ours.log" | tee -a "$S"
-  # a million rows past y: a CUDA error in the plain run, named by the blocking rerun (memcheck
-  # gives up on so many: "Internal Sanitizer Error", so the sanitize pass takes a small over-run)
+  # a million rows past y: a CUDA error in the plain run, named by the blocking rerun; the
+  # sanitize pass below takes 64 rows (its log stays short)
   t run-unmasked "$(cap 150)" qmoe-doctor run --blocking --log-dir "$R/run-unmasked-logs" \
     --save "$R/run-unmasked.json" -- python3 $E --gpus 0 --kernel specimen:unmasked_rows --over-route 1000000 --steps 1
   grep -iE "faulting kernel|cuda error" "$R/run-unmasked.log" | head -6 | tee -a "$S"
