@@ -14,10 +14,11 @@ again, ``specimen:wrong_stream`` and our kernel with a side stream current on bo
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 from typing import Any
+
+from recorded_logs import read
 
 from qmoe_doctor.core.launches import FindingKind, Launch, LaunchFacts
 from qmoe_doctor.core.records import from_jsonable
@@ -33,8 +34,7 @@ EXAMPLE = "examples/qwen3_moe_device_map.py"
 
 
 def _report(name: str, folder: Path = RUNS) -> RunReport:
-    data = (folder / name).read_bytes()
-    raw: Any = json.loads(gzip.decompress(data) if name.endswith(".gz") else data)
+    raw: Any = json.loads(read(folder / name))
     return from_jsonable(RunReport, raw)
 
 

@@ -13,9 +13,10 @@ past the end of the output ``y`` of that launch, as the report says.
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
+
+from recorded_logs import read
 
 from qmoe_doctor.core.records import from_jsonable
 from qmoe_doctor.core.reports import RunReport
@@ -33,11 +34,11 @@ FAULTING = "_grouped_gemm_kernel_unmasked"
 
 
 def _report() -> RunReport:
-    return from_jsonable(RunReport, json.loads(gzip.decompress(REPORT.read_bytes())))
+    return from_jsonable(RunReport, json.loads(read(REPORT)))
 
 
 def test_the_memcheck_log_is_a_finished_run_with_invalid_writes() -> None:
-    parsed = parse_sanitizer_log(gzip.decompress(LOG.read_bytes()).decode("utf-8"))
+    parsed = parse_sanitizer_log(read(LOG))
     assert not parsed.tool_failures  # compute-sanitizer finished: no "Internal Sanitizer Error"
     assert parsed.error_summary == 980
     accesses = [e for e in parsed.errors if e.address is not None]
@@ -45,7 +46,7 @@ def test_the_memcheck_log_is_a_finished_run_with_invalid_writes() -> None:
 
 
 def test_every_invalid_address_lands_past_the_end_of_y() -> None:
-    parsed = parse_sanitizer_log(gzip.decompress(LOG.read_bytes()).decode("utf-8"))
+    parsed = parse_sanitizer_log(read(LOG))
     records, notes = read_records(RECORDS)
     assert len(records) == 1
     placed = attribute(parsed, run_findings.tensor_tables(records))
@@ -63,7 +64,7 @@ def test_the_report_says_what_the_log_and_the_record_say() -> None:
     s = report.sanitizer
     assert s is not None and s.kernels == (FAULTING,) and s.launch_count is None
     assert s.errors == 980 and s.note == "980 errors; 64 of 64 invalid addresses placed against recorded tensors"
-    parsed = parse_sanitizer_log(gzip.decompress(LOG.read_bytes()).decode("utf-8"))
+    parsed = parse_sanitizer_log(read(LOG))
     records, _ = read_records(RECORDS)
     again = attribute(parsed, run_findings.tensor_tables(records))
     assert [a.address for a in again] == [a.address for a in s.addresses]
