@@ -129,8 +129,8 @@ class Launch:
     ``args`` holds every other parameter of the kernel by name (scalars, constexprs, None for
     an absent optional descriptor); ``options`` the launch options (num_warps, num_stages).
     ``device_index`` is the device the plan is for (-1: CPU tensors under the interpreter);
-    every call launches inside its device guard, on that device's current stream (the
-    compiled kernel is loaded on that device)."""
+    every call launches with that device current (inside its guard when another device is
+    current), on that device's current stream (the compiled kernel is loaded on that device)."""
 
     __slots__ = (
         "_compiled", "_device", "_lean", "_names", "_options", "_slots", "_template", "_tensor_names", "grid", "kernel",
@@ -171,27 +171,32 @@ class Launch:
         args = self._template.copy()
         for slot, value in zip(self._slots, tensors, strict=True):
             args[slot] = value
-        with _device_guard(self._device):
-            compiled = self._compiled
-            if compiled is not None and _Runtime.hooks_idle():
-                stream = _Runtime.stream(self._device)
-                observer = launch_observer.observer
-                try:
-                    if observer is None:
-                        compiled.run(
-                            *self.grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *args
-                        )
-                    else:  # qmoe-doctor run's monitor: it records, checks and makes the launch
-                        call = (*self.grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *args)
-                        observer(self.kernel, self.grid, self._device, stream, self._tensor_names, tensors, compiled.run, call)
-                except TypeError as exc:  # the launcher parses its arguments before it launches
-                    self._compiled, self._lean = None, False
-                    counts.refused.append(f"{getattr(self.kernel, '__name__', self.kernel)}: {exc}")
-                else:
-                    counts.lean += 1
-                    return
-            # by name, as a plain launch: a parameter that is also an option (num_warps) serves both
-            result = self.kernel[self.grid](**dict(zip(self._names, args, strict=True)), **self._options)
+        if self._device < 0 or _current_device() == self._device:
+            self._launch(args, tensors)  # CPU tensors, or the plan's device is current: no guard
+        else:
+            with _device_guard(self._device):
+                self._launch(args, tensors)
+
+    def _launch(self, args: list[Any], tensors: tuple[Any, ...]) -> None:
+        """The launch itself, with the plan's device current."""
+        compiled = self._compiled
+        if compiled is not None and _Runtime.hooks_idle():
+            stream = _Runtime.stream(self._device)
+            observer = launch_observer.observer
+            call = (*self.grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *args)
+            try:
+                if observer is None:
+                    compiled.run(*call)
+                else:  # qmoe-doctor run's monitor: it records, checks and makes the launch
+                    observer(self.kernel, self.grid, self._device, stream, self._tensor_names, tensors, compiled.run, call)
+            except TypeError as exc:  # the launcher parses its arguments before it launches
+                self._compiled, self._lean = None, False
+                counts.refused.append(f"{getattr(self.kernel, '__name__', self.kernel)}: {exc}")
+            else:
+                counts.lean += 1
+                return
+        # by name, as a plain launch: a parameter that is also an option (num_warps) serves both
+        result = self.kernel[self.grid](**dict(zip(self._names, args, strict=True)), **self._options)
         counts.standard += 1
         if self._lean and compiled is None and _compiled_usable(result, self.kernel, len(args)):
             self._compiled = result
@@ -200,6 +205,11 @@ class Launch:
     def lean(self) -> bool:
         """Whether later calls take the compiled kernel's launcher."""
         return self._compiled is not None
+
+
+def _current_device() -> int:
+    """The current CUDA device (a guard entered and left costs more than this look)."""
+    return torch.cuda.current_device()
 
 
 def _device_guard(index: int) -> contextlib.AbstractContextManager[object]:

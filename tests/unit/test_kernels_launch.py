@@ -178,6 +178,7 @@ class _Hooks:
         self.launch_enter_hook = type("HookChain", (), {"calls": []})()
         self.launch_exit_hook = type("HookChain", (), {"calls": []})()
         self.guarded: list[int] = []  # the device of every guard a launch took
+        self.current = -1  # the current CUDA device as the launch sees it (-1: none of the plans')
 
 
 @pytest.fixture
@@ -196,6 +197,7 @@ def gpu_like(monkeypatch: pytest.MonkeyPatch) -> _Hooks:
         return contextlib.nullcontext()
 
     monkeypatch.setattr(L, "_device_guard", guard)  # no CUDA here: the guard is recorded
+    monkeypatch.setattr(L, "_current_device", lambda: hooks.current)
     return hooks
 
 
@@ -212,6 +214,21 @@ def test_later_calls_take_the_compiled_launcher_with_every_argument_in_order(gpu
     # enter_hook, exit_hook, *every parameter in order)
     assert kernel.compiled.calls == [(7, 1, 1, 1002, "fn", "meta", None, None, None, "X2", 40, "Y2", 32, 8)]
     assert gpu_like.guarded == [2, 2]  # both launches inside the plan device's guard
+
+
+def test_a_launch_enters_a_guard_only_when_another_device_is_current(gpu_like: _Hooks) -> None:
+    """The guard is entered for a plan whose device is not current and skipped when it is;
+    both calls reach the same launcher with the plan device's stream."""
+    kernel = _Kernel()
+    launch = L.Launch(kernel, 3, {"M": 8, "BLOCK": 16, "num_warps": 4}, ("x_ptr", "y_ptr"), {}, device_index=1)
+    launch("X1", "Y1")  # compiles; device 1 is not current: guarded
+    gpu_like.current = 1
+    launch("X2", "Y2")  # device 1 current: no guard
+    gpu_like.current = 0
+    launch("X3", "Y3")  # another device current: guarded again
+    assert gpu_like.guarded == [1, 1]
+    assert [call[3] for call in kernel.compiled.calls] == [1001, 1001]  # device 1's stream both times
+    assert [call[9] for call in kernel.compiled.calls] == ["X2", "X3"]
 
 
 def test_a_launcher_that_refuses_the_arguments_sends_the_plan_back_to_triton(gpu_like: _Hooks) -> None:

@@ -309,6 +309,7 @@ def lean_plan(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(launch._Runtime, "knobs", SimpleNamespace(launch_enter_hook=idle, launch_exit_hook=idle))
     monkeypatch.setattr(launch._Runtime, "stream", staticmethod(lambda index: 0x1234))
     monkeypatch.setattr(launch, "_device_guard", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(launch, "_current_device", lambda: -1)  # no CUDA here: always "another device"
     FakeJIT.calls = []
     kernel = _LeanKernel(kernel_body)
     plan = launch.Launch(kernel, 1, {"n": 4, "BLOCK": 16}, ("x_ptr", "y_ptr"), {}, device_index=0)
