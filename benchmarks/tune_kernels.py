@@ -150,13 +150,20 @@ FWD_CONFIGS += [
     "128x256x64-w8-s4-tma",
     "128x128x64-w4-s3-p2-tma-flat",
     "256x128x64-w8-s3-tma-flat",
+    # an expert's row tiles first (neighbouring programs share a weight tile)
+    "128x256x64-w8-s4-mf",
+    "128x256x64-w8-s3-tma-mf",
+    "128x256x64-w8-s3-tma-flat-mf",
+    "128x256x64-w8-s4-tma-flat-mf",
+    "128x128x128-w8-s3-tma-flat-mf",
 ]
 # dw at 8192 tokens is compute-bound (experts of ~512 rows): larger dw tiles, deeper steps.
 DW_CONFIGS += ["128x128x128-w8-s3-tma", "64x256x64-w8-s4-tma", "128x128x64-w8-s4-tma"]
 CONFIGS = {"forward": FWD_CONFIGS, "dx": FWD_CONFIGS, "dw": DW_CONFIGS}
 #: The per-card set (``--set card``, tools/gpu/perf_card.sh): about 3 minutes on an H100 with the
 #: incumbents, compile included. Forward/dx: the public design's tile in each of our kernels,
-#: the H100 additions, the 128x128 and 64-row tiles of the few-row points; dw: every config a
+#: the H100 additions, the 128x128 and 64-row tiles of the few-row points, the large tiles in
+#: the row-tiles-first order; dw: every config a
 #: packaged table picked at some point, the compute-bound candidates, the overlapped kernel's
 #: paired and one-tile items.
 CARD_FWD_CONFIGS = [
@@ -176,6 +183,13 @@ CARD_FWD_CONFIGS = [
     "64x256x64-w8-s4-tma-flat",
     "64x128x64-w4-s4-p2-tma-flat",
     "64x128x64-w4-s5-tma-flat",
+    # an expert's row tiles first (-mf): where the public design's order (neighbouring programs
+    # share a weight tile) beat ours at the same tile (235b gate_up, 2048 tokens, H100 and H200)
+    "128x256x64-w8-s4-mf",
+    "128x256x64-w8-s3-tma-mf",
+    "128x256x64-w8-s3-tma-flat-mf",
+    "128x256x64-w8-s4-tma-flat-mf",
+    "128x128x128-w8-s3-tma-flat-mf",
 ]
 CARD_DW_CONFIGS = [
     "32x128x128-w4-s5-p2-tma",

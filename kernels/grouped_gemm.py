@@ -86,7 +86,10 @@ class GemmConfig:
     ``resident_x``: keep x resident instead and walk every N tile (name suffix ``-rxN``);
     ``overlap`` (dw only, Hopper): the Gluon kernel of ``kernels/dw_overlap.py``, dy resident
     like ``-rN`` with the epilogue of one tile overlapped with the next tile's MMA (``-ovN``;
-    elsewhere the resident Triton kernel of the same tiles serves)."""
+    elsewhere the resident Triton kernel of the same tiles serves); ``rows_first`` (forward and
+    dx; name suffix ``-mf``): an expert's row tiles come before its column tiles in the tile
+    order, so neighbouring programs share a weight tile (the larger operand) and an expert's
+    row tiles run in the same round of the persistent programs."""
 
     block_m: int
     block_n: int
@@ -99,6 +102,7 @@ class GemmConfig:
     resident: int = 0
     resident_x: bool = False
     overlap: int = 0
+    rows_first: bool = False
 
     @classmethod
     def from_tile(cls, tile: TileConfig) -> GemmConfig:
@@ -115,7 +119,7 @@ class GemmConfig:
         text = self.tile.name
         if self.programs_per_sm != 1:
             text += f"-p{self.programs_per_sm}"
-        text += ("-tma" if self.tma else "") + ("-flat" if self.flat else "")
+        text += ("-tma" if self.tma else "") + ("-flat" if self.flat else "") + ("-mf" if self.rows_first else "")
         text += f"-r{'x' if self.resident_x else ''}{self.resident}" if self.resident else ""
         return text + (f"-ov{self.overlap}" if self.overlap else "")
 
@@ -302,7 +306,7 @@ Strides = tuple[int, ...]
 
 
 def _tiles(cfg: GemmConfig) -> dict[str, int]:
-    return {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k}
+    return {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "ROWS_FIRST": cfg.rows_first}
 
 
 def _options(cfg: GemmConfig) -> dict[str, int]:

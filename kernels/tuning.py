@@ -68,17 +68,20 @@ class TableEntry:
 
 
 def config_from_name(text: str) -> GemmConfig:
-    """``"128x128x64-w8-s3-p2-tma-flat"`` -> GemmConfig (``-pN``, ``-tma``, ``-flat``, ``-rN`` / ``-rxN`` / ``-ovN`` optional)."""
+    """``"128x128x64-w8-s3-p2-tma-flat"`` -> GemmConfig (``-pN``, ``-tma``, ``-flat``, ``-mf``, ``-rN`` / ``-rxN`` /
+    ``-ovN`` optional)."""
     parts = text.strip().lower().split("-")
     try:
         bm, bn, bk = (int(v) for v in parts[0].split("x"))
         warps = stages = None
-        programs, tma, flat, resident, resident_x, overlap = 1, False, False, 0, False, 0
+        programs, tma, flat, resident, resident_x, overlap, rows_first = 1, False, False, 0, False, 0, False
         for part in parts[1:]:
             if part == "tma":
                 tma = True
             elif part == "flat":
                 flat = True
+            elif part == "mf":
+                rows_first = True
             elif part[:1] == "w":
                 warps = int(part[1:])
             elif part[:1] == "s":
@@ -97,7 +100,7 @@ def config_from_name(text: str) -> GemmConfig:
             raise ValueError("warps and stages are required")
     except ValueError:
         raise ValueError(
-            f"launch config {text!r}: expected BMxBNxBK-wWARPS-sSTAGES[-pPROGRAMS_PER_SM][-tma][-flat][-rCHUNKS|-rxCHUNKS|-ovCHUNKS], "
+            f"launch config {text!r}: expected BMxBNxBK-wWARPS-sSTAGES[-pPROGRAMS_PER_SM][-tma][-flat][-mf][-rCHUNKS|-rxCHUNKS|-ovCHUNKS], "
             "e.g. 128x128x64-w8-s3-p2-tma"
         ) from None
     cfg = GemmConfig(
@@ -112,6 +115,7 @@ def config_from_name(text: str) -> GemmConfig:
         resident=resident,
         resident_x=resident_x,
         overlap=overlap,
+        rows_first=rows_first,
     )
     if min(bm, bn, bk, warps, stages, programs) <= 0:
         raise ValueError(f"launch config {text!r}: every value must be positive")
@@ -119,6 +123,8 @@ def config_from_name(text: str) -> GemmConfig:
         raise ValueError(f"launch config {text!r}: -rCHUNKS / -rxCHUNKS take 1 to 6 resident row chunks")
     if not 0 <= overlap <= 12 or (overlap and resident):
         raise ValueError(f"launch config {text!r}: -ovCHUNKS takes 1 to 12 row chunks, without -r/-rx")
+    if rows_first and (resident or overlap):
+        raise ValueError(f"launch config {text!r}: -mf orders the forward's tiles; a dw config (-r/-rx/-ov) cannot take it")
     return cfg
 
 

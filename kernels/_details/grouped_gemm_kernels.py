@@ -9,6 +9,15 @@ import triton.language as tl
 
 
 @triton.jit
+def _tile_coords(local, num_m_tiles, num_n_tiles, ROWS_FIRST: tl.constexpr):
+    """(row tile, column tile) of an expert's ``local``-th tile: column tiles fastest, or with
+    ROWS_FIRST row tiles fastest."""
+    if ROWS_FIRST:
+        return local % num_m_tiles, local // num_m_tiles
+    return local // num_n_tiles, local % num_n_tiles
+
+
+@triton.jit
 def _grouped_gemm_kernel(
     x_ptr,  # (M, K) rows sorted by expert
     w_ptr,  # (E, N, K) expert weights, any strides
@@ -29,9 +38,13 @@ def _grouped_gemm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    ROWS_FIRST: tl.constexpr = False,
 ):
     """Persistent grid: program p takes tiles p, p + NUM_PROGRAMS, ... of the expert-major
-    tile sequence; after the experts, rows no expert covers are written as zeros."""
+    tile sequence; after the experts, rows no expert covers are written as zeros. Within an
+    expert the column tiles come fastest (neighbouring programs share an x tile), or with
+    ROWS_FIRST the row tiles (neighbouring programs share a w tile, the larger operand: an
+    expert's row tiles then run in the same round of the programs, not one round apart)."""
     pid = tl.program_id(0)
     num_n_tiles = tl.cdiv(N, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
@@ -49,13 +62,13 @@ def _grouped_gemm_kernel(
             m_size = tl.minimum(tl.maximum(m_size, 0), tl.maximum(M - row_start, 0)).to(tl.int32)
         else:
             m_size = tl.maximum(M - row_start, 0)  # rows no expert covers: written as zeros
-        num_tiles = tl.cdiv(m_size, BLOCK_M) * num_n_tiles
+        num_m_tiles = tl.cdiv(m_size, BLOCK_M)
+        num_tiles = num_m_tiles * num_n_tiles
         # first tile of this expert that belongs to this program
         tile = tiles_before + (pid - tiles_before % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
         while tile < tiles_before + num_tiles:
             local = tile - tiles_before
-            tile_m = local // num_n_tiles
-            tile_n = local % num_n_tiles
+            tile_m, tile_n = _tile_coords(local, num_m_tiles, num_n_tiles, ROWS_FIRST)
             first_row = row_start + tile_m * BLOCK_M
             row_mask = (first_row + offs_m) < (row_start + m_size)
             cols = tile_n * BLOCK_N + offs_n
@@ -133,6 +146,7 @@ def _grouped_gemm_tma_kernel(
     BLOCK_K: tl.constexpr,
     W_KN: tl.constexpr,
     Y_TMA: tl.constexpr,
+    ROWS_FIRST: tl.constexpr = False,
 ):
     """``_grouped_gemm_kernel``'s tile walk with descriptor loads. Descriptor coordinates are
     element indices (the copy engine forms the 64-bit address), so nothing here can wrap.
@@ -151,12 +165,12 @@ def _grouped_gemm_tma_kernel(
             m_size = tl.minimum(tl.maximum(m_size, 0), tl.maximum(M - row_start, 0)).to(tl.int32)
         else:
             m_size = tl.maximum(M - row_start, 0)  # rows no expert covers: written as zeros
-        num_tiles = tl.cdiv(m_size, BLOCK_M) * num_n_tiles
+        num_m_tiles = tl.cdiv(m_size, BLOCK_M)
+        num_tiles = num_m_tiles * num_n_tiles
         tile = tiles_before + (pid - tiles_before % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
         while tile < tiles_before + num_tiles:
             local = tile - tiles_before
-            tile_m = local // num_n_tiles
-            tile_n = local % num_n_tiles
+            tile_m, tile_n = _tile_coords(local, num_m_tiles, num_n_tiles, ROWS_FIRST)
             first_row = row_start + tile_m * BLOCK_M
             n0 = tile_n * BLOCK_N
             if expert < E:
@@ -212,6 +226,7 @@ def _grouped_gemm_flat_kernel(
     E_POW2: tl.constexpr,  # a power of two > E: one slot per expert and one for uncovered rows
     USE_TMA: tl.constexpr,
     W_KN: tl.constexpr,
+    ROWS_FIRST: tl.constexpr = False,
 ):
     """The same tiles as ``_grouped_gemm_kernel`` (expert-major, round-robin over programs), walked
     as ONE loop over this program's (tile, k-step) pairs. Expert row bounds come from a
@@ -255,9 +270,11 @@ def _grouped_gemm_flat_kernel(
             expert = tl.sum((tile_incl <= tile).to(tl.int32), 0)
             here = offs_e == expert
             local = tile - tl.sum(tl.where(here, tile_excl, 0), 0)
-            first_row = tl.sum(tl.where(here, starts, 0), 0) + (local // num_n_tiles) * BLOCK_M
+            num_m_tiles = tl.sum(tl.where(here, tiles, 0), 0) // num_n_tiles
+            tile_m, tile_n = _tile_coords(local, num_m_tiles, num_n_tiles, ROWS_FIRST)
+            first_row = tl.sum(tl.where(here, starts, 0), 0) + tile_m * BLOCK_M
             row_end = tl.sum(tl.where(here, ends, 0), 0)
-            n0 = (local % num_n_tiles) * BLOCK_N
+            n0 = tile_n * BLOCK_N
         k0 = ki * BLOCK_K
         if USE_TMA:
             a = x_desc.load([first_row, k0])

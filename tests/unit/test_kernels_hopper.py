@@ -47,6 +47,11 @@ CONFIGS = [
     GemmConfig(32, 32, 32, 4, 1, flat=True),
     GemmConfig(32, 32, 32, 4, 1, tma=True, flat=True),
     GemmConfig(16, 32, 16, 4, 1, programs_per_sm=2, tma=True, flat=True),
+    # an expert's row tiles first (-mf): 16-row tiles give the experts here up to four
+    GemmConfig(16, 32, 16, 4, 1, rows_first=True),
+    GemmConfig(16, 32, 16, 4, 1, tma=True, rows_first=True),
+    GemmConfig(16, 32, 16, 4, 1, flat=True, rows_first=True),
+    GemmConfig(16, 32, 16, 4, 1, programs_per_sm=2, tma=True, flat=True, rows_first=True),
 ]
 TOL = tolerance("float16")  # every operand here is float16: tensor descriptors take 16-bit data
 
@@ -140,6 +145,9 @@ def test_config_names_round_trip() -> None:
         tuning.config_from_name("128x256x64-w8-s3-fast")
     with pytest.raises(ValueError, match="1 to 6 resident row chunks"):
         tuning.config_from_name("64x128x128-w8-s3-tma-r7")
+    assert GemmConfig(128, 256, 64, 8, 3, tma=True, flat=True, rows_first=True).name == "128x256x64-w8-s3-tma-flat-mf"
+    with pytest.raises(ValueError, match="-mf orders the forward's tiles"):
+        tuning.config_from_name("32x256x128-w8-s2-tma-ov5-mf")
 
 
 def test_resident_dw_grid_and_shared_memory_follow_the_resident_operand() -> None:
