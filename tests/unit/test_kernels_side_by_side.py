@@ -274,3 +274,55 @@ def test_a_run_stopped_while_compiling_still_names_every_target(
         (g, 2048, op) for g in ("30b-gate_up", "480b-gate_up") for op in ("forward", "dx", "dw")
     ]
     assert all(r["failed"].startswith("not reached") for r in report["rows"])
+
+
+class _ScriptedTimer:
+    """A timer whose every timing is scripted per contender (the function's first output tells
+    which): the first pass, then the interleaved rounds."""
+
+    def __init__(self, rounds: int, script: dict[str, list[float]]) -> None:
+        self.timed, self.rounds, self.script = True, rounds, {k: list(v) for k, v in script.items()}
+        self.order: list[str] = []
+
+    def ms(self, fn: Any) -> float:
+        name = fn()
+        self.order.append(name)
+        return self.script[name].pop(0)
+
+
+def test_the_rounds_decide_a_point_not_the_pass_that_chose_the_peer_tile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The peer's best of several tiles is timed again with ours and torch's, interleaved in a
+    rotated order; the medians of those rounds are the row's figures, the first pass only chose
+    the tile. Here the first pass had the peer's tile ahead of ours (a lucky 0.8 ms); the rounds
+    put ours ahead (1.0 against 1.1 ms)."""
+    import benchmarks.side_by_side as sbs
+
+    pt = Point("tiny", 4, 32, 64, 24, torch.device("cpu"), torch.float32, 2)
+    monkeypatch.setattr(Point, "ours", lambda self, op, config: lambda: "ours")
+    monkeypatch.setattr(Point, "theirs", lambda self, op: lambda: "grouped_mm")
+    monkeypatch.setattr(sbs, "peer_fns", lambda pt, op, tiles: [("a", lambda: "peer_a"), ("b", lambda: "peer_b")])
+    monkeypatch.setattr(sbs, "rel_diff", lambda got, ref: 0.0)
+    timer = _ScriptedTimer(
+        3,
+        {
+            "ours": [1.2, 1.0, 0.9, 1.0],
+            "grouped_mm": [1.5, 1.5, 1.4, 1.6],
+            "peer_a": [2.0],
+            "peer_b": [0.8, 1.1, 1.2, 1.0],
+        },
+    )
+    row = sbs.measure_op(pt, "forward", timer, tiles=(), max_rel=1e-2, top_k=2)  # type: ignore[arg-type]
+    first_pass = ["ours", "grouped_mm", "peer_a", "peer_b"]
+    rounds = ["ours", "grouped_mm", "peer_b", "grouped_mm", "peer_b", "ours", "peer_b", "ours", "grouped_mm"]
+    assert timer.order == first_pass + rounds
+    assert row["peer_tile"] == "b" and row["rounds"] == {
+        "ours": [1.0, 0.9, 1.0], "grouped_mm": [1.5, 1.4, 1.6], "peer": [1.1, 1.2, 1.0],
+    }  # fmt: skip
+    assert row["ours_ms"] == 1.0
+    assert row["ours"] == pytest.approx(pt.flops / 1.0 / 1e9)
+    assert row["peer"] == pytest.approx(pt.flops / 1.1 / 1e9)
+    assert row["grouped_mm"] == pytest.approx(pt.flops / 1.5 / 1e9)
+    # no rounds: the first pass decides, the peer's lucky timing included
+    timer0 = _ScriptedTimer(0, {"ours": [1.2], "grouped_mm": [1.5], "peer_a": [2.0], "peer_b": [0.8]})
+    row0 = sbs.measure_op(pt, "forward", timer0, tiles=(), max_rel=1e-2, top_k=2)  # type: ignore[arg-type]
+    assert "rounds" not in row0 and row0["peer"] == pytest.approx(pt.flops / 0.8 / 1e9)
