@@ -15,8 +15,6 @@ today's code.
   itself failed ("Internal Sanitizer Error").
 * ``tracebacks/2026-11-25-h100-e9d91ec/``: the worker's stderr of the int32 specimen's
   ``TRITON_DEBUG=1`` rerun (gzipped).
-* ``tuning/2026-11-25-h100-e9d91ec/tune.json.gz``: ``benchmarks/tune_kernels.py`` on that H100;
-  the packaged ``kernels/configs-nvidia-h100-80gb-hbm3-sm90-132sm.json`` is its best table.
 
 ``tests/fixtures/MANIFEST.md`` gives the commands and versions.
 """
@@ -24,7 +22,6 @@ today's code.
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -53,8 +50,6 @@ RUNS = FIXTURES / "reports" / "run" / H100
 RECORDS = FIXTURES / "monitor-records" / H100 / "unmasked"
 SANITIZER_LOG = FIXTURES / "sanitizer" / H100 / "memcheck-unmasked-overrouted-internal-error.log"
 INT32_DEBUG = FIXTURES / "tracebacks" / H100 / "traceback-int32-debug-worker.stderr.gz"
-TUNE = FIXTURES / "tuning" / H100 / "tune.json.gz"
-PACKAGED_TABLE = REPO / "kernels" / "configs-nvidia-h100-80gb-hbm3-sm90-132sm.json"
 FAULTING = "_grouped_gemm_kernel_unmasked"
 
 
@@ -210,24 +205,3 @@ def test_int32_debug_worker_stderr_names_the_specimen_line() -> None:
     explained = explain_text(text)
     assert explained.error_kind is ErrorKind.DEVICE_ASSERT
     assert explained.fits[0].cause == "int32-offset-overflow"
-
-
-# --- the tuner's sweep and the packaged H100 table ------------------------------------------------
-
-
-def test_packaged_h100_table_is_the_recorded_sweep_s_best() -> None:
-    spec = importlib.util.spec_from_file_location("tune_kernels", REPO / "benchmarks" / "tune_kernels.py")
-    assert spec and spec.loader
-    tk = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tk)
-    sweep = _json(TUNE)
-    assert sweep["device"] == "NVIDIA H100 80GB HBM3"
-    best = tk.best_table(sweep)
-    packaged = _json(PACKAGED_TABLE)
-
-    def key(e: dict[str, Any]) -> tuple[str, str, int]:
-        return (e["op"], e["point"], e["tokens"])
-
-    assert len(packaged["entries"]) > 0
-    assert {key(e): e["config"] for e in best["entries"]} == {key(e): e["config"] for e in packaged["entries"]}
-    assert packaged["tuned_on"]["device"] == sweep["device"]

@@ -1,0 +1,74 @@
+"""The packaged config tables against the sweeps that made them, recorded on the devices.
+
+* ``tuning/2026-11-28-h200-31b6b38/tune.json.gz``: ``benchmarks/tune_kernels.py --set card
+  --package`` on one H200 (``bash tools/gpu/perf_card.sh tune``); its best table is the packaged
+  ``kernels/configs-nvidia-h200-sm90-132sm.json``.
+* ``tuning/2026-11-28-h100-06c98c3/tune.json.gz``: the same on one H100 80GB HBM3; its best table
+  is ``kernels/configs-nvidia-h100-80gb-hbm3-sm90-132sm.json``.
+
+``tests/fixtures/MANIFEST.md`` gives the machines, versions and commands.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from qmoe_doctor.kernels.tuning import config_from_name
+
+REPO = Path(__file__).resolve().parents[2]
+TUNING = REPO / "tests" / "fixtures" / "tuning"
+SWEEPS = {
+    "nvidia-h200-sm90-132sm": TUNING / "2026-11-28-h200-31b6b38" / "tune.json.gz",
+    "nvidia-h100-80gb-hbm3-sm90-132sm": TUNING / "2026-11-28-h100-06c98c3" / "tune.json.gz",
+}
+MAX_REL_DIFF = 2e-2  # tune_kernels.py's check against torch._grouped_mm before a config is timed
+
+
+def _tune_kernels() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("tune_kernels", REPO / "benchmarks" / "tune_kernels.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _key(e: dict[str, Any]) -> tuple[str, str, int]:
+    return (e["op"], e["point"], e["tokens"])
+
+
+@pytest.mark.parametrize("key", sorted(SWEEPS))
+def test_the_packaged_table_is_its_recorded_sweep_s_best(key: str) -> None:
+    """Every entry of the packaged table (op x the 16 preset points) is the fastest config of
+    the sweep recorded on that device: the table in the package is the measured one, not
+    edited by hand."""
+    sweep = json.loads(gzip.decompress(SWEEPS[key].read_bytes()))
+    packaged = json.loads((REPO / "kernels" / f"configs-{key}.json").read_text())
+    best = _tune_kernels().best_table(sweep)
+    assert sweep["key"] == key and packaged["tuned_on"]["device"] == sweep["device"]
+    assert len(packaged["entries"]) == 48
+    assert {_key(e): e["config"] for e in packaged["entries"]} == {_key(e): e["config"] for e in best["entries"]}
+
+
+@pytest.mark.parametrize("key", sorted(SWEEPS))
+def test_every_packaged_config_was_checked_right_and_beats_the_incumbent(key: str) -> None:
+    """The sweep compared each packaged config's output with torch._grouped_mm's at its point,
+    and timed the point's incumbent (the previous table's pick) beside it: the new pick is
+    no slower there, and its name parses back to a launch config."""
+    sweep = json.loads(gzip.decompress(SWEEPS[key].read_bytes()))
+    packaged = json.loads((REPO / "kernels" / f"configs-{key}.json").read_text())
+    ours = [r for r in sweep["rows"] if r["impl"] == "qmoe" and r["tflops"] is not None]
+    for entry in packaged["entries"]:
+        rows = {r["config"]: r for r in ours if _key(r) == _key(entry)}
+        chosen = rows[entry["config"]]
+        assert chosen["rel_diff"] is not None and chosen["rel_diff"] < MAX_REL_DIFF
+        incumbent = [r for r in rows.values() if r.get("incumbent")]
+        assert incumbent, f"{_key(entry)}: the incumbent was not timed"
+        assert chosen["tflops"] >= max(r["tflops"] for r in incumbent)
+        assert config_from_name(entry["config"]).name == entry["config"]
