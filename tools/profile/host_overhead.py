@@ -41,7 +41,7 @@ def forward_stages(point: Any, calls: int) -> None:
     import torch
 
     from qmoe_doctor.kernels import grouped_gemm as gg
-    from qmoe_doctor.kernels.launch import rebase
+    from qmoe_doctor.kernels.launch import _current_device, rebase
 
     x, w, sizes = point.x, point.w, point.m_sizes
     gg.moe_grouped_gemm(x, w, sizes)  # the plan
@@ -58,7 +58,8 @@ def forward_stages(point: Any, calls: int) -> None:
     stages: dict[str, Callable[[], Any]] = {
         "plan key (3 operands)": lambda: (gg._operand_key(x), gg._operand_key(w), gg._operand_key(sizes)),
         "plan lookup (key + dict)": lambda: gg._gemm_plan(x, w, sizes, None, None, False),
-        "device guard enter/exit": guard,
+        "current-device check (the launch's)": _current_device,
+        "device guard enter/exit (another device current)": guard,
         "torch.empty (y)": lambda: torch.empty((plan.m, plan.n), device=x.device, dtype=x.dtype),
         "descriptors re-based": lambda: [rebase(t, x) for t, _ in plan.descriptors],
         f"launch alone ({plan.path}, lean: {plan.launch.lean})": lambda: plan.launch(*args),  # type: ignore[misc]
