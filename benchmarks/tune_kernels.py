@@ -193,6 +193,8 @@ CARD_FWD_CONFIGS = [
 ]
 CARD_DW_CONFIGS = [
     "32x128x128-w4-s5-p2-tma",
+    # one stage more (two programs of 96 KiB per SM): the H100's best at the 8192-token points
+    "32x128x128-w4-s6-p2-tma",
     "32x128x128-w4-s4-p2-tma",
     "64x128x128-w8-s3-tma",
     "64x256x128-w8-s3-tma",
@@ -207,6 +209,7 @@ CARD_DW_CONFIGS = [
     "64x256x128-w8-s2-tma-ov2",
     "32x128x128-w8-s2-tma-ov5",
     "16x128x128-w8-s2-tma-ov4",
+    "64x128x128-w8-s2-tma-ov3",
 ]
 CONFIG_SETS = {
     "full": CONFIGS,
