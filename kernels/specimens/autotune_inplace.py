@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from qmoe_doctor.kernels._details.grouped_gemm_kernels import _tile_coords
 from qmoe_doctor.kernels.grouped_gemm import (
     GemmConfig,
     check_operands,
@@ -130,9 +131,13 @@ def _grouped_gemm_kernel_acc(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    ROWS_FIRST: tl.constexpr = False,
 ):
     """Persistent grid: program p takes tiles p, p + NUM_PROGRAMS, ... of the expert-major
-    tile sequence; after the experts, rows no expert covers are written as zeros."""
+    tile sequence; after the experts, rows no expert covers are written as zeros. Within an
+    expert the column tiles come fastest (neighbouring programs share an x tile), or with
+    ROWS_FIRST the row tiles (neighbouring programs share a w tile, the larger operand: an
+    expert's row tiles then run in the same round of the programs, not one round apart)."""
     pid = tl.program_id(0)
     num_n_tiles = tl.cdiv(N, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
@@ -150,13 +155,13 @@ def _grouped_gemm_kernel_acc(
             m_size = tl.minimum(tl.maximum(m_size, 0), tl.maximum(M - row_start, 0)).to(tl.int32)
         else:
             m_size = tl.maximum(M - row_start, 0)  # rows no expert covers: written as zeros
-        num_tiles = tl.cdiv(m_size, BLOCK_M) * num_n_tiles
+        num_m_tiles = tl.cdiv(m_size, BLOCK_M)
+        num_tiles = num_m_tiles * num_n_tiles
         # first tile of this expert that belongs to this program
         tile = tiles_before + (pid - tiles_before % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
         while tile < tiles_before + num_tiles:
             local = tile - tiles_before
-            tile_m = local // num_n_tiles
-            tile_n = local % num_n_tiles
+            tile_m, tile_n = _tile_coords(local, num_m_tiles, num_n_tiles, ROWS_FIRST)
             first_row = row_start + tile_m * BLOCK_M
             row_mask = (first_row + offs_m) < (row_start + m_size)
             cols = tile_n * BLOCK_N + offs_n

@@ -4,7 +4,7 @@
   --package`` on one H200 (``bash tools/gpu/perf_card.sh tune``); its best table is the packaged
   ``kernels/configs-nvidia-h200-sm90-132sm.json``.
 * ``tuning/2026-11-28-h100-06c98c3/tune.json.gz``: the same on one H100 80GB HBM3, then
-  ``tuning/2026-11-28-h100-8c2e8c5-dw/tune.json.gz``: dw alone again with two more candidates,
+  ``tuning/2026-11-28-h100-8c2e8c5/tune.json.gz``: dw alone again with two more candidates,
   merged into that table (``--ops dw --merge``); the packaged
   ``kernels/configs-nvidia-h100-80gb-hbm3-sm90-132sm.json`` is the first sweep's best for forward
   and dx and the second's for dw.
@@ -33,7 +33,7 @@ SWEEPS = {
     "nvidia-h200-sm90-132sm": [TUNING / "2026-11-28-h200-31b6b38" / "tune.json.gz"],
     "nvidia-h100-80gb-hbm3-sm90-132sm": [
         TUNING / "2026-11-28-h100-06c98c3" / "tune.json.gz",
-        TUNING / "2026-11-28-h100-8c2e8c5-dw" / "tune.json.gz",
+        TUNING / "2026-11-28-h100-8c2e8c5" / "tune.json.gz",
     ],
 }
 MAX_REL_DIFF = 2e-2  # tune_kernels.py's check against torch._grouped_mm before a config is timed
