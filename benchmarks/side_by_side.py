@@ -273,6 +273,7 @@ def measure_point(
             f"  {pt.label}:{pt.tokens:<5} {op:<8} ours {_f(row['ours'])} ({row['config']})  grouped_mm {_f(row['grouped_mm'])}"
             f"  peer {_f(row['peer'])} ({row['peer_tile']})  dense {_f(row['dense'])}  {ok}"
             + (f"  FAILED {row['failed']}" if row["failed"] else "")
+            + (f"  ({row['rounds_note']})" if row.get("rounds_note") else "")
         )
         if row["failed"]:
             gc.collect()  # what the failure's traceback held
@@ -336,8 +337,11 @@ def measure_op(pt: Point, op: str, timer: Timer, *, tiles: Any, max_rel: float, 
     best_ms = best["ms"] if best else None
     if timer.rounds and row["ours_ms"] and gmm_ms and best:
         best_fn = dict(fns)[best["tile"]]
-        decided = decide(timer, {"ours": ours_fn, "grouped_mm": pt.theirs(op), "peer": best_fn})
-        if decided is not None:
+        try:
+            decided = decide(timer, {"ours": ours_fn, "grouped_mm": pt.theirs(op), "peer": best_fn})
+        except Exception as exc:  # the first pass stands, and the row says why
+            row["rounds_note"] = f"rounds not taken, the first pass decides: {describe(exc)}"[:200]
+        else:
             row["rounds"] = decided
             row["ours_ms"], gmm_ms, best_ms = (statistics.median(decided[name]) for name in ("ours", "grouped_mm", "peer"))
     row.update(
@@ -349,21 +353,18 @@ def measure_op(pt: Point, op: str, timer: Timer, *, tiles: Any, max_rel: float, 
     return row
 
 
-def decide(timer: Timer, contenders: dict[str, Callable[[], Any]]) -> dict[str, list[float]] | None:
+def decide(timer: Timer, contenders: dict[str, Callable[[], Any]]) -> dict[str, list[float]]:
     """``timer.rounds`` fresh timings of each contender, interleaved (each round in a rotated
     order), so that a drift of the clocks during the point weighs on all of them alike, and
     the peer's best tile is not judged by the timing that chose it (the fastest of several
-    noisy timings is biased fast). None when a timing fails: the first pass then stands."""
+    noisy timings is biased fast). A timing that fails raises (the caller keeps the first pass)."""
     names = list(contenders)
     samples: dict[str, list[float]] = {name: [] for name in names}
     for r in range(timer.rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            try:
-                ms = timer.ms(contenders[name])
-            except Exception:
-                return None
+            ms = timer.ms(contenders[name])
             if ms is None:
-                return None
+                raise RuntimeError(f"{name}: no timing")
             samples[name].append(ms)
     return samples
 

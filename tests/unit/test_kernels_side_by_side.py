@@ -326,3 +326,19 @@ def test_the_rounds_decide_a_point_not_the_pass_that_chose_the_peer_tile(monkeyp
     timer0 = _ScriptedTimer(0, {"ours": [1.2], "grouped_mm": [1.5], "peer_a": [2.0], "peer_b": [0.8]})
     row0 = sbs.measure_op(pt, "forward", timer0, tiles=(), max_rel=1e-2, top_k=2)  # type: ignore[arg-type]
     assert "rounds" not in row0 and row0["peer"] == pytest.approx(pt.flops / 0.8 / 1e9)
+
+
+def test_rounds_that_fail_leave_the_first_pass_and_say_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A timing that fails during the rounds (out of memory, a launch error) keeps the first
+    pass's figures, and the row names the reason instead of passing it over."""
+    import benchmarks.side_by_side as sbs
+
+    pt = Point("tiny", 4, 32, 64, 24, torch.device("cpu"), torch.float32, 2)
+    monkeypatch.setattr(Point, "ours", lambda self, op, config: lambda: "ours")
+    monkeypatch.setattr(Point, "theirs", lambda self, op: lambda: "grouped_mm")
+    monkeypatch.setattr(sbs, "peer_fns", lambda pt, op, tiles: [("a", lambda: "peer_a")])
+    monkeypatch.setattr(sbs, "rel_diff", lambda got, ref: 0.0)
+    timer = _ScriptedTimer(2, {"ours": [1.2], "grouped_mm": [1.5], "peer_a": [0.8]})  # nothing left for the rounds
+    row = sbs.measure_op(pt, "forward", timer, tiles=(), max_rel=1e-2, top_k=2)  # type: ignore[arg-type]
+    assert "rounds" not in row and row["rounds_note"].startswith("rounds not taken, the first pass decides: IndexError")
+    assert row["ours_ms"] == 1.2 and row["peer"] == pytest.approx(pt.flops / 0.8 / 1e9)
