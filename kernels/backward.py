@@ -68,6 +68,7 @@ from qmoe_doctor.kernels.grouped_gemm import (
 from qmoe_doctor.kernels.launch import Launch, rebase
 
 __all__ = [
+    "FOLDED_MAX_EXPERTS",
     "GroupedGemm",
     "check_dw_operands",
     "deferred_weight_grads",
@@ -235,6 +236,12 @@ def row_bounds_torch(m_sizes: torch.Tensor, m: int) -> torch.Tensor:
 
 
 _BOUNDS_MAX_EXPERTS = 16384  # one program holds every count
+
+# Up to this many experts the dw kernels sum the row bounds from m_sizes themselves (a vector of
+# the next power of two, per tile or once per program): no launch before dw's, which cost 11-22
+# us of host time per call. Past it that vector would cost registers and time per tile, and the
+# bounds come from ``row_bounds``' launch (real MoE layers have 8-512 experts).
+FOLDED_MAX_EXPERTS = 1024
 
 
 def _dw_smem_bytes(cfg: GemmConfig, itemsize: int) -> int:
@@ -467,7 +474,8 @@ def launch_grouped_gemm_dw_flat(
 
 # --------------------------------------------------------------------------------------------
 # dw launch plans (as the forward's, ``grouped_gemm._GemmPlan``): made once per operand layout,
-# device and config; a call allocates dw and the row bounds and launches.
+# device and config; a call allocates dw and launches once (the kernel sums the experts' row
+# bounds from m_sizes itself), or, past FOLDED_MAX_EXPERTS, launches the row bounds first.
 # --------------------------------------------------------------------------------------------
 
 
@@ -481,8 +489,9 @@ def _dw_args(dy: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, cfg: GemmConfi
 
 @dataclass(frozen=True, slots=True)
 class _DwPlan:
-    """One dw call shape. ``sources`` index (dy, x, dw, bounds, *descriptors) per tensor
-    argument of ``launch``; ``descriptors`` are (template, index into (dy, x, dw)) pairs."""
+    """One dw call shape. ``sources`` index (dy, x, dw, rows, *descriptors) per tensor
+    argument of ``launch``, rows being m_sizes itself or, with ``bounds``, the row bounds made
+    from it by a launch before dw's; ``descriptors`` are (template, index into (dy, x, dw)) pairs."""
 
     e: int
     n: int
@@ -502,10 +511,11 @@ class _DwPlan:
     def run(self, dy: torch.Tensor, x: torch.Tensor, m_sizes: torch.Tensor) -> torch.Tensor:
         # as the forward plan's: allocations name the device, each launch holds its guard
         dw = torch.empty((self.e, self.n, self.k), device=self.device, dtype=self.out_dtype)
-        if self.launch is None or self.bounds is None:
+        if self.launch is None:
             return dw.zero_() if self.zero_only else dw
-        bounds = self.bounds(m_sizes)  # on x.device's current stream, before the dw launch
-        values: tuple[Any, ...] = (dy, x, dw, bounds)
+        # the bounds (past FOLDED_MAX_EXPERTS) on x.device's current stream, before the dw launch
+        rows = m_sizes if self.bounds is None else self.bounds(m_sizes)
+        values: tuple[Any, ...] = (dy, x, dw, rows)
         if self.descriptors:
             values += tuple(rebase(template, values[i]) for template, i in self.descriptors)
         self.launch(*[values[i] for i in self.sources])
@@ -557,7 +567,9 @@ def _make_dw_plan(
     common = {"device_index": guard}
     with device_guard(device):
         dw = torch.empty((e, n, k), device=device, dtype=out)  # the layout every call's dw has
-        bounds = _bounds_plan(m_sizes, m)
+        folded = e <= FOLDED_MAX_EXPERTS
+        bounds = None if folded else _bounds_plan(m_sizes, m)
+        rows = {"SIZES": folded, "E_POW2": triton.next_power_of_2(e) if folded else 1}
         cfg = config or pick_dw_config(n, k, device, x.dtype, avg_rows=m / max(1, e))
         if cfg.overlap:
             overlap_plan = dw_overlap_plan(dy, x, dw, cfg)
@@ -567,13 +579,13 @@ def _make_dw_plan(
                     dw_overlap_kernel(),
                     programs,
                     overlap_args(dy, x, dw, cfg, programs),
-                    ("dy_desc", "x_desc", "dw_desc", "bounds_ptr"),
+                    ("dy_desc", "x_desc", "dw_desc", "sizes_ptr"),
                     {},
                     **common,
                 )
                 dy_desc, x_desc, dw_desc = overlap_plan
-                return base(
-                    zero_only=False, launch=launch, bounds=bounds, sources=(4, 5, 6, 3),
+                return base(  # the Gluon kernel always sums the bounds itself
+                    zero_only=False, launch=launch, sources=(4, 5, 6, 3),
                     descriptors=((_template(dy_desc), 0), (_template(x_desc), 1), (_template(dw_desc), 2)),
                     config=cfg, path="gluon+overlap",
                 )  # fmt: skip
@@ -585,12 +597,13 @@ def _make_dw_plan(
     opts = _launch_options(cfg)
     tiles = {"num_warps": opts.pop("num_warps"), "num_stages": opts.pop("num_stages")}
     args = _dw_args(dy, x, dw, cfg, programs)
+    args.update(rows)
     if cfg.flat:
         args.update(E_POW2=triton.next_power_of_2(e))
-        launch = Launch(_grouped_gemm_dw_flat_kernel, programs, args, ("dy_ptr", "x_ptr", "dw_ptr", "bounds_ptr"), tiles, **common)
+        launch = Launch(_grouped_gemm_dw_flat_kernel, programs, args, ("dy_ptr", "x_ptr", "dw_ptr", "rows_ptr"), tiles, **common)
         return base(zero_only=False, launch=launch, bounds=bounds, sources=(0, 1, 2, 3), config=cfg, path="pointer+flat")
     if plan is None:
-        launch = Launch(_grouped_gemm_dw_kernel, programs, args, ("dy_ptr", "x_ptr", "dw_ptr", "bounds_ptr"), tiles, **common)
+        launch = Launch(_grouped_gemm_dw_kernel, programs, args, ("dy_ptr", "x_ptr", "dw_ptr", "rows_ptr"), tiles, **common)
         return base(zero_only=False, launch=launch, bounds=bounds, sources=(0, 1, 2, 3), config=cfg, path="pointer")
     dy_desc, x_desc, dw_desc = plan
     descriptors: tuple[tuple[Any, int], ...] = ((_template(dy_desc), 0), (_template(x_desc), 1))
@@ -607,12 +620,12 @@ def _make_dw_plan(
             del args[name]
         args.update(MAX_CHUNKS=cfg.resident, DW_TMA=dw_desc is not None, X_RES=cfg.resident_x)
         kernel, path = _grouped_gemm_dw_resident_kernel, "tma+resident"
-        names += ["dw_ptr", "bounds_ptr"]
+        names += ["dw_ptr", "rows_ptr"]
         sources += [2, 3]
     else:
         args.update(DW_TMA=dw_desc is not None)
         kernel, path = _grouped_gemm_dw_tma_kernel, "tma"
-        names += ["dy_ptr", "x_ptr", "dw_ptr", "bounds_ptr"]
+        names += ["dy_ptr", "x_ptr", "dw_ptr", "rows_ptr"]
         sources += [0, 1, 2, 3]
     launch = Launch(kernel, programs, args, names, tiles, **common)
     return base(
@@ -634,7 +647,9 @@ def moe_grouped_gemm_dw(
 
     Every element of dw is written (empty experts give zeros). ``check_routing=True`` also
     verifies ``m_sizes`` (no negatives, sums to M); it synchronizes: off by default. Nothing
-    else reads a tensor on the host: a cached launch plan, two allocations, two launches.
+    else reads a tensor on the host: a cached launch plan, one allocation, one launch (the
+    kernel sums the experts' row bounds from m_sizes; past FOLDED_MAX_EXPERTS experts a launch
+    before it makes them).
     """
     plan = _dw_plan(dy, x, m_sizes, out_dtype, config)
     if check_routing:

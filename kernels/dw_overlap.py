@@ -188,7 +188,7 @@ def dw_overlap_kernel() -> Any:
 
 
 def overlap_args(dy: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, cfg: Any, num_programs: int) -> dict[str, Any]:
-    """Every argument of the overlapped kernel but the three descriptors and the bounds, by name
+    """Every argument of the overlapped kernel but the three descriptors and m_sizes, by name
     (``num_warps`` is a parameter of the Gluon kernel and its launch option at once)."""
     return {
         "M": dy.shape[0],
@@ -205,17 +205,20 @@ def overlap_args(dy: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, cfg: Any, 
 
 
 def launch_dw_overlap(
-    plan: tuple[Any, Any, Any], dy: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, bounds: torch.Tensor,
+    plan: tuple[Any, Any, Any], dy: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, m_sizes: torch.Tensor,
     cfg: Any, num_programs: int,
 ) -> None:  # fmt: skip
-    """Launch the overlapped dw kernel on the current device and stream (callers hold the guard)."""
+    """Launch the overlapped dw kernel on the current device and stream (callers hold the guard);
+    the kernel sums the experts' row bounds from ``m_sizes`` itself."""
     dy_desc, x_desc, dw_desc = plan
     dw_overlap_kernel()[(num_programs,)](
-        dy_desc=dy_desc, x_desc=x_desc, dw_desc=dw_desc, bounds_ptr=bounds, **overlap_args(dy, x, dw, cfg, num_programs)
+        dy_desc=dy_desc, x_desc=x_desc, dw_desc=dw_desc, sizes_ptr=m_sizes, **overlap_args(dy, x, dw, cfg, num_programs)
     )
 
 
-def compile_offline(cfg: Any, dtype: str = "bf16", capability: int = 90, experts_pow2: int = 128) -> Any:
+def compile_offline(
+    cfg: Any, dtype: str = "bf16", capability: int = 90, experts_pow2: int = 128, sizes: str = "*i32"
+) -> Any:
     """Compile the overlapped kernel for ``cfg`` without a GPU (Triton's compiler and its
     bundled ptxas only): the compiled kernel, whose ``asm`` holds ttgir / ptx / cubin and
     ``metadata.shared`` its shared memory. The CPU tests check the kernel's structure on it
@@ -236,7 +239,7 @@ def compile_offline(cfg: Any, dtype: str = "bf16", capability: int = 90, experts
         "dy_desc": desc([r, bn]),
         "x_desc": desc([r, bk]),
         "dw_desc": desc([bn, bk]),
-        "bounds_ptr": "*i64",
+        "sizes_ptr": sizes,  # m_sizes: *i32 or *i64
         **{name: "i32" for name in ("M", "N", "K", "E", "NUM_PROGRAMS")},
         **{name: "constexpr" for name in ("CHUNKS", "STAGES", "E_POW2", "HALVES", "num_warps")},
     }

@@ -1,5 +1,6 @@
 """The backward's kernels (launched by ``kernels/backward.py``): the row bounds of the experts,
-and dw in its four forms (pointer, TMA, resident, flattened)."""
+and dw in its four forms (pointer, TMA, resident, flattened), each of which can also sum the
+experts' row bounds from m_sizes itself (``SIZES``: no bounds launch before it)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,32 @@ def _row_bounds_kernel(sizes_ptr, bounds_ptr, E, M, BLOCK_E: tl.constexpr):
 
 
 @triton.jit
+def _expert_rows(rows_ptr, expert, E, M, SIZES: tl.constexpr, E_POW2: tl.constexpr):
+    """Rows [start, end) of ``expert`` (int64, 0 <= start <= end <= M), clamped as the forward's
+    tile walk clamps: negative counts are 0, nothing passes M. With SIZES ``rows_ptr`` is m_sizes
+    itself and the bounds are its prefix sum, here (one vector load of the E_POW2 >= E counts;
+    no launch before the kernel's); else it holds the (E + 1,) int64 bounds of ``row_bounds``,
+    clamped again so that a bad buffer still cannot move the reads outside dy and x."""
+    if SIZES:
+        offs = tl.arange(0, E_POW2)
+        sizes = tl.load(rows_ptr + offs, mask=(offs <= expert) & (offs < E), other=0)
+        sizes = tl.minimum(tl.maximum(sizes, 0), M).to(tl.int64)  # clamp in the loaded width first
+        end = tl.sum(sizes, 0)
+        start = end - tl.sum(tl.where(offs == expert, sizes, 0), 0)
+        row_start = tl.minimum(start, M)
+        row_end = tl.minimum(end, M)
+    else:
+        row_start = tl.minimum(tl.maximum(tl.load(rows_ptr + expert), 0), M)
+        row_end = tl.minimum(tl.maximum(tl.load(rows_ptr + expert + 1), row_start), M)
+    return row_start, row_end
+
+
+@triton.jit
 def _grouped_gemm_dw_kernel(
     dy_ptr,  # (M, N) output gradient, rows sorted by expert
     x_ptr,  # (M, K) forward input, rows sorted by expert
     dw_ptr,  # (E, N, K) weight gradient, every element written
-    bounds_ptr,  # (E + 1,) int64 row bounds: expert e owns rows [bounds[e], bounds[e + 1])
+    rows_ptr,  # (E,) m_sizes when SIZES, else (E + 1,) int64 row bounds (``_expert_rows``)
     M,
     N,
     K,
@@ -39,6 +61,8 @@ def _grouped_gemm_dw_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SIZES: tl.constexpr = False,
+    E_POW2: tl.constexpr = 1,  # with SIZES: a power of two >= E
 ):
     """Persistent grid: program p takes tiles p, p + NUM_PROGRAMS, ... of the
     (expert, n-tile, k-tile) sequence and reduces that expert's rows in BLOCK_M chunks."""
@@ -61,10 +85,7 @@ def _grouped_gemm_dw_kernel(
         cols_k = tile_k * BLOCK_K + offs_k
         n_mask = cols_n < N
         k_mask = cols_k < K
-        # bounds are int64 and clamped to M by the host; clamp again so that a bad bounds
-        # buffer still cannot move the reads outside dy and x
-        row_start = tl.minimum(tl.maximum(tl.load(bounds_ptr + expert), 0), M)
-        row_end = tl.minimum(tl.maximum(tl.load(bounds_ptr + expert + 1), row_start), M)
+        row_start, row_end = _expert_rows(rows_ptr, expert, E, M, SIZES, E_POW2)
         rows_in_expert = (row_end - row_start).to(tl.int32)  # <= M
 
         # row_start * stride_xm passes 2**31 for M*K > 2**31: row_start is int64 (bounds), so
@@ -103,7 +124,7 @@ def _grouped_gemm_dw_tma_kernel(
     dy_ptr,
     x_ptr,
     dw_ptr,
-    bounds_ptr,
+    rows_ptr,  # as in _grouped_gemm_dw_kernel
     M,
     N,
     K,
@@ -120,6 +141,8 @@ def _grouped_gemm_dw_tma_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DW_TMA: tl.constexpr,
+    SIZES: tl.constexpr = False,
+    E_POW2: tl.constexpr = 1,
 ):
     """``_grouped_gemm_dw_kernel`` with the expert's whole BLOCK_M-row chunks loaded by the
     copy engine and its last partial chunk by masked pointer loads (a descriptor cannot stop
@@ -146,8 +169,7 @@ def _grouped_gemm_dw_tma_kernel(
         cols_k = k0 + offs_k
         n_mask = cols_n < N
         k_mask = cols_k < K
-        row_start = tl.minimum(tl.maximum(tl.load(bounds_ptr + expert), 0), M)
-        row_end = tl.minimum(tl.maximum(tl.load(bounds_ptr + expert + 1), row_start), M)
+        row_start, row_end = _expert_rows(rows_ptr, expert, E, M, SIZES, E_POW2)
         rows_in_expert = (row_end - row_start).to(tl.int32)
         first = row_start.to(tl.int32)  # < M < 2**31: a descriptor coordinate
         full_chunks = rows_in_expert // BLOCK_M
@@ -285,7 +307,7 @@ def _grouped_gemm_dw_resident_kernel(
     x_desc,  # (M, K) block (BLOCK_M, BLOCK_K)
     dw_desc,  # (E * N, K) block (BLOCK_N, BLOCK_K) when DW_TMA
     dw_ptr,
-    bounds_ptr,
+    rows_ptr,  # as in _grouped_gemm_dw_kernel
     M,
     N,
     K,
@@ -300,6 +322,8 @@ def _grouped_gemm_dw_resident_kernel(
     MAX_CHUNKS: tl.constexpr,  # 1..6: experts of up to MAX_CHUNKS * BLOCK_M rows keep their operand resident
     DW_TMA: tl.constexpr,
     X_RES: tl.constexpr,  # x resident, dy streamed (else dy resident, x streamed)
+    SIZES: tl.constexpr = False,
+    E_POW2: tl.constexpr = 1,
 ):
     """dw with one operand resident: program p takes work items p, p + NUM_PROGRAMS, ... of the
     (expert, n-tile) sequence (the (expert, k-tile) sequence when X_RES); for each,
@@ -324,10 +348,7 @@ def _grouped_gemm_dw_resident_kernel(
     for item in range(pid, E * per_expert, NUM_PROGRAMS):
         expert = item // per_expert
         c0 = (item % per_expert) * (BLOCK_K if X_RES else BLOCK_N)
-        # bounds are int64 and clamped to M by the host; clamp again so that a bad bounds
-        # buffer still cannot move the reads outside dy and x
-        row_start = tl.minimum(tl.maximum(tl.load(bounds_ptr + expert), 0), M)
-        row_end = tl.minimum(tl.maximum(tl.load(bounds_ptr + expert + 1), row_start), M)
+        row_start, row_end = _expert_rows(rows_ptr, expert, E, M, SIZES, E_POW2)
         rows = (row_end - row_start).to(tl.int32)
         first = row_start.to(tl.int32)  # < M < 2**31: a descriptor coordinate
         chunks = tl.cdiv(rows, BLOCK_M)
@@ -364,7 +385,7 @@ def _grouped_gemm_dw_flat_kernel(
     dy_ptr,
     x_ptr,
     dw_ptr,
-    bounds_ptr,
+    rows_ptr,  # as in _grouped_gemm_dw_kernel
     M,
     N,
     K,
@@ -381,6 +402,7 @@ def _grouped_gemm_dw_flat_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     E_POW2: tl.constexpr,  # a power of two >= E
+    SIZES: tl.constexpr = False,
 ):
     """``_grouped_gemm_dw_kernel``'s tiles, walked as ONE loop over this program's (tile, row
     chunk) pairs: each tile has only cdiv(rows of its expert, BLOCK_M) chunks (about two for
@@ -397,10 +419,17 @@ def _grouped_gemm_dw_flat_kernel(
     offs_k = tl.arange(0, BLOCK_K)
 
     in_range = offs_e < E
-    lo = tl.load(bounds_ptr + offs_e, mask=in_range, other=0)
-    hi = tl.load(bounds_ptr + offs_e + 1, mask=in_range, other=0)
-    lo = tl.minimum(tl.maximum(lo, 0), M)  # clamped again, as in the unflattened kernel
-    hi = tl.minimum(tl.maximum(hi, lo), M)
+    if SIZES:  # the bounds of ``_expert_rows``, every expert's at once
+        sizes = tl.load(rows_ptr + offs_e, mask=in_range, other=0)
+        sizes = tl.minimum(tl.maximum(sizes, 0), M).to(tl.int64)
+        incl = tl.cumsum(sizes, 0)
+        lo = tl.minimum(incl - sizes, M)
+        hi = tl.minimum(incl, M)
+    else:
+        lo = tl.load(rows_ptr + offs_e, mask=in_range, other=0)
+        hi = tl.load(rows_ptr + offs_e + 1, mask=in_range, other=0)
+        lo = tl.minimum(tl.maximum(lo, 0), M)  # clamped again, as in the unflattened kernel
+        hi = tl.minimum(tl.maximum(hi, lo), M)
     rows = (hi - lo).to(tl.int32)
     chunks = tl.maximum(tl.cdiv(rows, BLOCK_M), 1)
     # tiles of expert e this program owns: p + j * NUM_PROGRAMS in [e * TPE, (e + 1) * TPE)

@@ -266,7 +266,7 @@ if HAVE_GLUON:
         return gl.where(chunks > CHUNKS, gl.minimum((chunks + per - 1) // per, num_k), 1)
 
     @gluon.jit
-    def _item_starts(bounds_ptr, E, n_tiles, num_k, e_idx, programs, R: gl.constexpr, CHUNKS: gl.constexpr,
+    def _item_starts(lo, hi, E, n_tiles, num_k, e_idx, programs, R: gl.constexpr, CHUNKS: gl.constexpr,
                      HALVES: gl.constexpr):  # fmt: skip
         """(first item of each expert (int32; past the end for lanes >= E), its item count, the
         number of items, ``per`` for ``_pieces``). n_tiles items per expert (each HALVES tiles
@@ -276,11 +276,10 @@ if HAVE_GLUON:
         CHUNKS row chunks (a piece then weighs about what a resident item does) where they all
         fit the last round's programs that hold one item fewer, else about one per CHUNKS row
         chunks (lighter pieces for the programs that get one more). ``share_of_items`` is the
-        host twin; an H200 measurement (2026-11-22) gave what the last round costs."""
+        host twin; an H200 measurement (2026-11-22) gave what the last round costs. ``lo``,
+        ``hi``: every expert's row bounds (``_expert_bounds``)."""
         live = e_idx < E
-        lo = gl.load(bounds_ptr + e_idx, mask=live, other=0)
-        hi = gl.load(bounds_ptr + e_idx + 1, mask=live, other=0)
-        chunks = ((gl.maximum(hi - lo, 0) + R - 1) // R).to(gl.int32)
+        chunks = (hi - lo + R - 1) // R
         streamed = live & (chunks > CHUNKS)
         tiles = gl.where(streamed, HALVES * n_tiles, n_tiles)
         resident = gl.where(live & (chunks <= CHUNKS), n_tiles, 0)
@@ -297,11 +296,21 @@ if HAVE_GLUON:
         return gl.where(live, starts, 2**31 - 1), resident + late, resident_total + gl.sum(late, axis=0), per
 
     @gluon.jit
+    def _expert_bounds(sizes_ptr, E, M, e_idx):
+        """Every expert's rows [lo, hi) (int32, 0 <= lo <= hi <= M) from m_sizes, clamped as the
+        forward's tile walk clamps (negative counts are 0, nothing passes M), by a prefix sum in
+        int64 (the sum of clamped counts can pass 2**31): no bounds launch before this kernel."""
+        sizes = gl.load(sizes_ptr + e_idx, mask=e_idx < E, other=0)
+        sizes = gl.minimum(gl.maximum(sizes, 0), M).to(gl.int64)  # clamp in the loaded width first
+        incl = gl.associative_scan(sizes, 0, _add)
+        return gl.minimum(incl - sizes, M).to(gl.int32), gl.minimum(incl, M).to(gl.int32)
+
+    @gluon.jit
     def _grouped_gemm_dw_overlap_kernel(
         dy_desc,  # (M, N) block (R, BN): one tile's columns
         x_desc,  # (M, K) block (R, BK)
         dw_desc,  # (E * N, K) block (BN, BK): one tile
-        bounds_ptr,  # (E + 1,) int64 row offsets, clamped to [0, M] by the host
+        sizes_ptr,  # (E,) int32/int64 rows per expert (m_sizes), clamped here (``_expert_bounds``)
         M,
         N,
         K,
@@ -353,7 +362,8 @@ if HAVE_GLUON:
         # + n-tile, and no search
         e_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
         e_idx = gl.arange(0, E_POW2, layout=e_layout)
-        starts, counts, total_items, per = _item_starts(bounds_ptr, E, n_tiles, num_k, e_idx, NUM_PROGRAMS, R, CHUNKS,
+        lo, hi = _expert_bounds(sizes_ptr, E, M, e_idx)
+        starts, counts, total_items, per = _item_starts(lo, hi, E, n_tiles, num_k, e_idx, NUM_PROGRAMS, R, CHUNKS,
                                                         HALVES)  # fmt: skip
         uniform = total_items == E * n_tiles
         for g in range(gl.program_id(0), total_items, NUM_PROGRAMS):
@@ -364,10 +374,9 @@ if HAVE_GLUON:
                 mine = (starts <= g) & (g < starts + counts)  # exactly one expert's items hold g
                 expert = gl.sum(gl.where(mine, e_idx, 0), axis=0)
                 local = g - gl.sum(gl.where(mine, starts, 0), axis=0)
-            row_start = gl.minimum(gl.maximum(gl.load(bounds_ptr + expert), 0), M)
-            row_end = gl.minimum(gl.maximum(gl.load(bounds_ptr + expert + 1), row_start), M)
-            rows = (row_end - row_start).to(gl.int32)
-            first = row_start.to(gl.int32)
+            here = e_idx == expert
+            first = gl.sum(gl.where(here, lo, 0), axis=0)  # < M < 2**31: a descriptor coordinate
+            rows = gl.sum(gl.where(here, hi, 0), axis=0) - first
             chunks = gl.cdiv(rows, R)
             pieces = _pieces(chunks, num_k, per, CHUNKS)
             # an item is HALVES tiles wide, one tile past the resident chunks (``_item_starts``)

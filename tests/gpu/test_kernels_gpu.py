@@ -527,6 +527,33 @@ def test_overlap_dw_skewed_routing(name: str, hot: int) -> None:
     assert (dw[(hot + 5) % 64] == 0).all(), "an empty expert must get zero dw"
 
 
+@pytest.mark.parametrize("name", ["32x128x128-w8-s3-tma-ov5", "32x256x128-w8-s2-tma-ov5"])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64], ids=str)
+def test_overlap_dw_clamps_the_counts_as_the_forward_does(name: str, dtype: torch.dtype) -> None:
+    """The Gluon kernel sums the experts' row bounds from m_sizes itself: a negative count is 0,
+    and the count that passes M (int32 2**31 - 1: its int64 sum passes 2**31) stops at M; the
+    experts after it get no rows. Every row of dy and x is routed and finite here."""
+    from qmoe_doctor.kernels.dw_overlap import dw_overlap_plan
+    from qmoe_doctor.kernels.tuning import config_from_name
+
+    if torch.cuda.get_device_capability(0)[0] != 9:
+        pytest.skip("the overlapped dw kernel is for sm_90")
+    cfg = config_from_name(name)
+    dev = torch.device("cuda", 0)
+    gen = torch.Generator(device=dev).manual_seed(3)
+    counts = torch.tensor([-7, 150, 0, 90, 2**31 - 1, 40, -1], dtype=dtype, device=dev)
+    m, n, k = 400, 512, 384  # the fifth expert gets rows 240..400
+    x = torch.randn(m, k, generator=gen, device=dev).bfloat16()
+    dy = torch.randn(m, n, generator=gen, device=dev).bfloat16()
+    probe = torch.empty((counts.shape[0], n, k), device=dev, dtype=torch.bfloat16)
+    assert dw_overlap_plan(dy, x, probe, cfg) is not None, "this call should take the Gluon kernel"
+    del probe
+    dw = moe_grouped_gemm_dw(dy, x, counts, config=cfg)
+    ref = moe_grouped_gemm_dw_torch(dy.double(), x.double(), counts)
+    assert rel_err(ref, dw) < tolerance("bfloat16")
+    assert (dw[[0, 2, 5, 6]] == 0).all(), "experts with no rows (negative, empty, after M) get zeros"
+
+
 @pytest.mark.parametrize("name", HOPPER_DW_CONFIGS)
 @pytest.mark.parametrize(
     ("sizes", "n"),

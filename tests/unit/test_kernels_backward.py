@@ -134,6 +134,54 @@ def test_dw_float16(edge: str) -> None:
     assert_close(dw_ref(dy, x, m_sizes), tri, torch.float16)
 
 
+# Up to FOLDED_MAX_EXPERTS experts every dw kernel sums the experts' row bounds from m_sizes
+# itself (one launch per call); past it they come from ``row_bounds``' launch (two). Both must
+# give the same dw, bit for bit (the same tiles and order of the sums), on every edge: negative
+# counts, counts past M, int64 counts past 2**31. Each kernel form: pointer, flat, TMA, resident.
+FOLD_CONFIGS = ["16x16x16-w4-s1", "16x32x16-w4-s1-flat", "16x32x32-w4-s2-tma", "16x32x32-w4-s2-tma-r2", "16x32x32-w4-s2-tma-rx2"]
+
+
+@pytest.mark.parametrize("name", FOLD_CONFIGS)
+@pytest.mark.parametrize("case", DW_CASES, ids=lambda c: c.edge)
+def test_dw_sums_its_row_bounds_as_the_bounds_launch_does(
+    case: DwCase, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from qmoe_doctor.kernels import backward, launch
+    from qmoe_doctor.kernels.tuning import config_from_name
+
+    cfg = config_from_name(name)
+    dtype = torch.float16 if cfg.tma else torch.float32
+    dy, x, m_sizes = dw_operands(case, dtype)
+    out: dict[str, torch.Tensor] = {}
+    launches: dict[str, int] = {}
+    for how, limit in (("folded", backward.FOLDED_MAX_EXPERTS), ("launched", 0)):
+        monkeypatch.setattr(backward, "FOLDED_MAX_EXPERTS", limit)
+        monkeypatch.setattr(backward, "_DW_PLANS", {})
+        before = launch.counts.standard + launch.counts.lean
+        out[how] = moe_grouped_gemm_dw(dy, x, m_sizes, config=cfg)
+        launches[how] = launch.counts.standard + launch.counts.lean - before
+    assert torch.equal(out["folded"], out["launched"])
+    assert launches == {"folded": 1, "launched": 2}
+    assert_close(dw_ref(dy, x, m_sizes), out["folded"], dtype)
+
+
+@pytest.mark.parametrize("name", ["16x16x16-w4-s1", "16x32x16-w4-s1-flat"])
+def test_dw_folds_the_row_bounds_up_to_the_limit(name: str) -> None:
+    """At FOLDED_MAX_EXPERTS experts (the kernel's vector of counts is that long) the kernel sums
+    the bounds; one expert more and the plan launches ``row_bounds`` first. Both right."""
+    from qmoe_doctor.kernels.backward import FOLDED_MAX_EXPERTS, _dw_plan
+    from qmoe_doctor.kernels.tuning import config_from_name
+
+    cfg = config_from_name(name)
+    for e in (FOLDED_MAX_EXPERTS, FOLDED_MAX_EXPERTS + 1):
+        gen = torch.Generator().manual_seed(e)
+        sizes = torch.zeros(e, dtype=torch.int32)
+        sizes[[0, e // 3, e - 2, e - 1]] = torch.tensor([3, 5, 4, 6], dtype=torch.int32)  # 18 rows
+        dy, x = torch.randn(18, 16, generator=gen), torch.randn(18, 16, generator=gen)
+        assert (_dw_plan(dy, x, sizes, None, cfg).bounds is None) == (e == FOLDED_MAX_EXPERTS)
+        assert_close(dw_ref(dy, x, sizes), moe_grouped_gemm_dw(dy, x, sizes, config=cfg), torch.float32)
+
+
 @pytest.mark.parametrize(
     "sizes, m, want",
     [

@@ -77,12 +77,13 @@ def dw_stages(point: Any, calls: int) -> None:
     dy, x, sizes = point.dy, point.x, point.m_sizes
     bw.moe_grouped_gemm_dw(dy, x, sizes)
     plan = bw._dw_plan(dy, x, sizes, None, None)
-    assert plan.bounds is not None
+    bounds = bw._bounds_plan(sizes, plan.m)  # what a dw past FOLDED_MAX_EXPERTS launches first
     stages: dict[str, Callable[[], Any]] = {
         "plan lookup (key + dict)": lambda: bw._dw_plan(dy, x, sizes, None, None),
         "torch.empty (dw)": lambda: torch.empty((plan.e, plan.n, plan.k), device=x.device, dtype=x.dtype),
-        "row bounds (allocation + launch)": lambda: plan.bounds(sizes),  # type: ignore[misc]
-        "row_bounds_torch (the six torch ops)": lambda: bw.row_bounds_torch(sizes, plan.m),
+        f"row bounds launch (allocation + launch; this call's plan: {'yes' if plan.bounds else 'no, folded'})": (
+            lambda: bounds(sizes)
+        ),
         "moe_grouped_gemm_dw (whole call)": lambda: bw.moe_grouped_gemm_dw(dy, x, sizes),
     }
     _stages(f"dw steady-state path by stage (config {plan.config.name if plan.config else '-'}, {plan.path}):", stages, calls)
