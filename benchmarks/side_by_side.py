@@ -19,7 +19,10 @@ median of ``triton.testing.do_bench`` (L2 flushed between calls):
 * the memory roofline: the device's copy bandwidth (``dst.copy_(src)`` of 1 GiB, bytes read +
   written per second) times each GEMM's arithmetic intensity (2*M*N*K FLOP over the bytes it must
   move: the weight stack once, both activations once), capped by the fastest dense GEMM measured;
-  a point is memory-bound where that cap is not reached;
+  a point is memory-bound where that cap is not reached. Beside it, not a target: the same
+  roofline with the bytes a GEMM writes (dw: the whole stack) also bounded by the device's write
+  rate (``dst.zero_()`` of 1 GiB), which on an H200 is ~79% of the copy rate: where the writes
+  dominate, no kernel can reach 90% of the copy roofline, and this one says how near it is;
 * the Qwen3-30B MoE block's eager forward at 2048 tokens on our kernels and on
   ``torch._grouped_mm`` (one set of parameters);
 * host time per call of forward, dx and dw at 128 tokens (``tools/profile/host_overhead.py``
@@ -134,6 +137,17 @@ def copy_bandwidth(timer: Timer, device: Any) -> float | None:
     return 2 * COPY_BYTES / (ms * 1e-3) if ms else None
 
 
+def write_bandwidth(timer: Timer, device: Any) -> float | None:
+    """Bytes written per second by ``dst.zero_()`` of COPY_BYTES (nothing read)."""
+    if not timer.timed:
+        return None
+    import torch
+
+    dst = torch.empty(COPY_BYTES // 2, dtype=torch.bfloat16, device=device)
+    ms = timer.ms(dst.zero_)
+    return COPY_BYTES / (ms * 1e-3) if ms else None
+
+
 def _copier(src: Any, dst: Any) -> Callable[[], Any]:
     return lambda: dst.copy_(src)
 
@@ -146,6 +160,12 @@ def gemm_bytes(op: str, m: int, e: int, n: int, k: int, item: int) -> int:
     """Bytes a GEMM must move at least: the (E, N, K) stack once (read, or written by dw) and its
     two activations once."""
     return item * (e * n * k + m * k + m * n)
+
+
+def written_bytes(op: str, m: int, e: int, n: int, k: int, item: int) -> int:
+    """The bytes of ``gemm_bytes`` that are written: the output (forward y (M, N), dx (M, K),
+    dw the (E, N, K) stack)."""
+    return item * {"forward": m * n, "dx": m * k, "dw": e * n * k}[op]
 
 
 # --------------------------------------------------------------------------------------------
@@ -239,7 +259,8 @@ def base_row(label: str, e: int, n: int, k: int, tokens: int, top_k: int, op: st
         "point": label, "tokens": tokens, "m": m, "e": e, "n": n, "k": k, "op": op,
         "config": "", "ours_ms": None, "ours_rel_err": None, "ours": None, "grouped_mm": None,
         "peer": None, "peer_tile": "", "peer_tiles": [], "dense": None, "flops": 2.0 * m * n * k,
-        "bytes": gemm_bytes(op, m, e, n, k, item), "ok": False, "failed": "",
+        "bytes": gemm_bytes(op, m, e, n, k, item), "written": written_bytes(op, m, e, n, k, item),
+        "ok": False, "failed": "",
     }  # fmt: skip
 
 
@@ -414,20 +435,42 @@ def measure_points(
     return rows
 
 
-def add_roofline(rows: list[Row], bandwidth: float | None) -> float | None:
+def add_roofline(rows: list[Row], bandwidth: float | None, write_rate: float | None = None) -> float | None:
     """Each row's roofline (TFLOP/s) and whether it is memory-bound; returns the compute cap
-    (the fastest dense GEMM measured)."""
+    (the fastest dense GEMM measured). With ``write_rate`` also ``write_roofline`` and
+    ``write_share``: the same with the time at least the written bytes at the write rate."""
     dense = [r["dense"] for r in rows if r["dense"]]
     cap = max(dense) if dense else None
     for r in rows:
         if bandwidth is None or cap is None:
-            r.update(roofline=None, memory_bound=None, share=None)
+            r.update(roofline=None, memory_bound=None, share=None, write_roofline=None, write_share=None)
             continue
-        memory = r["flops"] / (r["bytes"] / bandwidth) / 1e12
+        seconds = r["bytes"] / bandwidth
+        memory = r["flops"] / seconds / 1e12
         r["roofline"] = min(memory, cap)
         r["memory_bound"] = memory < cap
         r["share"] = r["ours"] / r["roofline"] if r["ours"] else None
+        written = r.get("written")
+        if write_rate and written is not None:
+            r["write_roofline"] = min(r["flops"] / max(seconds, written / write_rate) / 1e12, cap)
+            r["write_share"] = r["ours"] / r["write_roofline"] if r["ours"] else None
+        else:
+            r.update(write_roofline=None, write_share=None)
     return cap
+
+
+def write_bound_line(rows: list[Row], write_rate: float | None) -> str:
+    """One line, not a target: how many memory-bound points reach ROOFLINE_SHARE of the roofline
+    whose writes are bounded by the write rate, and which do not."""
+    bound = [r for r in rows if r.get("memory_bound") and r.get("write_share")]
+    if not write_rate or not bound:
+        return "roofline with writes at the write rate: not measured"
+    short = [f"{_where(r)} {r['write_share']:.0%}" for r in bound if r["write_share"] < ROOFLINE_SHARE]
+    head = (
+        f"roofline with writes at the write rate ({write_rate / 1e12:.2f} TB/s, dst.zero_()): "
+        f"{len(bound) - len(short)}/{len(bound)} memory-bound points at >= {ROOFLINE_SHARE:.0%}"
+    )
+    return head + (f"; short: {', '.join(short)}" if short else "")
 
 
 # --------------------------------------------------------------------------------------------
@@ -529,6 +572,10 @@ def measure_host(pt: Point, calls: int, *, runs: int = 5) -> list[Row]:
 
 def _f(v: float | None, fmt: str = "7.1f") -> str:
     return format(v, fmt) if v is not None else "-".rjust(len(format(0.0, fmt)))
+
+
+def _tb(rate: float | None) -> float | None:
+    return rate / 1e12 if rate else None
 
 
 def _where(r: Row) -> str:
@@ -638,7 +685,8 @@ def render(report: dict[str, Any]) -> str:
     lines.append(f"{report['device']} | {report['versions']} | config table: {report['config_table']}")
     bw = report["copy_bandwidth"]
     lines.append(
-        f"copy bandwidth {bw / 1e12:.2f} TB/s; compute cap (fastest dense) {report['compute_cap']:.0f} TFLOP/s"
+        f"copy bandwidth {bw / 1e12:.2f} TB/s; write bandwidth {_f(_tb(report.get('write_bandwidth')), '.2f')} TB/s; "
+        f"compute cap (fastest dense) {report['compute_cap']:.0f} TFLOP/s"
         if bw and report["compute_cap"]
         else "not timed (--tiny)"
         if not report["timed"]
@@ -647,19 +695,24 @@ def render(report: dict[str, Any]) -> str:
     lines.append("")
     lines.append(
         f"{'point':<13} {'tok':>5} {'op':<7} {'ours':>7} {'gmm':>7} {'peer':>7} {'dense':>6} {'x best':>6} "
-        f"{'roof':>7} {'%roof':>5}  config / peer tile"
+        f"{'roof':>7} {'%roof':>5} {'%wroof':>6}  config / peer tile"
     )
     for r in rows:
         best = max((v for v in (r["grouped_mm"], r["peer"]) if v), default=None)
         ratio = f"{r['ours'] / best:6.2f}" if r["ours"] and best else "     -"
         share = f"{r['share']:5.0%}" if r.get("share") else "    -"
+        wshare = f"{r['write_share']:6.0%}" if r.get("write_share") else "     -"
         mark = "*" if r.get("memory_bound") else " "
         lines.append(
             f"{r['point']:<13} {r['tokens']:>5} {r['op']:<7} {_f(r['ours'])} {_f(r['grouped_mm'])} {_f(r['peer'])} "
-            f"{_f(r['dense'], '6.0f')} {ratio} {_f(r.get('roofline'))}{mark}{share}  {r['config'] or '-'} / {r['peer_tile'] or '-'}"
+            f"{_f(r['dense'], '6.0f')} {ratio} {_f(r.get('roofline'))}{mark}{share} {wshare}  "
+            f"{r['config'] or '-'} / {r['peer_tile'] or '-'}"
             + (f"  FAILED {r['failed'][:160]}" if r.get("failed") else "")
         )
-    lines.append("(TFLOP/s; x best: ours over the faster of grouped_mm and the peer; * memory-bound point)")
+    lines.append(
+        "(TFLOP/s; x best: ours over the faster of grouped_mm and the peer; * memory-bound point; "
+        "%wroof: of the roofline with writes at the write rate)"
+    )
     b = report.get("block")
     if b:
         lines.append(
@@ -677,6 +730,8 @@ def render(report: dict[str, Any]) -> str:
     lines.append(f"launches: {launches.get('lean', 0)} lean, {launches.get('standard', 0)} through JITFunction.run")
     for refused in launches.get("refused", []):
         lines.append(f"lean launch refused (that plan went back to JITFunction.run): {refused}")
+    if report.get("timed", True):
+        lines.append(write_bound_line(rows, report.get("write_bandwidth")))
     lines.append("")
     lines.append("==== targets")
     for target, verdict, detail in report["verdicts"]:
@@ -707,6 +762,8 @@ def markdown(report: dict[str, Any]) -> str:
         )
     out += ["", "| target | verdict | detail |", "| --- | --- | --- |"]
     out += [f"| {t} | {v} | {d.replace('|', '/')} |" for t, v, d in report["verdicts"]]
+    if report.get("timed", True):
+        out += ["", f"Not a target: {write_bound_line(report['rows'], report.get('write_bandwidth'))}."]
     return "\n".join(out) + "\n"
 
 
@@ -802,6 +859,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     except Exception as exc:
         report["copy_bandwidth"] = None
         failures.append(failure("copy bandwidth", exc))
+    try:
+        report["write_bandwidth"] = write_bandwidth(timer, device)
+    except Exception as exc:  # informational: the targets do not use it
+        report["write_bandwidth"] = None
+        log(f"  write bandwidth: {failure('write bandwidth', exc)}")
     free_memory(device)
     write_json(partial, report)  # a run that dies in its first point still names every point
 
@@ -813,7 +875,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         points, timer, device, dtype, top_k,
         fwd_tiles=fwd_tiles, dw_tiles=dw_tiles, max_rel=args.max_rel_diff, on_point=saved,
     )  # fmt: skip
-    report["compute_cap"] = add_roofline(rows, report["copy_bandwidth"])
+    report["compute_cap"] = add_roofline(rows, report["copy_bandwidth"], report["write_bandwidth"])
     report["rows"] = rows
     block = None
     if args.block_tokens:
@@ -864,7 +926,8 @@ def finish_partial(path: Path) -> dict[str, Any]:
         failures.append("host time: not reached (the run stopped first)")
     report.update(rows=rows, failures=failures, block=report.get("block"), host=report.get("host", []))
     report.setdefault("copy_bandwidth", None)
-    report["compute_cap"] = add_roofline(rows, report["copy_bandwidth"])
+    report.setdefault("write_bandwidth", None)
+    report["compute_cap"] = add_roofline(rows, report["copy_bandwidth"], report["write_bandwidth"])
     report["verdicts"] = verdicts(
         rows, report["block"], report["host"], failures, timed=report.get("timed", True),
         block_tokens=report.get("targets", {}).get("block_tokens", BLOCK_TOKENS),

@@ -99,6 +99,31 @@ def test_verdicts_follow_the_numbers() -> None:
     assert fast[0]["memory_bound"] is False and fast[0]["roofline"] == 700.0
 
 
+def test_the_write_rate_bounds_a_write_heavy_point_not_a_read_heavy_one() -> None:
+    """dw writes the whole (E, N, K) stack: with writes at 3.35 TB/s (an H200's ``zero_``) and a
+    4.25 TB/s copy rate, its write-aware roofline is the written bytes' time, 20% under the copy
+    roofline. The forward writes only y (M, N): its two rooflines agree. The issue's target
+    still judges the copy roofline; the write-aware one is a line beside it."""
+    from benchmarks.side_by_side import base_row, write_bound_line
+
+    dw = base_row("30b-gate_up", 128, 1536, 2048, 128, 8, "dw", 2)
+    fwd = base_row("30b-gate_up", 128, 1536, 2048, 128, 8, "forward", 2)
+    assert dw["written"] == 2 * 128 * 1536 * 2048 and fwd["written"] == 2 * 1024 * 1536
+    dw.update(ours=27.0, dense=700.0, ok=True, ours_rel_err=0.0, grouped_mm=18.0, peer=10.0)
+    fwd.update(ours=28.0, dense=700.0, ok=True, ours_rel_err=0.0, grouped_mm=24.0, peer=27.0)
+    add_roofline([dw, fwd], bandwidth=4.25e12, write_rate=3.35e12)
+    assert dw["roofline"] == pytest.approx(dw["flops"] / (dw["bytes"] / 4.25e12) / 1e12)
+    assert dw["write_roofline"] == pytest.approx(dw["flops"] / (dw["written"] / 3.35e12) / 1e12)
+    assert dw["write_roofline"] < 0.81 * dw["roofline"] and dw["write_share"] > 1.0 > 0.9 > dw["share"]
+    assert fwd["write_roofline"] == fwd["roofline"] and fwd["write_share"] == fwd["share"]
+    line = write_bound_line([dw, fwd], 3.35e12)
+    assert line.endswith("1/2 memory-bound points at >= 90%; short: forward 30b-gate_up:128 83%"), line
+    got = {t: (v, d) for t, v, d in verdicts([dw, fwd], None, [])}
+    assert got[ROOFLINE] == ("FAIL", "0/2; short: dw 30b-gate_up:128 80%; forward 30b-gate_up:128 83%")
+    add_roofline([dw, fwd], bandwidth=4.25e12)  # no write rate measured: no write-aware figure
+    assert dw["write_roofline"] is None and write_bound_line([dw, fwd], None).endswith("not measured")
+
+
 def test_a_target_with_unmeasured_points_never_passes() -> None:
     """Every measured point ahead, but one op failed (an OOM), one found no working peer tile,
     the block failed and the host time was not asked for: no target says PASS, each says what
