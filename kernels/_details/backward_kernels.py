@@ -20,20 +20,33 @@ def _row_bounds_kernel(sizes_ptr, bounds_ptr, E, M, BLOCK_E: tl.constexpr):
 
 
 @triton.jit
-def _expert_rows(rows_ptr, expert, E, M, SIZES: tl.constexpr, E_POW2: tl.constexpr):
-    """Rows [start, end) of ``expert`` (int64, 0 <= start <= end <= M), clamped as the forward's
-    tile walk clamps: negative counts are 0, nothing passes M. With SIZES ``rows_ptr`` is m_sizes
-    itself and the bounds are its prefix sum, here (one vector load of the E_POW2 >= E counts;
-    no launch before the kernel's); else it holds the (E + 1,) int64 bounds of ``row_bounds``,
-    clamped again so that a bad buffer still cannot move the reads outside dy and x."""
+def _bounds_vector(rows_ptr, E, M, SIZES: tl.constexpr, E_POW2: tl.constexpr):
+    """With SIZES (``rows_ptr`` is m_sizes): every expert's row bounds, packed one int64 per
+    expert as first_row * 2**32 + end_row (both in [0, M], int32), from the prefix sum of the
+    counts clamped as the forward's tile walk clamps them (negative counts are 0, nothing passes
+    M). Computed once per program, before its tiles: no launch before the kernel's. Without
+    SIZES a placeholder (the tiles load the (E + 1,) bounds of ``row_bounds``)."""
+    offs = tl.arange(0, E_POW2)
     if SIZES:
-        offs = tl.arange(0, E_POW2)
-        sizes = tl.load(rows_ptr + offs, mask=(offs <= expert) & (offs < E), other=0)
+        sizes = tl.load(rows_ptr + offs, mask=offs < E, other=0)
         sizes = tl.minimum(tl.maximum(sizes, 0), M).to(tl.int64)  # clamp in the loaded width first
-        end = tl.sum(sizes, 0)
-        start = end - tl.sum(tl.where(offs == expert, sizes, 0), 0)
-        row_start = tl.minimum(start, M)
-        row_end = tl.minimum(end, M)
+        incl = tl.cumsum(sizes, 0)  # int64: the clamped counts' sum can pass 2**31
+        packed = tl.minimum(incl - sizes, M) * 4294967296 + tl.minimum(incl, M)
+    else:
+        packed = tl.zeros((E_POW2,), dtype=tl.int64)
+    return packed
+
+
+@triton.jit
+def _expert_rows(rows_ptr, expert, M, packed, SIZES: tl.constexpr, E_POW2: tl.constexpr):
+    """Rows [start, end) of ``expert`` (int64, 0 <= start <= end <= M): from ``_bounds_vector``'s
+    packed bounds (one reduction), or without SIZES from the (E + 1,) int64 bounds of
+    ``row_bounds``, clamped again so that a bad buffer still cannot move the reads outside dy
+    and x."""
+    if SIZES:
+        mine = tl.sum(tl.where(tl.arange(0, E_POW2) == expert, packed, 0), 0)
+        row_start = mine >> 32
+        row_end = mine & 4294967295
     else:
         row_start = tl.minimum(tl.maximum(tl.load(rows_ptr + expert), 0), M)
         row_end = tl.minimum(tl.maximum(tl.load(rows_ptr + expert + 1), row_start), M)
@@ -75,6 +88,7 @@ def _grouped_gemm_dw_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
 
+    packed = _bounds_vector(rows_ptr, E, M, SIZES, E_POW2)
     tile = pid
     while tile < num_tiles:
         expert = tile // tiles_per_expert
@@ -85,7 +99,7 @@ def _grouped_gemm_dw_kernel(
         cols_k = tile_k * BLOCK_K + offs_k
         n_mask = cols_n < N
         k_mask = cols_k < K
-        row_start, row_end = _expert_rows(rows_ptr, expert, E, M, SIZES, E_POW2)
+        row_start, row_end = _expert_rows(rows_ptr, expert, M, packed, SIZES, E_POW2)
         rows_in_expert = (row_end - row_start).to(tl.int32)  # <= M
 
         # row_start * stride_xm passes 2**31 for M*K > 2**31: row_start is int64 (bounds), so
@@ -157,6 +171,7 @@ def _grouped_gemm_dw_tma_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
 
+    packed = _bounds_vector(rows_ptr, E, M, SIZES, E_POW2)
     tile = pid
     while tile < num_tiles:
         expert = tile // tiles_per_expert
@@ -169,7 +184,7 @@ def _grouped_gemm_dw_tma_kernel(
         cols_k = k0 + offs_k
         n_mask = cols_n < N
         k_mask = cols_k < K
-        row_start, row_end = _expert_rows(rows_ptr, expert, E, M, SIZES, E_POW2)
+        row_start, row_end = _expert_rows(rows_ptr, expert, M, packed, SIZES, E_POW2)
         rows_in_expert = (row_end - row_start).to(tl.int32)
         first = row_start.to(tl.int32)  # < M < 2**31: a descriptor coordinate
         full_chunks = rows_in_expert // BLOCK_M
@@ -345,10 +360,11 @@ def _grouped_gemm_dw_resident_kernel(
         per_expert = num_n_tiles
         res_desc = dy_desc
         stream_desc = x_desc
+    packed = _bounds_vector(rows_ptr, E, M, SIZES, E_POW2)
     for item in range(pid, E * per_expert, NUM_PROGRAMS):
         expert = item // per_expert
         c0 = (item % per_expert) * (BLOCK_K if X_RES else BLOCK_N)
-        row_start, row_end = _expert_rows(rows_ptr, expert, E, M, SIZES, E_POW2)
+        row_start, row_end = _expert_rows(rows_ptr, expert, M, packed, SIZES, E_POW2)
         rows = (row_end - row_start).to(tl.int32)
         first = row_start.to(tl.int32)  # < M < 2**31: a descriptor coordinate
         chunks = tl.cdiv(rows, BLOCK_M)
