@@ -102,13 +102,12 @@ def _grouped_gemm_dw_kernel(
         row_start, row_end = _expert_rows(rows_ptr, expert, M, packed, SIZES, E_POW2)
         rows_in_expert = (row_end - row_start).to(tl.int32)  # <= M
 
-        # row_start * stride_xm passes 2**31 for M*K > 2**31: row_start is int64 (bounds), so
-        # the product is formed in int64; within a chunk, offs_m * stride stays small
+        # row_start * stride_xm passes 2**31 for M*K > 2**31: formed in int64 (``_expert_rows``
+        # returns int64; the cast says so here); within a chunk, offs_m * stride stays small
         # dy tile read transposed: (BLOCK_N, BLOCK_M)
-        dy_ptrs = (
-            dy_ptr + row_start * stride_dym + offs_m[None, :] * stride_dym + cols_n[:, None] * stride_dyn
-        )
-        x_ptrs = x_ptr + row_start * stride_xm + offs_m[:, None] * stride_xm + cols_k[None, :] * stride_xk
+        first = tl.cast(row_start, tl.int64)
+        dy_ptrs = dy_ptr + first * stride_dym + offs_m[None, :] * stride_dym + cols_n[:, None] * stride_dyn
+        x_ptrs = x_ptr + first * stride_xm + offs_m[:, None] * stride_xm + cols_k[None, :] * stride_xk
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         # a counted `for` (not a while on row bounds) so that Triton software-pipelines it
         for chunk in range(0, tl.cdiv(rows_in_expert, BLOCK_M)):

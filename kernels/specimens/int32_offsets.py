@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qmoe_doctor.kernels._details.grouped_gemm_kernels import _tile_coords
+from qmoe_doctor.kernels._details.grouped_gemm_kernels import _tile_coords, _zero_uncovered_rows
 from qmoe_doctor.kernels.specimens._common import guarded_forward
 
 
@@ -70,15 +70,12 @@ def _grouped_gemm_kernel_int32(
 
     tiles_before = 0  # tiles of the experts already walked (same count in every program)
     row_start = 0  # first row of the current expert
-    for expert in range(E + 1):
-        if expert < E:
-            m_size = tl.load(m_sizes_ptr + expert)
-            # mask by M: negative counts become 0, counts past the last row stop at M. Clamp
-            # in the loaded width, then narrow: an int64 count past 2**31 (a stale value in a
-            # recycled block) would otherwise truncate to an arbitrary int32.
-            m_size = tl.minimum(tl.maximum(m_size, 0), tl.maximum(M - row_start, 0)).to(tl.int32)
-        else:
-            m_size = tl.maximum(M - row_start, 0)  # rows no expert covers: written as zeros
+    for expert in range(E):
+        m_size = tl.load(m_sizes_ptr + expert)
+        # mask by M: negative counts become 0, counts past the last row stop at M. Clamp
+        # in the loaded width, then narrow: an int64 count past 2**31 (a stale value in a
+        # recycled block) would otherwise truncate to an arbitrary int32.
+        m_size = tl.minimum(tl.maximum(m_size, 0), tl.maximum(M - row_start, 0)).to(tl.int32)
         num_m_tiles = tl.cdiv(m_size, BLOCK_M)
         num_tiles = num_m_tiles * num_n_tiles
         # first tile of this expert that belongs to this program
@@ -94,37 +91,34 @@ def _grouped_gemm_kernel_int32(
             y_tile = y_ptr + tl.cast(first_row, tl.int64) * stride_ym
             y_ptrs = y_tile + offs_m[:, None] * stride_ym + cols[None, :] * stride_yn
             out_mask = row_mask[:, None] & col_mask[None, :]
-            if expert < E:
-                # first_row * stride_xm passes 2**31 for M*K > 2**31
-                x_ptrs = (
-                    x_ptr
-                    + tl.cast(first_row, tl.int64) * stride_xm
-                    + offs_m[:, None] * stride_xm
-                    + offs_k[None, :] * stride_xk
-                )
-                # PLANTED: expert * stride_we formed in int32 (grouped_gemm.py casts expert to
-                # int64 here); it wraps at expert 69 for experts of 5120x6144
-                # kept line for line beside grouped_gemm.py's (the small-diff test compares them)
-                # fmt: off
-                w_ptrs = (
-                    w_ptr
-                    + expert * stride_we
-                    + cols[None, :] * stride_wn
-                    + offs_k[:, None] * stride_wk
-                )
-                # fmt: on
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for k0 in range(0, K, BLOCK_K):
-                    k_mask = (k0 + offs_k) < K
-                    a = tl.load(x_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-                    b = tl.load(w_ptrs, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
-                    acc = tl.dot(a, b, acc)
-                    x_ptrs += BLOCK_K * stride_xk
-                    w_ptrs += BLOCK_K * stride_wk
-                tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
-            else:
-                zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                tl.store(y_ptrs, zeros.to(y_ptr.dtype.element_ty), mask=out_mask)
+            # first_row * stride_xm passes 2**31 for M*K > 2**31
+            x_ptrs = (
+                x_ptr
+                + tl.cast(first_row, tl.int64) * stride_xm
+                + offs_m[:, None] * stride_xm
+                + offs_k[None, :] * stride_xk
+            )
+            # PLANTED: expert * stride_we formed in int32 (grouped_gemm.py casts expert to
+            # int64 here); it wraps at expert 69 for experts of 5120x6144
+            # kept line for line beside grouped_gemm.py's (the small-diff test compares them)
+            # fmt: off
+            w_ptrs = (
+                w_ptr
+                + expert * stride_we
+                + cols[None, :] * stride_wn
+                + offs_k[:, None] * stride_wk
+            )
+            # fmt: on
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                k_mask = (k0 + offs_k) < K
+                a = tl.load(x_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+                b = tl.load(w_ptrs, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+                acc = tl.dot(a, b, acc)
+                x_ptrs += BLOCK_K * stride_xk
+                w_ptrs += BLOCK_K * stride_wk
+            tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=out_mask)
             tile += NUM_PROGRAMS
         tiles_before += num_tiles
         row_start += m_size
+    _zero_uncovered_rows(y_ptr, M, N, row_start, tiles_before, stride_ym, stride_yn, NUM_PROGRAMS, BLOCK_M, BLOCK_N)
