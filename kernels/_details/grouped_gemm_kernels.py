@@ -126,8 +126,9 @@ def _zero_uncovered_rows(
 ):
     """After the experts' tiles (``tiles_before`` of them, ending at row ``row_start``): zeros in
     the rows no expert covers, row_start..M, as further tiles of the same round-robin. Its own
-    loop after the experts': a branch for these tiles inside the experts' tile loop cost the
-    pointer kernel 2-5% at 2048 tokens on an H200 (2026-11-28)."""
+    loop after the experts', not a branch in their tile loop: an A/B on one H200 (2026-11-28)
+    had the pointer kernel 2.4-5.3% faster so at four of five 2048-token points; another H200
+    showed no change."""
     pid = tl.program_id(0)
     num_n_tiles = tl.cdiv(N, BLOCK_N)
     num_tiles = tl.cdiv(tl.maximum(M - row_start, 0), BLOCK_M) * num_n_tiles
