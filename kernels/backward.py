@@ -237,10 +237,11 @@ def row_bounds_torch(m_sizes: torch.Tensor, m: int) -> torch.Tensor:
 
 _BOUNDS_MAX_EXPERTS = 16384  # one program holds every count
 
-# Up to this many experts the dw kernels sum the row bounds from m_sizes themselves (a vector of
-# the next power of two, once per program): no launch before dw's, which cost 11-22 us of host
-# time per call. Past it that vector would cost registers (and a reduction over it per tile), and
-# the bounds come from ``row_bounds``' launch (real MoE layers have 8-512 experts).
+# Up to this many experts the Triton dw kernels sum the row bounds from m_sizes themselves (a
+# vector of the next power of two, once per program): no launch before dw's, which cost 11-22 us
+# of host time per call. Past it that vector would cost registers (and a reduction over it per
+# tile), and the bounds come from ``row_bounds``' launch (real MoE layers have 8-512 experts).
+# The Gluon kernel always sums them: it holds a vector over the experts for its work split anyway.
 FOLDED_MAX_EXPERTS = 1024
 
 
