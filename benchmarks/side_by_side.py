@@ -462,15 +462,19 @@ def add_roofline(rows: list[Row], bandwidth: float | None, write_rate: float | N
 def write_bound_line(rows: list[Row], write_rate: float | None) -> str:
     """One line, not a target: how many memory-bound points reach ROOFLINE_SHARE of the roofline
     whose writes are bounded by the write rate, and which do not."""
-    bound = [r for r in rows if r.get("memory_bound") and r.get("write_share")]
+    every = [r for r in rows if r.get("memory_bound")]
+    bound = [r for r in every if r.get("write_share")]
     if not write_rate or not bound:
         return "roofline with writes at the write rate: not measured"
     short = [f"{_where(r)} {r['write_share']:.0%}" for r in bound if r["write_share"] < ROOFLINE_SHARE]
     head = (
         f"roofline with writes at the write rate ({write_rate / 1e12:.2f} TB/s, dst.zero_()): "
-        f"{len(bound) - len(short)}/{len(bound)} memory-bound points at >= {ROOFLINE_SHARE:.0%}"
+        f"{len(bound) - len(short)}/{len(every)} memory-bound points at >= {ROOFLINE_SHARE:.0%}"
     )
-    return head + (f"; short: {', '.join(short)}" if short else "")
+    unmeasured = len(every) - len(bound)
+    return head + (f"; short: {', '.join(short)}" if short else "") + (
+        f"; {unmeasured} not measured" if unmeasured else ""
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ from qmoe_doctor.kernels.grouped_gemm import (
     _tma_ready,
     check_dx_shapes,
     check_routing_sizes,
+    check_sizes_contiguous,
     device_guard,
     grouped_gemm_call,
     interpreting,
@@ -145,6 +146,7 @@ def check_dw_operands(dy: torch.Tensor, x: torch.Tensor, m_sizes: torch.Tensor) 
         raise ValueError(f"x must be 2-D (M, K), got shape {tuple(x.shape)}")
     if m_sizes.dim() != 1:
         raise ValueError(f"m_sizes must be 1-D (E,), got shape {tuple(m_sizes.shape)}")
+    check_sizes_contiguous(m_sizes)
     if dy.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"dy must be bfloat16, float16 or float32, got {dy.dtype}")
     if x.dtype != dy.dtype:
@@ -568,9 +570,6 @@ def _make_dw_plan(
     common = {"device_index": guard}
     with device_guard(device):
         dw = torch.empty((e, n, k), device=device, dtype=out)  # the layout every call's dw has
-        folded = e <= FOLDED_MAX_EXPERTS
-        bounds = None if folded else _bounds_plan(m_sizes, m)
-        rows = {"SIZES": folded, "E_POW2": triton.next_power_of_2(e) if folded else 1}
         cfg = config or pick_dw_config(n, k, device, x.dtype, avg_rows=m / max(1, e))
         if cfg.overlap:
             overlap_plan = dw_overlap_plan(dy, x, dw, cfg)
@@ -595,6 +594,10 @@ def _make_dw_plan(
                 cfg = _fit_dw(cfg, guard, x.dtype)
         programs = dw_grid_size(e, n, k, cfg, device)
         plan = None if cfg.flat else dw_tma_plan(dy, x, dw, cfg)
+        # the Triton kernels: the bounds summed in the kernel, or past FOLDED_MAX_EXPERTS launched
+        folded = e <= FOLDED_MAX_EXPERTS
+        bounds = None if folded else _bounds_plan(m_sizes, m)
+        rows = {"SIZES": folded, "E_POW2": triton.next_power_of_2(e) if folded else 1}
     opts = _launch_options(cfg)
     tiles = {"num_warps": opts.pop("num_warps"), "num_stages": opts.pop("num_stages")}
     args = _dw_args(dy, x, dw, cfg, programs)

@@ -57,6 +57,7 @@ __all__ = [
     "pick_config",
     "check_dx_shapes",
     "check_operands",
+    "check_sizes_contiguous",
     "device_guard",
     "num_sms",
     "persistent_sms",
@@ -195,6 +196,16 @@ def device_guard(device: torch.device) -> contextlib.AbstractContextManager[obje
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
+def check_sizes_contiguous(m_sizes: torch.Tensor) -> None:
+    """Every kernel reads m_sizes[e] at m_sizes_ptr + e: a strided view (``t[:, 0]``) would be
+    read as other numbers, so it is refused, never read wrong."""
+    if m_sizes.shape[0] > 1 and m_sizes.stride(0) != 1:
+        raise ValueError(
+            f"m_sizes must be contiguous (stride 1), got a view with stride {m_sizes.stride(0)}; "
+            "pass m_sizes.contiguous()"
+        )
+
+
 def check_operands(x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor, *, what: str = "x") -> None:
     """Validate shapes, dtypes and devices of a grouped GEMM call (no synchronization)."""
     for name, t in (("x", x), ("w", w), ("m_sizes", m_sizes)):
@@ -206,6 +217,7 @@ def check_operands(x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor, *, w
         raise ValueError(f"w must be 3-D (E, N, K), got shape {tuple(w.shape)}")
     if m_sizes.dim() != 1:
         raise ValueError(f"m_sizes must be 1-D (E,), got shape {tuple(m_sizes.shape)}")
+    check_sizes_contiguous(m_sizes)
     if x.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"{what} must be bfloat16, float16 or float32, got {x.dtype}")
     if w.dtype != x.dtype:

@@ -554,6 +554,29 @@ def test_overlap_dw_clamps_the_counts_as_the_forward_does(name: str, dtype: torc
     assert (dw[[0, 2, 5, 6]] == 0).all(), "experts with no rows (negative, empty, after M) get zeros"
 
 
+@pytest.mark.parametrize(
+    "name", ["32x128x128-w8-s3-tma-ov5", "32x256x128-w8-s2-tma-ov5", "32x128x128-w4-s5-p2-tma", "64x128x64-w4-s3"]
+)
+@pytest.mark.parametrize("count", [300, 2**31 - 1, -1])
+def test_dw_of_one_expert_compiled(name: str, count: int) -> None:
+    """E = 1 compiled (a vector of one count; E_POW2 = 1) in the Gluon kernel (sm_90; elsewhere its
+    fallback), the TMA and the pointer kernel: the expert gets min(max(count, 0), M) rows."""
+    from qmoe_doctor.kernels.tuning import config_from_name
+
+    cfg = config_from_name(name)
+    dev = torch.device("cuda", 0)
+    gen = torch.Generator(device=dev).manual_seed(13)
+    dy = torch.randn(320, 512, generator=gen, device=dev).bfloat16()
+    x = torch.randn(320, 384, generator=gen, device=dev).bfloat16()
+    sizes = torch.tensor([count], dtype=torch.int32, device=dev)
+    dw = moe_grouped_gemm_dw(dy, x, sizes, config=cfg)
+    if count <= 0:
+        assert (dw == 0).all(), "an expert with no rows must get zero dw"
+        return
+    ref = moe_grouped_gemm_dw_torch(dy.double(), x.double(), sizes)
+    assert rel_err(ref, dw) < tolerance("bfloat16")
+
+
 @pytest.mark.parametrize("name", HOPPER_DW_CONFIGS)
 @pytest.mark.parametrize(
     ("sizes", "n"),

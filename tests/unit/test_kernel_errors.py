@@ -28,6 +28,11 @@ def _sizes(dtype: torch.dtype = torch.int32, device: str = "cpu") -> torch.Tenso
     return torch.tensor([4, 4, 4], dtype=dtype, device=device)
 
 
+def _strided_sizes() -> torch.Tensor:
+    """m_sizes as a column of a routing table: a view with stride 2 (the kernels read stride 1)."""
+    return torch.tensor([[4, 99], [4, 99], [4, 99]], dtype=torch.int32)[:, 0]
+
+
 # Each row: (edge, call, exception, message regex). The calls build their own operands.
 Call = Callable[[], object]
 
@@ -41,6 +46,7 @@ FORWARD_ERRORS: list[tuple[str, Call, type[Exception], str]] = [
     ("m-sizes-wrong-length", lambda: moe_grouped_gemm(torch.randn(M, K), torch.randn(E, N, K), torch.tensor([6, 6], dtype=torch.int32)), ValueError, "m_sizes has 2 entries but w has E=3"),
     ("m-sizes-float", lambda: moe_grouped_gemm(torch.randn(M, K), torch.randn(E, N, K), _sizes().float()), TypeError, "m_sizes must be int32 or int64"),
     ("m-sizes-2d", lambda: moe_grouped_gemm(torch.randn(M, K), torch.randn(E, N, K), _sizes()[None]), ValueError, r"m_sizes must be 1-D \(E,\)"),
+    ("m-sizes-strided", lambda: moe_grouped_gemm(torch.randn(M, K), torch.randn(E, N, K), _strided_sizes()), ValueError, r"m_sizes must be contiguous \(stride 1\), got a view with stride 2"),
     ("mixed-devices-cpu-x-meta-w", lambda: moe_grouped_gemm(torch.randn(M, K), torch.randn(E, N, K, device="meta"), _sizes()), ValueError, "different devices.*w on meta"),
     ("all-on-meta", lambda: moe_grouped_gemm(torch.randn(M, K, device="meta"), torch.randn(E, N, K, device="meta"), _sizes(device="meta")), ValueError, "only CUDA devices"),
     ("negative-sizes-checked", lambda: moe_grouped_gemm(torch.randn(M, K), torch.randn(E, N, K), torch.tensor([-1, 9, 4]), check_routing=True), ValueError, r"negative counts at experts \[0\]"),
@@ -55,6 +61,7 @@ DX_ERRORS: list[tuple[str, Call, type[Exception], str]] = [
     ("dy-3d", lambda: moe_grouped_gemm_dx(torch.randn(1, M, N), torch.randn(E, N, K), _sizes()), ValueError, r"must be 2-D"),
     ("dtype-mismatch", lambda: moe_grouped_gemm_dx(torch.randn(M, N), torch.randn(E, N, K).half(), _sizes()), TypeError, "w has dtype torch.float16"),
     ("m-sizes-wrong-length", lambda: moe_grouped_gemm_dx(torch.randn(M, N), torch.randn(E, N, K), _sizes()[:2]), ValueError, "m_sizes has 2 entries"),
+    ("m-sizes-strided", lambda: moe_grouped_gemm_dx(torch.randn(M, N), torch.randn(E, N, K), _strided_sizes()), ValueError, "m_sizes must be contiguous"),
     ("mixed-devices", lambda: moe_grouped_gemm_dx(torch.randn(M, N), torch.randn(E, N, K, device="meta"), _sizes()), ValueError, "different devices"),
     ("negative-sizes-checked", lambda: moe_grouped_gemm_dx(torch.randn(M, N), torch.randn(E, N, K), torch.tensor([8, -1, 5]), check_routing=True), ValueError, "negative counts"),
     ("sum-checked", lambda: moe_grouped_gemm_dx(torch.randn(M, N), torch.randn(E, N, K), torch.tensor([8, 1, 5]), check_routing=True), ValueError, "sums to 14 but x has M=12"),
@@ -69,6 +76,7 @@ DW_ERRORS: list[tuple[str, Call, type[Exception], str]] = [
     ("dy-float64", lambda: moe_grouped_gemm_dw(torch.randn(M, N).double(), torch.randn(M, K).double(), _sizes()), TypeError, "dy must be bfloat16, float16 or float32"),
     ("m-sizes-float", lambda: moe_grouped_gemm_dw(torch.randn(M, N), torch.randn(M, K), _sizes().float()), TypeError, "m_sizes must be int32 or int64"),
     ("m-sizes-2d", lambda: moe_grouped_gemm_dw(torch.randn(M, N), torch.randn(M, K), _sizes()[None]), ValueError, r"m_sizes must be 1-D"),
+    ("m-sizes-strided", lambda: moe_grouped_gemm_dw(torch.randn(M, N), torch.randn(M, K), _strided_sizes()), ValueError, "m_sizes must be contiguous"),
     ("mixed-devices-meta-sizes", lambda: moe_grouped_gemm_dw(torch.randn(M, N), torch.randn(M, K), _sizes(device="meta")), ValueError, "different devices.*m_sizes on meta"),
     ("all-on-meta", lambda: moe_grouped_gemm_dw(torch.randn(M, N, device="meta"), torch.randn(M, K, device="meta"), _sizes(device="meta")), ValueError, "only CUDA devices"),
     ("negative-sizes-checked", lambda: moe_grouped_gemm_dw(torch.randn(M, N), torch.randn(M, K), torch.tensor([-3, 10, 5]), check_routing=True), ValueError, r"negative counts at experts \[0\]"),
@@ -177,3 +185,15 @@ def test_a_raise_inside_the_loaders_control_is_the_kernels_own(monkeypatch: pyte
         loader.torch_grouped_mm(x, w, m)
     where, site, _source = kernel_call.raise_origin(raised.value)
     assert where == "kernel" and site is not None and site.startswith("loader.py:")
+
+
+def test_a_contiguous_copy_of_strided_sizes_is_read_right() -> None:
+    """What the refusal tells the caller to do works, and a one-expert view (any stride) passes."""
+    sizes = _strided_sizes().contiguous()
+    x, w, dy = torch.randn(M, K), torch.randn(E, N, K), torch.randn(M, N)
+    ref = moe_grouped_gemm_torch(x.double(), w.double(), sizes)
+    assert (moe_grouped_gemm(x, w, sizes).double() - ref).abs().max() < 1e-3
+    one = torch.tensor([[M, 0]], dtype=torch.int32)[:, 0]  # shape (1,), stride 2
+    w1 = torch.randn(1, N, K)
+    assert (moe_grouped_gemm(x, w1, one).double() - moe_grouped_gemm_torch(x.double(), w1.double(), one)).abs().max() < 1e-3
+    assert moe_grouped_gemm_dw(dy, x, one).shape == (1, N, K)

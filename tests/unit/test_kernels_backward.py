@@ -165,6 +165,29 @@ def test_dw_sums_its_row_bounds_as_the_bounds_launch_does(
     assert_close(dw_ref(dy, x, m_sizes), out["folded"], dtype)
 
 
+@pytest.mark.parametrize("name", FOLD_CONFIGS)
+@pytest.mark.parametrize("count", [17, 0, -3, 2**31 - 1])
+def test_dw_of_one_expert_sums_its_bounds_right(name: str, count: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """E = 1: the kernels' vector of counts is one long (E_POW2 = 1). The one expert gets
+    min(max(count, 0), M) of the 20 rows, the same dw as from the bounds launch."""
+    from qmoe_doctor.kernels import backward
+    from qmoe_doctor.kernels.tuning import config_from_name
+
+    cfg = config_from_name(name)
+    dtype = torch.float16 if cfg.tma else torch.float32
+    gen = torch.Generator().manual_seed(count % 97)
+    dy, x = torch.randn(20, 32, generator=gen).to(dtype), torch.randn(20, 48, generator=gen).to(dtype)
+    sizes = torch.tensor([count], dtype=torch.int32)
+    folded = moe_grouped_gemm_dw(dy, x, sizes, config=cfg)
+    monkeypatch.setattr(backward, "FOLDED_MAX_EXPERTS", 0)
+    monkeypatch.setattr(backward, "_DW_PLANS", {})
+    assert torch.equal(folded, moe_grouped_gemm_dw(dy, x, sizes, config=cfg))
+    if count > 0:
+        assert_close(dw_ref(dy, x, sizes), folded, dtype)
+    else:  # no rows: zeros (assert_close refuses an all-zero reference)
+        assert (folded == 0).all()
+
+
 @pytest.mark.parametrize("name", ["16x16x16-w4-s1", "16x32x16-w4-s1-flat"])
 def test_dw_folds_the_row_bounds_up_to_the_limit(name: str) -> None:
     """At FOLDED_MAX_EXPERTS experts (the kernel's vector of counts is that long) the kernel sums

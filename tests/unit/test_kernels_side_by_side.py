@@ -120,6 +120,9 @@ def test_the_write_rate_bounds_a_write_heavy_point_not_a_read_heavy_one() -> Non
     assert line.endswith("1/2 memory-bound points at >= 90%; short: forward 30b-gate_up:128 83%"), line
     got = {t: (v, d) for t, v, d in verdicts([dw, fwd], None, [])}
     assert got[ROOFLINE] == ("FAIL", "0/2; short: dw 30b-gate_up:128 80%; forward 30b-gate_up:128 83%")
+    fwd["ours"] = None  # a point that failed: counted, not passed
+    add_roofline([dw, fwd], bandwidth=4.25e12, write_rate=3.35e12)
+    assert write_bound_line([dw, fwd], 3.35e12).endswith("1/2 memory-bound points at >= 90%; 1 not measured")
     add_roofline([dw, fwd], bandwidth=4.25e12)  # no write rate measured: no write-aware figure
     assert dw["write_roofline"] is None and write_bound_line([dw, fwd], None).endswith("not measured")
 
