@@ -4,7 +4,7 @@
 
 * ``x``: (M, K), rows sorted by expert; the first ``m_sizes[0]`` rows belong to expert 0, ...
 * ``w``: (E, N, K), one (N, K) weight per expert (any strides: ``w.transpose(1, 2)`` gives dx)
-* ``m_sizes``: (E,) int32 or int64 row counts per expert
+* ``m_sizes``: (E,) int32 or int64 row counts per expert, contiguous (a strided view is refused)
 
 What makes it right under every placement (each item is a cause in ``qmoe_doctor.core.causes``):
 
