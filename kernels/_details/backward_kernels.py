@@ -434,12 +434,10 @@ def _grouped_gemm_dw_flat_kernel(
     offs_k = tl.arange(0, BLOCK_K)
 
     in_range = offs_e < E
-    if SIZES:  # the bounds of ``_expert_rows``, every expert's at once
-        sizes = tl.load(rows_ptr + offs_e, mask=in_range, other=0)
-        sizes = tl.minimum(tl.maximum(sizes, 0), M).to(tl.int64)
-        incl = tl.cumsum(sizes, 0)
-        lo = tl.minimum(incl - sizes, M)
-        hi = tl.minimum(incl, M)
+    if SIZES:  # ``_bounds_vector``'s bounds, unpacked: every expert's at once
+        packed = _bounds_vector(rows_ptr, E, M, SIZES, E_POW2)
+        lo = packed >> 32
+        hi = packed & 4294967295
     else:
         lo = tl.load(rows_ptr + offs_e, mask=in_range, other=0)
         hi = tl.load(rows_ptr + offs_e + 1, mask=in_range, other=0)
