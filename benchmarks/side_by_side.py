@@ -14,8 +14,11 @@ median of ``triton.testing.do_bench`` (L2 flushed between calls):
   ``torch._grouped_mm``, the public design at its best fixed tile (``benchmarks/public_peer.py``,
   the tile searched over a small set) and one dense cuBLAS GEMM of the same FLOPs; once the
   peer's best tile is chosen, ours, ``torch._grouped_mm`` and that tile are timed again
-  ``--rounds`` times (3), interleaved, and their medians decide the point (the timing that
-  chose the best of several tiles is biased fast, and clocks drift between the passes);
+  ``--rounds`` times (5), interleaved (the timing that chose the best of several tiles is
+  biased fast, and clocks drift between the passes): the medians are the row's figures, and
+  the point is decided by the median over the rounds of each round's ratio, the faster of
+  torch's and the peer's time over ours (timed back to back in that round, so that a drift or
+  a slow window weighs on both sides of the ratio; ``ahead_ratio``);
 * the memory roofline: the device's copy bandwidth (``dst.copy_(src)`` of 1 GiB, bytes read +
   written per second) times each GEMM's arithmetic intensity (2*M*N*K FLOP over the bytes it must
   move: the weight stack once, both activations once), capped by the fastest dense GEMM measured;
@@ -84,7 +87,7 @@ OPS = ("forward", "dx", "dw")
 ROOFLINE_SHARE = 0.90  # at the memory-bound points, of the copy-bandwidth roofline
 HOST_US_TARGET = 25.0  # host time per forward / dx / dw call
 BLOCK_TOKENS = 2048  # the eager MoE block forward compared at this many tokens
-ROUNDS = 3  # interleaved re-timings per op and point (--rounds)
+ROUNDS = 5  # interleaved re-timings per op and point (--rounds)
 HOST_TOKENS = 128
 HOST_CALLS = 200
 COPY_BYTES = 1 << 30
@@ -365,6 +368,7 @@ def measure_op(pt: Point, op: str, timer: Timer, *, tiles: Any, max_rel: float, 
         else:
             row["rounds"] = decided
             row["ours_ms"], gmm_ms, best_ms = (statistics.median(decided[name]) for name in ("ours", "grouped_mm", "peer"))
+            row["paired"] = paired_ratio(decided)
     row.update(
         ours=tflops(pt.flops, row["ours_ms"]), grouped_mm=tflops(pt.flops, gmm_ms),
         peer=tflops(pt.flops, best_ms), peer_tile=best["tile"] if best else "",
@@ -372,6 +376,25 @@ def measure_op(pt: Point, op: str, timer: Timer, *, tiles: Any, max_rel: float, 
         failed="; ".join(failed),
     )  # fmt: skip
     return row
+
+
+def paired_ratio(decided: dict[str, list[float]]) -> float:
+    """The median over the rounds of each round's min(torch's, the peer's) time over ours: above
+    1 where ours is the fastest. Each round times the three back to back, so a slow window of the
+    device (clocks, a neighbour) lands on both sides of that round's ratio; the ratio of the
+    separate medians can pair one contender's fast round with another's slow one (one H200,
+    2026-11-28: identical kernels 0.94-1.00x apart within a round, the medians 0.96x)."""
+    rounds = zip(decided["ours"], decided["grouped_mm"], decided["peer"], strict=True)
+    return statistics.median(min(gmm, peer) / ours for ours, gmm, peer in rounds)
+
+
+def ahead_ratio(r: Row) -> float | None:
+    """Ours over the faster of torch's and the peer's: the rounds' paired ratio where the point
+    had rounds, else the ratio of the first pass's figures; None where one is missing."""
+    if r.get("paired"):
+        return float(r["paired"])
+    best = max((v for v in (r["grouped_mm"], r["peer"]) if v), default=None)
+    return r["ours"] / best if r["ours"] and best else None
 
 
 def decide(timer: Timer, contenders: dict[str, Callable[[], Any]]) -> dict[str, list[float]]:
@@ -648,9 +671,9 @@ def verdicts(
 
     lost, unmeasured = [], []
     for r in rows:
-        best = max((v for v in (r["grouped_mm"], r["peer"]) if v), default=None)
-        if r["ours"] and best and r["ours"] < best:
-            lost.append(f"{_where(r)} {r['ours'] / best:.2f}x")
+        ratio = ahead_ratio(r)
+        if ratio is not None and ratio < 1:
+            lost.append(f"{_where(r)} {ratio:.3f}x")
         elif r.get("failed") or not (r["ours"] and r["grouped_mm"] and r["peer"]):
             unmeasured.append(_where(r))
     out.append((AHEAD, *_judge(len(rows), lost, unmeasured, "behind")))
@@ -702,8 +725,8 @@ def render(report: dict[str, Any]) -> str:
         f"{'roof':>7} {'%roof':>5} {'%wroof':>6}  config / peer tile"
     )
     for r in rows:
-        best = max((v for v in (r["grouped_mm"], r["peer"]) if v), default=None)
-        ratio = f"{r['ours'] / best:6.2f}" if r["ours"] and best else "     -"
+        ahead = ahead_ratio(r)
+        ratio = f"{ahead:6.3f}" if ahead is not None else "     -"
         share = f"{r['share']:5.0%}" if r.get("share") else "    -"
         wshare = f"{r['write_share']:6.0%}" if r.get("write_share") else "     -"
         mark = "*" if r.get("memory_bound") else " "
@@ -714,7 +737,8 @@ def render(report: dict[str, Any]) -> str:
             + (f"  FAILED {r['failed'][:160]}" if r.get("failed") else "")
         )
     lines.append(
-        "(TFLOP/s; x best: ours over the faster of grouped_mm and the peer; * memory-bound point; "
+        "(TFLOP/s, medians of the rounds; x best: ours over the faster of grouped_mm and the peer, the median of "
+        "the rounds' paired ratios; * memory-bound point; "
         "%wroof: of the roofline with writes at the write rate)"
     )
     b = report.get("block")
@@ -749,21 +773,27 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['device']}, {report['versions']}; {report['date']}; config table {report['config_table']}.",
         f"Command: `{report['command']}`.",
         "",
-        "| point (M, E, N, K) | op | ours | `torch._grouped_mm` | public design, best fixed tile | dense cuBLAS | roofline |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| point (M, E, N, K) | op | ours | `torch._grouped_mm` | public design, best fixed tile | ours / faster | dense cuBLAS | roofline |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in report["rows"]:
-        best = max((v for v in (r["grouped_mm"], r["peer"]) if v), default=0)
+        ahead = ahead_ratio(r)
         ours = _f(r["ours"], ".1f").strip()
-        ours = f"**{ours}**" if r["ours"] and r["ours"] >= best else ours
+        ours = f"**{ours}**" if ahead is not None and ahead >= 1 else ours
         if r.get("failed"):
             ours += f" (failed: {r['failed'][:120]})".replace("|", "/")
         roof = f"{_f(r.get('roofline'), '.0f').strip()}{' (memory-bound)' if r.get('memory_bound') else ''}"
         out.append(
             f"| {r['point']} {r['tokens']} tok ({r['m']}, {r['e']}, {r['n']}, {r['k']}) | {r['op']} | {ours} | "
             f"{_f(r['grouped_mm'], '.1f').strip()} | {_f(r['peer'], '.1f').strip()} ({r['peer_tile']}) | "
-            f"{_f(r['dense'], '.0f').strip()} | {roof} |"
+            f"{_f(ahead, '.3f').strip()} | {_f(r['dense'], '.0f').strip()} | {roof} |"
         )
+    out += [
+        "",
+        "TFLOP/s: medians of the rounds. Ours / faster: ours over the faster of `torch._grouped_mm` and the "
+        "peer's tile, the median over the rounds of each round's ratio (the three timed back to back); bold: ours "
+        "where that is 1 or more.",
+    ]
     out += ["", "| target | verdict | detail |", "| --- | --- | --- |"]
     out += [f"| {t} | {v} | {d.replace('|', '/')} |" for t, v, d in report["verdicts"]]
     if report.get("timed", True):

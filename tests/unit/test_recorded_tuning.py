@@ -99,3 +99,57 @@ def test_every_packaged_config_was_checked_right_and_beats_the_incumbent(key: st
         assert incumbent, f"{_key(entry)}: the incumbent was not timed"
         assert chosen["tflops"] >= max(r["tflops"] for r in incumbent)
         assert config_from_name(entry["config"]).name == entry["config"]
+
+
+def _row(config: str, ms: float | None, *, incumbent: bool = False) -> dict[str, Any]:
+    return {
+        "point": "30b-gate_up", "tokens": 2048, "m": 16384, "e": 128, "n": 1536, "k": 2048, "op": "forward",
+        "impl": "qmoe", "config": config, "incumbent": incumbent, "path": "pointer", "ms": ms,
+        "tflops": 100.0 / ms if ms else None, "rel_diff": 0.0, "note": "",
+    }  # fmt: skip
+
+
+def test_the_rounds_not_the_lucky_first_timing_pick_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fastest of many single timings is biased fast: the finalists (the 3 fastest of the
+    first pass, and the incumbent wherever it ranked) are timed again, interleaved in a rotated
+    order, and the medians of those rounds decide. Here "a" won the first pass by a lucky 0.90 ms
+    but is 1.05 ms in the rounds, where "b" is 1.00; "d", slowest of the first pass, is timed
+    again only as the incumbent; "e" (failed) and "f" (4th) are not timed again."""
+    tk = _tune_kernels()
+    rows = [_row("a", 0.90), _row("b", 0.95), _row("c", 0.97), _row("d", 1.30, incumbent=True), _row("e", None), _row("f", 1.1)]
+    script = {"a": [1.05, 1.06, 1.04], "b": [1.00, 0.99, 1.01], "c": [1.02, 1.03, 1.02], "d": [1.20, 1.21, 1.19]}
+    order: list[str] = []
+    monkeypatch.setattr(tk, "bench_ms", lambda fn, args: fn())
+
+    def timed(name: str) -> Any:
+        def fn() -> float:
+            order.append(name)
+            return script[name].pop(0)
+
+        return fn
+
+    args = type("Args", (), {"finalists": 3, "rounds": 3})()
+    tk.final_rounds(rows, {name: timed(name) for name in "abcdf"}, args)
+    assert order == ["a", "b", "c", "d", "b", "c", "d", "a", "c", "d", "a", "b"]
+    assert [r.get("final_ms") for r in rows] == [1.05, 1.00, 1.02, 1.20, None, None]
+    table = tk.best_table({"rows": rows})
+    (entry,) = table["entries"]
+    assert entry["config"] == "b" and entry["ms"] == 1.0 and entry["tflops"] == 100.0
+    assert entry["incumbent"] == "d" and entry["incumbent_tflops"] == round(100.0 / 1.20, 1)
+    # with no rounds (--rounds 0, or a sweep recorded before them) the first pass decides
+    first = [_row("a", 0.90), _row("b", 0.95)]
+    tk.final_rounds(first, {"a": timed("a"), "b": timed("b")}, type("Args", (), {"finalists": 3, "rounds": 0})())
+    assert tk.best_table({"rows": first})["entries"][0]["config"] == "a"
+
+
+def test_rounds_that_fail_leave_the_first_pass_to_decide(monkeypatch: pytest.MonkeyPatch) -> None:
+    tk = _tune_kernels()
+    rows = [_row("a", 0.90), _row("b", 0.95)]
+
+    def broken() -> float:
+        raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr(tk, "bench_ms", lambda fn, args: fn())
+    tk.final_rounds(rows, {"a": broken, "b": broken}, type("Args", (), {"finalists": 3, "rounds": 2})())
+    assert all("final_ms" not in r and r["rounds_note"].startswith("rounds not taken") for r in rows)
+    assert tk.best_table({"rows": rows})["entries"][0]["config"] == "a"
