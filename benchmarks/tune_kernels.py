@@ -436,7 +436,6 @@ def device_facts(device: Any) -> Any:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import triton
-    import triton.testing
 
     from qmoe_doctor.kernels.tuning import config_from_name, describe_device_table
 
@@ -456,7 +455,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             ref_fn = pt.theirs(op)
             ref = ref_fn()
             base = {"point": label, "tokens": tokens, "m": pt.m, "e": e, "n": n, "k": k, "op": op}
-            ms = float(triton.testing.do_bench(ref_fn, warmup=args.warmup, rep=args.rep)) if timed else None
+            ms = bench_ms(ref_fn, args) if timed else None
             rows.append(
                 {
                     **base,
