@@ -77,6 +77,7 @@ from benchmarks.tune_kernels import (
     REL_DIFF_CHUNK,
     TOP_K,
     Point,
+    interleaved_rounds,
     log,
     parse_points,
     rel_diff,
@@ -402,15 +403,7 @@ def decide(timer: Timer, contenders: dict[str, Callable[[], Any]]) -> dict[str, 
     order), so that a drift of the clocks during the point weighs on all of them alike, and
     the peer's best tile is not judged by the timing that chose it (the fastest of several
     noisy timings is biased fast). A timing that fails raises (the caller keeps the first pass)."""
-    names = list(contenders)
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(timer.rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            ms = timer.ms(contenders[name])
-            if ms is None:
-                raise RuntimeError(f"{name}: no timing")
-            samples[name].append(ms)
-    return samples
+    return interleaved_rounds(contenders, timer.rounds, timer.ms)
 
 
 def measure_points(

@@ -536,6 +536,23 @@ def bench_ms(fn: Callable[[], Any], args: argparse.Namespace) -> float:
     return float(triton.testing.do_bench(fn, warmup=args.warmup, rep=args.rep, return_mode="median"))
 
 
+def interleaved_rounds(
+    contenders: dict[str, Callable[[], Any]], rounds: int, time_one: Callable[[Callable[[], Any]], float | None]
+) -> dict[str, list[float]]:
+    """``rounds`` timings of each contender by ``time_one``, interleaved: round r starts at the
+    r-th contender (a rotated order), so that a drift of the clocks weighs on all alike. A timing
+    that fails, or gives none, raises (the callers keep their first pass)."""
+    names = list(contenders)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            ms = time_one(contenders[name])
+            if ms is None:
+                raise RuntimeError(f"{name}: no timing")
+            samples[name].append(ms)
+    return samples
+
+
 def _same(row: dict[str, Any], base: dict[str, Any]) -> bool:
     return all(row[k] == base[k] for k in ("point", "tokens", "op"))
 
@@ -560,12 +577,9 @@ def final_rounds(rows: list[dict[str, Any]], fns: dict[str, Callable[[], Any]], 
     picked = finalists(rows, args.finalists)
     if args.rounds <= 0 or len(picked) < 2:
         return
-    samples: dict[str, list[float]] = {r["config"]: [] for r in picked}
-    names = list(samples)
+    names = [r["config"] for r in picked]
     try:
-        for i in range(args.rounds):
-            for name in names[i % len(names) :] + names[: i % len(names)]:
-                samples[name].append(bench_ms(fns[name], args))
+        samples = interleaved_rounds({name: fns[name] for name in names}, args.rounds, lambda fn: bench_ms(fn, args))
     except Exception as exc:  # the first pass stands
         for r in picked:
             r["rounds_note"] = f"rounds not taken, the first pass decides: {type(exc).__name__}: {str(exc)[:120]}"
