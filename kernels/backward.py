@@ -492,9 +492,9 @@ def _dw_args(dy: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, cfg: GemmConfi
 
 @dataclass(frozen=True, slots=True)
 class _DwPlan:
-    """One dw call shape. ``sources`` index (dy, x, dw, rows, *descriptors) per tensor
-    argument of ``launch``, rows being m_sizes itself or, with ``bounds``, the row bounds made
-    from it by a launch before dw's; ``descriptors`` are (template, index into (dy, x, dw)) pairs."""
+    """One dw call shape. ``sources`` index (dy, x, dw, rows) per tensor argument of
+    ``launch`` (a descriptor argument takes its tensor: the launch holds the template), rows
+    being m_sizes itself or, with ``bounds``, the row bounds made from it by a launch before dw's."""
 
     e: int
     n: int
@@ -507,7 +507,6 @@ class _DwPlan:
     launch: Launch | None
     bounds: _BoundsPlan | None = None
     sources: tuple[int, ...] = ()
-    descriptors: tuple[tuple[Any, int], ...] = ()
     config: GemmConfig | None = None
     path: str = ""
 
@@ -518,9 +517,7 @@ class _DwPlan:
             return dw.zero_() if self.zero_only else dw
         # the bounds (past FOLDED_MAX_EXPERTS) on x.device's current stream, before the dw launch
         rows = m_sizes if self.bounds is None else self.bounds(m_sizes)
-        values: tuple[Any, ...] = (dy, x, dw, rows)
-        if self.descriptors:
-            values += tuple(rebase(template, values[i]) for template, i in self.descriptors)
+        values = (dy, x, dw, rows)
         self.launch(*[values[i] for i in self.sources])
         return dw
 
@@ -567,7 +564,6 @@ def _make_dw_plan(
     base = functools.partial(_DwPlan, e=e, n=n, k=k, m=m, device=device, guard_index=guard, out_dtype=out)
     if e * n * k == 0 or m == 0:
         return base(zero_only=e * n * k > 0, launch=None)
-    common = {"device_index": guard}
     with device_guard(device):
         dw = torch.empty((e, n, k), device=device, dtype=out)  # the layout every call's dw has
         cfg = config or pick_dw_config(n, k, device, x.dtype, avg_rows=m / max(1, e))
@@ -575,19 +571,18 @@ def _make_dw_plan(
             overlap_plan = dw_overlap_plan(dy, x, dw, cfg)
             if overlap_plan is not None:
                 programs = dw_grid_size(e, n, k, cfg, device)
+                dy_desc, x_desc, dw_desc = overlap_plan
                 launch = Launch(
                     dw_overlap_kernel(),
                     programs,
                     overlap_args(dy, x, dw, cfg, programs),
                     ("dy_desc", "x_desc", "dw_desc", "sizes_ptr"),
                     {},
-                    **common,
+                    device_index=guard,
+                    descriptors={"dy_desc": _template(dy_desc), "x_desc": _template(x_desc), "dw_desc": _template(dw_desc)},
                 )
-                dy_desc, x_desc, dw_desc = overlap_plan
                 return base(  # the Gluon kernel always sums the bounds itself
-                    zero_only=False, launch=launch, sources=(4, 5, 6, 3),
-                    descriptors=((_template(dy_desc), 0), (_template(x_desc), 1), (_template(dw_desc), 2)),
-                    config=cfg, path="gluon+overlap",
+                    zero_only=False, launch=launch, sources=(0, 1, 2, 3), config=cfg, path="gluon+overlap",
                 )  # fmt: skip
             cfg = overlap_fallback(cfg)
             if device.type == "cuda":  # the Triton kernel of the same tiles may need more
@@ -604,19 +599,19 @@ def _make_dw_plan(
     args.update(rows)
     if cfg.flat:
         args.update(E_POW2=triton.next_power_of_2(e))
-        launch = Launch(_grouped_gemm_dw_flat_kernel, programs, args, ("dy_ptr", "x_ptr", "dw_ptr", "rows_ptr"), tiles, **common)
+        launch = Launch(_grouped_gemm_dw_flat_kernel, programs, args, ("dy_ptr", "x_ptr", "dw_ptr", "rows_ptr"), tiles, device_index=guard)
         return base(zero_only=False, launch=launch, bounds=bounds, sources=(0, 1, 2, 3), config=cfg, path="pointer+flat")
     if plan is None:
-        launch = Launch(_grouped_gemm_dw_kernel, programs, args, ("dy_ptr", "x_ptr", "dw_ptr", "rows_ptr"), tiles, **common)
+        launch = Launch(_grouped_gemm_dw_kernel, programs, args, ("dy_ptr", "x_ptr", "dw_ptr", "rows_ptr"), tiles, device_index=guard)
         return base(zero_only=False, launch=launch, bounds=bounds, sources=(0, 1, 2, 3), config=cfg, path="pointer")
     dy_desc, x_desc, dw_desc = plan
-    descriptors: tuple[tuple[Any, int], ...] = ((_template(dy_desc), 0), (_template(x_desc), 1))
+    descriptors = {"dy_desc": _template(dy_desc), "x_desc": _template(x_desc)}
     names = ["dy_desc", "x_desc"]
-    sources = [4, 5]
+    sources = [0, 1]
     if dw_desc is not None:
         names.append("dw_desc")
-        sources.append(6)
-        descriptors += ((_template(dw_desc), 2),)
+        sources.append(2)
+        descriptors["dw_desc"] = _template(dw_desc)
     else:
         args["dw_desc"] = None
     if cfg.resident:
@@ -631,11 +626,8 @@ def _make_dw_plan(
         kernel, path = _grouped_gemm_dw_tma_kernel, "tma"
         names += ["dy_ptr", "x_ptr", "dw_ptr", "rows_ptr"]
         sources += [0, 1, 2, 3]
-    launch = Launch(kernel, programs, args, names, tiles, **common)
-    return base(
-        zero_only=False, launch=launch, bounds=bounds, sources=tuple(sources), descriptors=descriptors,
-        config=cfg, path=path,
-    )  # fmt: skip
+    launch = Launch(kernel, programs, args, names, tiles, device_index=guard, descriptors=descriptors)
+    return base(zero_only=False, launch=launch, bounds=bounds, sources=tuple(sources), config=cfg, path=path)
 
 
 def moe_grouped_gemm_dw(

@@ -546,9 +546,8 @@ def _operand_key(t: torch.Tensor) -> tuple[Any, ...]:
 class _GemmPlan:
     """One forward-kernel call shape: ``run`` allocates the output and launches.
 
-    ``sources`` says which of (x, w, y, m_sizes, *descriptors) fills each tensor argument of
-    ``launch``; ``descriptors`` are (template, operand index into (x, w, y)) pairs re-based
-    per call (``launch.rebase``)."""
+    ``sources`` says which of (x, w, y, m_sizes) fills each tensor argument of ``launch`` (a
+    descriptor argument takes its tensor: the launch holds the descriptor's template)."""
 
     m: int
     n: int
@@ -558,7 +557,6 @@ class _GemmPlan:
     zero_only: bool  # K == 0: y is zeros, nothing launches
     launch: Launch | None  # None: nothing launches (M == 0 or N == 0, or K == 0)
     sources: tuple[int, ...] = ()
-    descriptors: tuple[tuple[Any, int], ...] = ()
     config: GemmConfig | None = None
     path: str = ""
 
@@ -568,9 +566,7 @@ class _GemmPlan:
         y = torch.empty((self.m, self.n), device=self.device, dtype=self.out_dtype)
         if self.launch is None:
             return y.zero_() if self.zero_only else y
-        values: tuple[Any, ...] = (x, w, y, m_sizes)
-        if self.descriptors:
-            values += tuple(rebase(template, values[i]) for template, i in self.descriptors)
+        values = (x, w, y, m_sizes)
         self.launch(*[values[i] for i in self.sources])
         return y
 
@@ -634,43 +630,36 @@ def _make_gemm_plan(
     sizes = (m, n, k, e)
     xs, ws, ys = x.stride(), w_view.stride(), y.stride()
     opts = _options(cfg)
-    common = {"device_index": guard}
     if cfg.flat:
         x_desc, w_desc, _, w_rows, w_kn = plan if plan is not None else (None, None, None, 0, False)
         args = _flat_args(sizes, xs, ws, ys, w_rows, w_kn, plan is not None, cfg, programs)
         names = ["x_ptr", "w_ptr", "y_ptr", "m_sizes_ptr"]
-        descriptors: tuple[tuple[Any, int], ...] = ()
+        descriptors: dict[str, Any] = {}
         if plan is not None:
             names += ["x_desc", "w_desc"]
-            descriptors = ((_template(x_desc), 0), (_template(w_desc), 1))
+            descriptors = {"x_desc": _template(x_desc), "w_desc": _template(w_desc)}
         else:
             args.update(x_desc=None, w_desc=None)
-        launch = Launch(_grouped_gemm_flat_kernel, programs, args, names, opts, **common)
+        launch = Launch(_grouped_gemm_flat_kernel, programs, args, names, opts, device_index=guard, descriptors=descriptors)
         path = "tma+flat" if plan is not None else "pointer+flat"
-        return base(
-            zero_only=False, launch=launch, sources=tuple(range(len(names))), descriptors=descriptors,
-            config=cfg, path=path,
-        )  # fmt: skip
+        return base(zero_only=False, launch=launch, sources=(0, 1, 2, 3, 0, 1)[: len(names)], config=cfg, path=path)
     if plan is not None:
         x_desc, w_desc, y_desc, w_rows, w_kn = plan
         args = _tma_args(sizes, ys, w_rows, w_kn, y_desc is not None, cfg, programs)
         names = ["x_desc", "w_desc", "y_ptr", "m_sizes_ptr"]
-        sources = [4, 5, 2, 3]
-        descriptors = ((_template(x_desc), 0), (_template(w_desc), 1))
+        sources = [0, 1, 2, 3]
+        descriptors = {"x_desc": _template(x_desc), "w_desc": _template(w_desc)}
         if y_desc is not None:
             names.append("y_desc")
-            sources.append(6)
-            descriptors += ((_template(y_desc), 2),)
+            sources.append(2)
+            descriptors["y_desc"] = _template(y_desc)
         else:
             args["y_desc"] = None
-        launch = Launch(_grouped_gemm_tma_kernel, programs, args, names, opts, **common)
-        return base(
-            zero_only=False, launch=launch, sources=tuple(sources), descriptors=descriptors,
-            config=cfg, path="tma",
-        )  # fmt: skip
+        launch = Launch(_grouped_gemm_tma_kernel, programs, args, names, opts, device_index=guard, descriptors=descriptors)
+        return base(zero_only=False, launch=launch, sources=tuple(sources), config=cfg, path="tma")
     args = _pointer_args(sizes, xs, ws, ys, cfg, programs)
     names = ["x_ptr", "w_ptr", "y_ptr", "m_sizes_ptr"]
-    launch = Launch(_grouped_gemm_kernel, programs, args, names, opts, **common)
+    launch = Launch(_grouped_gemm_kernel, programs, args, names, opts, device_index=guard)
     return base(zero_only=False, launch=launch, sources=(0, 1, 2, 3), config=cfg, path="pointer")
 
 

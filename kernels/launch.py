@@ -23,6 +23,18 @@ monitor (``qmoe-doctor run``) is the exception: it wraps ``JITFunction.run`` *an
 observer in ``core.launch_observer``, to which every lean call hands its launch (kernel, grid,
 device, stream, the tensor arguments), so the monitor sees and checks it and the lean path
 stays on.
+
+Where the compiled kernel's launcher has the layout this module knows (Triton 3.6's
+``CudaLauncher``: :func:`_launcher_parts`), a lean call goes one step further and calls the C
+launcher under it directly (:class:`_Direct`). Triton's Python launcher encodes every tensor
+descriptor's ``CUtensorMap`` again on each call and re-packs the argument list around it: 10
+of the 15 us a lean forward launch took on an H200 host (2026-11-29). A plan hands its
+descriptors to the :class:`Launch` as templates (shape, strides, block: fixed by the plan) and
+each call passes the descriptor's tensor; the direct call keeps each descriptor's encoding per
+base address (an encoding is a pure function of the address and the template, so a kept one is
+exact) and hands the C launcher the arguments Triton's wrapper would have built. A launcher of
+any other layout, one that needs a scratch buffer, or a launch observer: the compiled kernel's
+own ``run``, with each template over its tensor (:func:`rebase`).
 """
 
 from __future__ import annotations
@@ -46,6 +58,7 @@ class LaunchCounts:
 
     standard: int = 0  # through JITFunction.run (first call of a plan, hooks, interpreter)
     lean: int = 0  # through the compiled kernel's launcher
+    direct: int = 0  # of the lean ones, straight to the C launcher under it (_Direct)
     #: launchers that refused the lean call's arguments (a Triton whose launcher API moved):
     #: that plan went back to JITFunction.run for good
     refused: list[str] = dataclasses.field(default_factory=list)
@@ -122,18 +135,131 @@ def _compiled_usable(compiled: Any, kernel: Any, n_args: int) -> bool:
     return names is None or len(names) == n_args
 
 
+#: The positional arguments Triton 3.6's C launcher takes before the kernel's own (grid x, y, z,
+#: stream, function, cooperative, PDL, global and profile scratch, packed metadata, launch
+#: metadata, enter and exit hook): its ``_BASE_ARGS_FORMAT``, which :func:`_launcher_parts`
+#: checks before it trusts the layout.
+_C_BASE_FORMAT = "iiiKKppOOOOOO"
+#: Encodings kept per descriptor argument of a launch (one per base address); past this many
+#: they start over, so a plan that sees ever new activations keeps a bounded few.
+DESCRIPTOR_ENCODINGS_KEPT = 16
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _LauncherParts:
+    """What :class:`_Direct` needs of a compiled kernel's launcher."""
+
+    c_launch: Any  # the C function: (*base arguments, *kernel arguments, descriptors expanded)
+    cooperative: bool
+    pdl: bool
+    descriptor_meta: dict[int, Any]  # kernel-argument position of each tensor descriptor: its metadata
+    encode: Any  # (descriptor, metadata) -> [CUtensorMap, *shape, *strides]
+
+
+def _launcher_parts(compiled: Any, n_args: int) -> _LauncherParts | None:
+    """The C launcher under ``compiled.run`` and what its Python wrapper adds, where the layout
+    is the one this module knows (Triton 3.6: a ``CudaLauncher`` whose ``launch`` is the C
+    function, or a closure named ``inner`` over it that expands each descriptor argument with
+    ``make_tensordesc_arg(arg, metadata)``), no scratch buffer is needed, the signature has one
+    entry per argument and every descriptor has its TMA metadata; else None (the compiled
+    kernel's ``run`` is called as it is)."""
+    try:
+        from triton.backends.nvidia import driver as nvidia
+    except (ImportError, RuntimeError):
+        return None
+    run: Any = getattr(compiled, "run", None)
+    if type(run).__name__ != "CudaLauncher" or getattr(nvidia, "_BASE_ARGS_FORMAT", None) != _C_BASE_FORMAT:
+        return None
+    if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        return None
+    encode = getattr(nvidia, "make_tensordesc_arg", None)
+    code = getattr(encode, "__code__", None)
+    if code is None or code.co_argcount != 2:
+        return None
+    wrapper: Any = getattr(run, "launch", None)
+    inner = getattr(wrapper, "__code__", None)
+    if inner is None:  # no descriptor argument: ``launch`` is the C function itself
+        c_launch = wrapper
+    elif inner.co_name == "inner" and inner.co_freevars == ("launcher", "tensordesc_indices", "tensordesc_meta"):
+        c_launch = wrapper.__closure__[0].cell_contents
+    else:
+        return None
+    signature = list(getattr(getattr(compiled, "src", None), "signature", {}).values())
+    if not callable(c_launch) or len(signature) != n_args:
+        return None
+    slots = [i for i, ty in enumerate(signature) if isinstance(ty, str) and ty.startswith("tensordesc")]
+    meta = getattr(getattr(compiled, "metadata", None), "tensordesc_meta", None) or []
+    if len(meta) != len(slots) or (slots and inner is None):
+        return None
+    if not all(isinstance(m, dict) and not m.get("fp4_padded") for m in meta):
+        return None  # Triton's own decomposition (no TMA metadata), or a shape it widens
+    return _LauncherParts(
+        c_launch=c_launch, cooperative=bool(run.launch_cooperative_grid), pdl=bool(run.launch_pdl),
+        descriptor_meta=dict(zip(slots, meta, strict=True)), encode=encode,
+    )  # fmt: skip
+
+
+class _Direct:
+    """One plan's kernel launched through the C launcher under Triton's Python one, with the
+    arguments Triton's wrapper would build: every fixed argument in place, each tensor as its
+    address, each descriptor expanded to its ``CUtensorMap``, shape and strides (the shape and
+    strides are the plan's; the encoding is kept per base address)."""
+
+    __slots__ = ("_args", "_base", "_c_launch", "_encode", "_fills")
+
+    def __init__(self, parts: _LauncherParts, compiled: Any, launch: Launch) -> None:
+        self._c_launch = parts.c_launch
+        self._encode = parts.encode
+        # after the grid and the stream: function, cooperative, PDL, no scratch, packed
+        # metadata, no launch metadata, no hooks (a hook keeps the plan off the lean path)
+        self._base = (compiled.function, parts.cooperative, parts.pdl, None, None, compiled.packed_metadata, None, None, None)
+        templates = dict(zip(launch._slots, launch._descriptors, strict=True))
+        expanded: list[Any] = []
+        position: dict[int, int] = {}
+        for i, value in enumerate(launch._template):
+            position[i] = len(expanded)
+            template = templates.get(i)
+            if (template is not None) != (i in parts.descriptor_meta):
+                raise TypeError(f"argument {i}: a descriptor for the kernel and the plan disagree")
+            expanded.extend([None, *template.shape, *template.strides] if template is not None else [value])
+        self._args = expanded
+        # per tensor argument, in call order: (position, descriptor template or None, its metadata, kept encodings)
+        self._fills: tuple[tuple[int, Any, Any, dict[int, Any]], ...] = tuple(
+            (position[slot], templates.get(slot), parts.descriptor_meta.get(slot), {}) for slot in launch._slots
+        )
+
+    def __call__(self, grid: tuple[int, int, int], stream: Any, tensors: tuple[Any, ...]) -> None:
+        args = self._args.copy()
+        for (at, template, meta, kept), value in zip(self._fills, tensors, strict=True):
+            if template is None:  # the address, as Triton's launcher would take it from data_ptr()
+                args[at] = value.data_ptr() if isinstance(value, torch.Tensor) else value
+                continue
+            address = value.data_ptr()
+            encoded = kept.get(address)
+            if encoded is None:
+                if len(kept) >= DESCRIPTOR_ENCODINGS_KEPT:
+                    kept.clear()
+                encoded = kept[address] = self._encode(rebase(template, value), meta)[0]
+            args[at] = encoded
+        self._c_launch(*grid, stream, *self._base, *args)
+
+
 class Launch:
     """``kernel[grid](**args, **options)`` with the names in ``tensors`` filled per call
     (``grid``: programs, or a tuple of up to three dimensions).
 
     ``args`` holds every other parameter of the kernel by name (scalars, constexprs, None for
     an absent optional descriptor); ``options`` the launch options (num_warps, num_stages).
+    ``descriptors`` maps a tensor parameter that takes a tensor descriptor to its template (a
+    descriptor made at plan time, without its tensor: :func:`rebase`); a call passes the
+    descriptor's tensor there and the launch puts it in the template.
     ``device_index`` is the device the plan is for (-1: CPU tensors under the interpreter);
     every call launches with that device current (inside its guard when another device is
     current), on that device's current stream (the compiled kernel is loaded on that device)."""
 
     __slots__ = (
-        "_compiled", "_device", "_lean", "_names", "_options", "_slots", "_template", "_tensor_names", "grid", "kernel",
+        "_compiled", "_descriptors", "_device", "_direct", "_lean", "_names", "_options", "_slots", "_template",
+        "_tensor_names", "grid", "kernel",
     )  # fmt: skip
 
     def __init__(
@@ -145,14 +271,16 @@ class Launch:
         options: Mapping[str, int],
         *,
         device_index: int,
+        descriptors: Mapping[str, Any] | None = None,
     ) -> None:
         names: list[str] = list(kernel.arg_names)
-        unknown = (set(args) | set(tensors)) - set(names)
+        descriptors = descriptors or {}
+        unknown = (set(args) | set(tensors) | set(descriptors)) - set(names)
         missing = set(names) - set(args) - set(tensors)
-        if unknown or missing:
+        if unknown or missing or not set(descriptors) <= set(tensors):
             raise TypeError(
                 f"launch of {getattr(kernel, '__name__', kernel)}: unknown arguments {sorted(unknown)}, "
-                f"missing {sorted(missing)}"
+                f"missing {sorted(missing)}, descriptors not among the tensors {sorted(set(descriptors) - set(tensors))}"
             )
         self.kernel = kernel
         dims = (grid,) if isinstance(grid, int) else tuple(grid)
@@ -160,30 +288,41 @@ class Launch:
         self._names = names
         self._template = [args.get(name) for name in names]
         self._slots = tuple(names.index(name) for name in tensors)
+        self._descriptors = tuple(descriptors.get(name) for name in tensors)  # None: a plain tensor
         self._tensor_names = tuple(tensors)  # what a launch observer is told the tensors are
         # an option that is also a parameter (a Gluon kernel's num_warps) goes in once, by name
         self._options = {key: value for key, value in options.items() if key not in names}
         self._compiled: Any = None
+        self._direct: _Direct | None = None
         self._device = device_index  # -1: CPU tensors (the interpreter)
         self._lean = device_index >= 0 and lean_launch_enabled() and _plain_triton_run() and _Runtime.load()
 
     def __call__(self, *tensors: Any) -> None:
-        args = self._template.copy()
-        for slot, value in zip(self._slots, tensors, strict=True):
-            args[slot] = value
         if self._device < 0 or _current_device() == self._device:
             # CPU tensors, or the plan's device is current (checked just above): no guard to enter
-            self._launch(args, tensors)  # qmoe-doctor: ignore[unguarded-launch]
+            self._launch(tensors)  # qmoe-doctor: ignore[unguarded-launch]
         else:
             with _device_guard(self._device):
-                self._launch(args, tensors)
+                self._launch(tensors)
 
-    def _launch(self, args: list[Any], tensors: tuple[Any, ...]) -> None:
+    def _launch(self, tensors: tuple[Any, ...]) -> None:
         """The launch itself, with the plan's device current."""
         compiled = self._compiled
         if compiled is not None and _Runtime.hooks_idle():
             stream = _Runtime.stream(self._device)
             observer = launch_observer.observer
+            direct = self._direct
+            if observer is None and direct is not None:
+                try:
+                    direct(self.grid, stream, tensors)
+                except TypeError as exc:  # the C launcher parses its arguments before it launches
+                    self._direct = None  # this call and the later ones: the compiled kernel's run
+                    counts.refused.append(f"{getattr(self.kernel, '__name__', self.kernel)} (direct): {exc}")
+                else:
+                    counts.lean += 1
+                    counts.direct += 1
+                    return
+            args = self._arguments(tensors)
             call = (*self.grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *args)
             try:
                 if observer is None:
@@ -191,21 +330,40 @@ class Launch:
                 else:  # qmoe-doctor run's monitor: it records, checks and makes the launch
                     observer(self.kernel, self.grid, self._device, stream, self._tensor_names, tensors, compiled.run, call)
             except TypeError as exc:  # the launcher parses its arguments before it launches
-                self._compiled, self._lean = None, False
+                self._compiled, self._direct, self._lean = None, None, False
                 counts.refused.append(f"{getattr(self.kernel, '__name__', self.kernel)}: {exc}")
             else:
                 counts.lean += 1
                 return
+        args = self._arguments(tensors)
         # by name, as a plain launch: a parameter that is also an option (num_warps) serves both
         result = self.kernel[self.grid](**dict(zip(self._names, args, strict=True)), **self._options)
         counts.standard += 1
         if self._lean and compiled is None and _compiled_usable(result, self.kernel, len(args)):
             self._compiled = result
+            parts = _launcher_parts(result, len(args))
+            try:
+                self._direct = _Direct(parts, result, self) if parts is not None else None
+            except TypeError as exc:
+                counts.refused.append(f"{getattr(self.kernel, '__name__', self.kernel)} (direct): {exc}")
+
+    def _arguments(self, tensors: tuple[Any, ...]) -> list[Any]:
+        """Every argument in the kernel's order: the fixed ones, this call's tensors, each
+        descriptor template over its tensor."""
+        args = self._template.copy()
+        for slot, template, value in zip(self._slots, self._descriptors, tensors, strict=True):
+            args[slot] = value if template is None else rebase(template, value)
+        return args
 
     @property
     def lean(self) -> bool:
         """Whether later calls take the compiled kernel's launcher."""
         return self._compiled is not None
+
+    @property
+    def direct(self) -> bool:
+        """Whether later calls go straight to the C launcher under it."""
+        return self._direct is not None
 
 
 def _current_device() -> int:

@@ -6,9 +6,10 @@
 * a moderately large shape (M=4096, E=128, N=768, K=2048: the FINDINGS shape);
 * ``multigpu``: operands on cuda:1 while cuda:0 is current (and touched), including x still
   being written on cuda:1's stream: our kernels launch on the operands' device and stream;
-* the lean launch path (``kernels/launch.py``): bitwise the standard launch's results, no host
-  synchronization in steady state (torch's sync debug mode), CUDA-graph capture, and a launch
-  hook turning it off.
+* the lean launch path (``kernels/launch.py``): bitwise the standard launch's results (also
+  direct to the C launcher, with kept descriptor encodings, as operands move between
+  addresses), no host synchronization in steady state (torch's sync debug mode), CUDA-graph
+  capture, and a launch hook turning it off.
 
 Run on a GPU machine: ``python -m pytest tests/gpu -q`` (skipped without GPUs).
 """
@@ -675,6 +676,48 @@ def test_lean_launch_gives_what_the_standard_launch_gives(name: str | None, monk
         assert torch.equal(lean[op], standard[op]), op
     ref = moe_grouped_gemm_torch(x.double(), w.double(), sizes)
     assert rel_err(lean["forward"], ref) < tolerance("bfloat16")
+
+
+@pytest.mark.parametrize("name", LEAN_CONFIGS, ids=str)
+def test_direct_launches_follow_operands_to_new_addresses(name: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The direct launch keeps each descriptor's encoding per address: calls that alternate
+    between operands at different addresses (and come back to one) give bitwise what the
+    standard launch gives for each; on Triton 3.6 the calls went direct."""
+    import triton
+
+    from qmoe_doctor.core.knobs import QMOE_LEAN_LAUNCH as LEAN_LAUNCH_ENV
+    from qmoe_doctor.kernels import launch
+    from qmoe_doctor.kernels.tuning import config_from_name
+
+    cfg = config_from_name(name) if name else None
+    fwd_cfg = cfg if cfg and not cfg.overlap else None
+    dw_cfg = cfg if cfg and cfg.overlap else None
+    sets = [_lean_operands(seed) for seed in (3, 4, 5)]
+    sizes = sets[0][3]
+
+    def results() -> list[tuple[torch.Tensor, ...]]:
+        out = []
+        for x, w, dy, _ in (*sets, sets[0], sets[2]):
+            out.append((
+                moe_grouped_gemm(x, w, sizes, config=fwd_cfg),
+                moe_grouped_gemm_dx(dy, w, sizes, config=fwd_cfg),
+                moe_grouped_gemm_dw(dy, x, sizes, config=dw_cfg),
+            ))  # fmt: skip
+        return out
+
+    _fresh_plans()
+    monkeypatch.setenv(LEAN_LAUNCH_ENV, "0")
+    standard = results()
+    _fresh_plans()
+    monkeypatch.delenv(LEAN_LAUNCH_ENV)
+    before = launch.counts.direct
+    lean = results()
+    torch.cuda.synchronize()
+    for i, (a, b) in enumerate(zip(lean, standard, strict=True)):
+        for op, got, want in zip(("forward", "dx", "dw"), a, b, strict=True):
+            assert torch.equal(got, want), f"call {i} {op}"
+    if triton.__version__.startswith("3.6."):
+        assert launch.counts.direct > before, "Triton 3.6: no launch went direct"
 
 
 def test_lean_plans_read_nothing_on_the_host_and_capture_in_a_graph() -> None:

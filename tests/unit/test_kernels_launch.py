@@ -295,6 +295,206 @@ def test_a_launch_names_every_parameter_or_refuses() -> None:
         L.Launch(_Kernel(), 1, {"M": 1, "BLOCK": 1, "num_warps": 4, "Q": 0}, ("x_ptr", "y_ptr"), {}, device_index=-1)
 
 
+# --------------------------------------------------------------------------------------------
+# The direct call of the C launcher under Triton's Python launcher (a stand-in of Triton 3.6's)
+# --------------------------------------------------------------------------------------------
+
+
+class _Desc:
+    """A host tensor descriptor's surface as Triton's launcher reads it (a plan's template)."""
+
+    def __init__(self, base: Any, shape: list[int], strides: list[int]) -> None:
+        self.base, self.shape, self.strides, self.padding = base, shape, strides, "zero"
+
+
+class _Encoder:
+    """``make_tensordesc_arg(arg, metadata)``: an encoding that names the address and block it
+    was made for, and the addresses of the encodings made."""
+
+    def __init__(self) -> None:
+        self.made: list[int] = []
+
+    def __call__(self, desc: Any, meta: Any) -> list[Any]:
+        self.made.append(desc.base.data_ptr())
+        return [f"map@{desc.base.data_ptr()}/{meta['block_size']}", *desc.shape, *desc.strides]
+
+
+class _CFunction:
+    """A launcher of Triton's C module: a callable without Python code."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+def _wrapped(launcher: Callable[..., Any]) -> Callable[..., Any]:
+    """A closure of Triton 3.6's ``wrap_handle_tensordesc`` shape: ``inner`` over
+    (launcher, tensordesc_indices, tensordesc_meta)."""
+    tensordesc_indices: set[int] = set()
+    tensordesc_meta: list[Any] = []
+
+    def inner(*args: Any) -> Any:
+        return launcher(*args), tensordesc_indices, tensordesc_meta
+
+    return inner
+
+
+class CudaLauncher:
+    """A stand-in with the name and attributes of Triton 3.6's launcher; ``run`` is also what
+    the compiled kernel's own launch would do (recorded)."""
+
+    def __init__(self, launch: Callable[..., Any], scratch: int = 0) -> None:
+        self.launch = launch
+        self.global_scratch_size = scratch
+        self.profile_scratch_size = 0
+        self.launch_cooperative_grid = False
+        self.launch_pdl = True
+        self.runs: list[tuple[Any, ...]] = []
+
+    def __call__(self, *args: Any) -> None:
+        self.runs.append(args)
+
+
+class _DescKernel(_Kernel):
+    arg_names = ["y_ptr", "x_desc", "M", "w_desc", "BLOCK"]
+
+
+SIGNATURE = ["*bf16", "tensordesc<bf16[64, 64]>", "i32", "tensordesc<bf16[128, 64]>", "constexpr"]
+META = [{"block_size": [64, 64], "fp4_padded": False}, {"block_size": [128, 64], "fp4_padded": False}]
+
+
+def _compiled_with(run: Any, signature: list[str], meta: list[Any] | None) -> Any:
+    compiled = _Compiled(["a"] * len(signature))
+    compiled.run = run  # type: ignore[method-assign]
+    compiled.src.signature = {f"p{i}": ty for i, ty in enumerate(signature)}
+    compiled.metadata = type("Meta", (), {"tensordesc_meta": meta})()
+    return compiled
+
+
+@pytest.fixture
+def triton36(monkeypatch: pytest.MonkeyPatch) -> _Encoder:
+    """Triton's NVIDIA driver module with 3.6's launcher layout (whatever Triton is installed)."""
+    from triton.backends.nvidia import driver as nvidia
+
+    encoder = _Encoder()
+
+    def make_tensordesc_arg(arg: Any, metadata: Any) -> list[Any]:
+        return encoder(arg, metadata)
+
+    monkeypatch.setattr(nvidia, "_BASE_ARGS_FORMAT", L._C_BASE_FORMAT, raising=False)
+    monkeypatch.setattr(nvidia, "make_tensordesc_arg", make_tensordesc_arg)
+    return encoder
+
+
+def _desc_launch(run: CudaLauncher) -> tuple[L.Launch, _DescKernel]:
+    kernel = _DescKernel()
+    kernel.compiled = _compiled_with(run, SIGNATURE, META)
+    templates = {"x_desc": _Desc(None, [8, 4], [4, 1]), "w_desc": _Desc(None, [16, 4], [4, 1])}
+    launch = L.Launch(
+        kernel, 3, {"M": 8, "BLOCK": 64}, ("y_ptr", "x_desc", "w_desc"), {}, device_index=0, descriptors=templates
+    )
+    return launch, kernel
+
+
+def test_the_c_launcher_gets_what_tritons_wrapper_would_build_and_encodings_are_kept(gpu_like: _Hooks, triton36: _Encoder) -> None:
+    """After the first call (through kernel[grid], each descriptor template over its tensor),
+    calls go to the C launcher: Triton's 13 base arguments, each tensor as its address, each
+    descriptor expanded in place to (encoding, *shape, *strides); an address seen before reuses
+    its encoding, a new address gets its own."""
+    received: list[tuple[Any, ...]] = []
+    run = CudaLauncher(_wrapped(lambda *a: received.append(a)))
+    launch, kernel = _desc_launch(run)
+    x1, x2, w, y = torch.zeros(8, 4), torch.zeros(8, 4), torch.zeros(2, 8, 4), torch.zeros(8)
+    direct_before = L.counts.direct
+    launch(y, x1, w)
+    (_, first), = kernel.standard
+    assert first["x_desc"].base is x1 and first["x_desc"].shape == [8, 4] and first["w_desc"].base is w
+    assert launch.direct
+    launch(y, x1, w)
+    base = (3, 1, 1, 1000, "fn", False, True, None, None, "meta", None, None, None)
+    assert received[-1] == (
+        *base, y.data_ptr(), f"map@{x1.data_ptr()}/[64, 64]", 8, 4, 4, 1, 8, f"map@{w.data_ptr()}/[128, 64]", 16, 4, 4, 1, 64,
+    )  # fmt: skip
+    launch(y, x1, w)
+    assert sorted(triton36.made) == sorted([x1.data_ptr(), w.data_ptr()])  # both kept
+    launch(y, x2, w)
+    assert triton36.made[-1] == x2.data_ptr() and len(triton36.made) == 3
+    assert received[-1][14] == f"map@{x2.data_ptr()}/[64, 64]"
+    launch(y, x1, w)
+    assert received[-1][14] == f"map@{x1.data_ptr()}/[64, 64]" and len(triton36.made) == 3
+    assert L.counts.direct == direct_before + 4 and run.runs == []
+
+
+def test_kept_encodings_are_bounded(gpu_like: _Hooks, triton36: _Encoder) -> None:
+    launch, _ = _desc_launch(CudaLauncher(_wrapped(lambda *a: None)))
+    w, y = torch.zeros(2, 8, 4), torch.zeros(8)
+    keep = [torch.zeros(8, 4) for _ in range(L.DESCRIPTOR_ENCODINGS_KEPT + 5)]
+    for x in keep:
+        launch(y, x, w)
+    assert launch._direct is not None
+    assert all(len(kept) <= L.DESCRIPTOR_ENCODINGS_KEPT for *_, kept in launch._direct._fills)
+    # the first call goes through kernel[grid]: every later x encoded once, w once
+    assert len(triton36.made) == (len(keep) - 1) + 1
+
+
+def test_an_unknown_launcher_layout_is_called_as_it_is(triton36: _Encoder) -> None:
+    """Only Triton 3.6's layout goes direct: a launcher of another name, one that needs a
+    scratch buffer, a wrapper of another shape, another base format, a signature of another
+    length or a descriptor without TMA metadata keeps the compiled kernel's own ``run``."""
+    from triton.backends.nvidia import driver as nvidia
+
+    ok = _wrapped(lambda *a: None)
+    assert L._launcher_parts(_compiled_with(CudaLauncher(ok), SIGNATURE, META), len(SIGNATURE)) is not None
+    assert L._launcher_parts(_Compiled(["a"]), 1) is None  # run is a plain method
+    assert L._launcher_parts(_compiled_with(CudaLauncher(ok, scratch=64), SIGNATURE, META), len(SIGNATURE)) is None
+
+    def other(*args: Any) -> None:
+        return None
+
+    assert L._launcher_parts(_compiled_with(CudaLauncher(other), SIGNATURE, META), len(SIGNATURE)) is None
+    assert L._launcher_parts(_compiled_with(CudaLauncher(ok), SIGNATURE, META), len(SIGNATURE) + 1) is None
+    assert L._launcher_parts(_compiled_with(CudaLauncher(ok), SIGNATURE, META[:1]), len(SIGNATURE)) is None
+    assert L._launcher_parts(_compiled_with(CudaLauncher(ok), SIGNATURE, None), len(SIGNATURE)) is None
+    nvidia._BASE_ARGS_FORMAT = "iiiKKOOOO"  # type: ignore[attr-defined]
+    assert L._launcher_parts(_compiled_with(CudaLauncher(ok), SIGNATURE, META), len(SIGNATURE)) is None
+
+
+def test_a_refused_direct_launch_goes_through_the_compiled_kernels_run(gpu_like: _Hooks, triton36: _Encoder) -> None:
+    """A C launcher that refuses its arguments: that call and the later ones go through the
+    compiled kernel's own run, with the descriptor templates over this call's tensors."""
+
+    def refuse(*args: Any) -> None:
+        raise TypeError("function takes exactly 30 arguments (18 given)")
+
+    run = CudaLauncher(_wrapped(refuse))
+    launch, kernel = _desc_launch(run)
+    x, w, y = torch.zeros(8, 4), torch.zeros(2, 8, 4), torch.zeros(8)
+    launch(y, x, w)
+    launch(y, x, w)
+    launch(y, x, w)
+    assert len(kernel.standard) == 1 and launch.lean and not launch.direct and len(run.runs) == 2
+    args = run.runs[-1][9:]
+    assert args[0] is y and args[1].base is x and args[3].base is w and args[1].shape == [8, 4]
+    assert L.counts.refused[-1].endswith("(18 given)")
+
+
+def test_a_plan_without_descriptors_goes_direct_with_addresses(gpu_like: _Hooks, triton36: _Encoder) -> None:
+    kernel = _Kernel()
+    received: list[tuple[Any, ...]] = []
+    kernel.compiled = _compiled_with(CudaLauncher(_CFunction(lambda *a: received.append(a))), ["*fp32", "i32", "*fp32", "constexpr", "constexpr"], None)
+    launch = L.Launch(kernel, 7, {"M": 40, "BLOCK": 32, "num_warps": 8}, ("x_ptr", "y_ptr"), {}, device_index=0)
+    x, y = torch.zeros(4), torch.zeros(4)
+    launch(x, None)
+    launch(x, y)
+    launch(x, None)  # an absent optional tensor stays None (a null pointer to the launcher)
+    assert received == [
+        (7, 1, 1, 1000, "fn", False, True, None, None, "meta", None, None, None, x.data_ptr(), 40, y.data_ptr(), 32, 8),
+        (7, 1, 1, 1000, "fn", False, True, None, None, "meta", None, None, None, x.data_ptr(), 40, None, 32, 8),
+    ]
+
+
 def test_rebase_copies_a_descriptor_onto_another_tensor() -> None:
     from triton.tools.tensor_descriptor import TensorDescriptor
 

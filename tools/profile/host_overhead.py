@@ -41,15 +41,22 @@ def forward_stages(point: Any, calls: int) -> None:
     import torch
 
     from qmoe_doctor.kernels import grouped_gemm as gg
-    from qmoe_doctor.kernels.launch import _current_device, rebase
+    from qmoe_doctor.kernels.launch import _current_device
 
     x, w, sizes = point.x, point.w, point.m_sizes
     gg.moe_grouped_gemm(x, w, sizes)  # the plan
     plan = gg._gemm_plan(x, w, sizes, None, None, False)
     y = torch.empty((plan.m, plan.n), device=x.device, dtype=x.dtype)
-    values = (x, w, y, sizes, *(rebase(t, (x, w, y)[i]) for t, i in plan.descriptors))
+    values = (x, w, y, sizes)
     args = [values[i] for i in plan.sources]
-    assert plan.launch is not None
+    launch = plan.launch
+    assert launch is not None
+    compiled = launch._compiled
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def through_triton() -> None:  # what the lean path did before it went direct: Triton's Python launcher
+        full = launch._arguments(tuple(args))
+        compiled.run(*launch.grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *full)
 
     def guard() -> None:
         with torch.cuda.device(plan.guard_index):
@@ -61,8 +68,8 @@ def forward_stages(point: Any, calls: int) -> None:
         "current-device check (the launch's)": _current_device,
         "device guard enter/exit (another device current)": guard,
         "torch.empty (y)": lambda: torch.empty((plan.m, plan.n), device=x.device, dtype=x.dtype),
-        "descriptors re-based": lambda: [rebase(t, x) for t, _ in plan.descriptors],
-        f"launch alone ({plan.path}, lean: {plan.launch.lean})": lambda: plan.launch(*args),  # type: ignore[misc]
+        f"launch alone ({plan.path}, lean: {launch.lean}, direct: {launch.direct})": lambda: launch(*args),
+        "launch through Triton's launcher (descriptors built)": through_triton,
         "moe_grouped_gemm (whole call)": lambda: gg.moe_grouped_gemm(x, w, sizes),
     }
     _stages(f"forward steady-state path by stage (config {plan.config.name if plan.config else '-'}):", stages, calls)
