@@ -32,9 +32,10 @@ of the 15 us a lean forward launch took on an H200 host (2026-11-29). A plan han
 descriptors to the :class:`Launch` as templates (shape, strides, block: fixed by the plan) and
 each call passes the descriptor's tensor; the direct call keeps each descriptor's encoding per
 base address (an encoding is a pure function of the address and the template, so a kept one is
-exact) and hands the C launcher the arguments Triton's wrapper would have built. A launcher of
-any other layout, one that needs a scratch buffer, or a launch observer: the compiled kernel's
-own ``run``, with each template over its tensor (:func:`rebase`).
+exact) and hands the C launcher the arguments Triton's wrapper would have built (a launch
+observer is handed that direct launch). A launcher of any other layout, or one that needs a
+scratch buffer: the compiled kernel's own ``run``, with each template over its tensor
+(:func:`rebase`).
 """
 
 from __future__ import annotations
@@ -310,30 +311,32 @@ class Launch:
         compiled = self._compiled
         if compiled is not None and _Runtime.hooks_idle():
             stream = _Runtime.stream(self._device)
-            observer = launch_observer.observer
             direct = self._direct
-            if observer is None and direct is not None:
-                try:
-                    direct(self.grid, stream, tensors)
-                except TypeError as exc:  # the C launcher parses its arguments before it launches
-                    self._direct = None  # this call and the later ones: the compiled kernel's run
-                    counts.refused.append(f"{getattr(self.kernel, '__name__', self.kernel)} (direct): {exc}")
-                else:
-                    counts.lean += 1
-                    counts.direct += 1
-                    return
-            args = self._arguments(tensors)
-            call = (*self.grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *args)
+            launcher: Any
+            if direct is not None:
+                launcher, call = direct, (self.grid, stream, tensors)
+            else:
+                args = self._arguments(tensors)
+                launcher = compiled.run
+                call = (*self.grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *args)
+            observer = launch_observer.observer
             try:
                 if observer is None:
-                    compiled.run(*call)
+                    launcher(*call)
                 else:  # qmoe-doctor run's monitor: it records, checks and makes the launch
-                    observer(self.kernel, self.grid, self._device, stream, self._tensor_names, tensors, compiled.run, call)
-            except TypeError as exc:  # the launcher parses its arguments before it launches
-                self._compiled, self._direct, self._lean = None, None, False
-                counts.refused.append(f"{getattr(self.kernel, '__name__', self.kernel)}: {exc}")
+                    observer(self.kernel, self.grid, self._device, stream, self._tensor_names, tensors, launcher, call)
+            except TypeError as exc:  # a launcher parses its arguments before it launches
+                name = getattr(self.kernel, "__name__", self.kernel)
+                if direct is not None:  # this call and the later ones: the compiled kernel's run
+                    self._direct = None
+                    counts.refused.append(f"{name} (direct): {exc}")
+                    self._launch(tensors)
+                    return
+                self._compiled, self._lean = None, False
+                counts.refused.append(f"{name}: {exc}")
             else:
                 counts.lean += 1
+                counts.direct += direct is not None
                 return
         args = self._arguments(tensors)
         # by name, as a plain launch: a parameter that is also an option (num_warps) serves both

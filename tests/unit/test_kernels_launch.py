@@ -480,6 +480,28 @@ def test_a_refused_direct_launch_goes_through_the_compiled_kernels_run(gpu_like:
     assert L.counts.refused[-1].endswith("(18 given)")
 
 
+def test_a_launch_observer_is_handed_the_direct_launch(gpu_like: _Hooks, triton36: _Encoder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under qmoe-doctor run's monitor the lean call hands the observer the direct launch: the
+    tensors it is told of are the call's (a descriptor's tensor, not a descriptor), and
+    ``launcher(*call)`` reaches the C launcher."""
+    from qmoe_doctor.core import launch_observer
+
+    received: list[tuple[Any, ...]] = []
+    seen: list[tuple[Any, ...]] = []
+
+    def observer(kernel: Any, grid: Any, device: int, stream: int, names: Any, values: Any, launcher: Any, call: Any) -> None:
+        seen.append((grid, device, stream, names, values))
+        launcher(*call)
+
+    launch, _ = _desc_launch(CudaLauncher(_wrapped(lambda *a: received.append(a))))
+    x, w, y = torch.zeros(8, 4), torch.zeros(2, 8, 4), torch.zeros(8)
+    launch(y, x, w)
+    monkeypatch.setattr(launch_observer, "observer", observer)
+    launch(y, x, w)
+    assert seen == [((3, 1, 1), 0, 1000, ("y_ptr", "x_desc", "w_desc"), (y, x, w))]
+    assert len(received) == 1 and received[0][13:15] == (y.data_ptr(), f"map@{x.data_ptr()}/[64, 64]")
+
+
 def test_a_plan_without_descriptors_goes_direct_with_addresses(gpu_like: _Hooks, triton36: _Encoder) -> None:
     kernel = _Kernel()
     received: list[tuple[Any, ...]] = []
