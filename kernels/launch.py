@@ -27,8 +27,9 @@ stays on.
 Where the compiled kernel's launcher has the layout this module knows (Triton 3.6's
 ``CudaLauncher``: :func:`_launcher_parts`), a lean call goes one step further and calls the C
 launcher under it directly (:class:`_Direct`). Triton's Python launcher encodes every tensor
-descriptor's ``CUtensorMap`` again on each call and re-packs the argument list around it: 10
-of the 15 us a lean forward launch took on an H200 host (2026-11-29). A plan hands its
+descriptor's ``CUtensorMap`` again on each call and re-packs the argument list around it: 4-5
+of the 14-17 us a forward launch took through it on two H200 hosts (2026-11-29,
+``tools/profile/host_overhead.py``). A plan hands its
 descriptors to the :class:`Launch` as templates (shape, strides, block: fixed by the plan) and
 each call passes the descriptor's tensor; the direct call keeps each descriptor's encoding per
 base address (an encoding is a pure function of the address and the template, so a kept one is
