@@ -5,8 +5,11 @@
 
 The operands are benchmarks/tune_kernels.py's at ``--shape`` (default the issue's point,
 30b-gate_up at 2048 tokens: M=16384, E=128, N=1536, K=2048, bf16). ``--impl torch`` profiles
-``torch._grouped_mm`` on the same operands; ``--config`` picks our launch config (the packaged
-table's choice when omitted). Only the call between cudaProfilerStart/Stop is profiled.
+``torch._grouped_mm`` on the same operands, ``--impl peer`` the public design's fixed tile
+(``benchmarks/public_peer.py``; ``--tile``, forward and dw only); ``--config`` picks our launch
+config (the packaged table's choice when omitted). Only the call between
+cudaProfilerStart/Stop is profiled. Keep ``--clock-control none`` on the ncu command line: the
+device's clocks are not ours to lock.
 """
 
 from __future__ import annotations
@@ -26,15 +29,32 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--op", default="dw", choices=["forward", "dx", "dw"])
-    ap.add_argument("--impl", default="ours", choices=["ours", "torch"])
+    ap.add_argument("--impl", default="ours", choices=["ours", "torch", "peer"])
     ap.add_argument("--config", default="")
+    ap.add_argument("--tile", default="128x256x64-w8-s4", help="the peer's tile, BMxBNxBK-wWARPS-sSTAGES")
     ap.add_argument("--shape", default="30b-gate_up:2048")
     args = ap.parse_args(argv)
     label, tokens = args.shape.split(":")
     e, n, k = PRESET_GEMMS[label]
     point = Point(label, e, n, k, int(tokens), torch.device("cuda", 0), torch.bfloat16, 8)
     cfg = config_from_name(args.config) if args.config else None
-    fn = point.theirs(args.op) if args.impl == "torch" else point.ours(args.op, cfg)
+    if args.impl == "peer":
+        from benchmarks.public_peer import peer_dw, peer_forward
+
+        if args.op == "dx":
+            ap.error("the peer has no dx kernel: --op forward or dw")
+        tile = config_from_name(args.tile).tile
+        peer = peer_forward if args.op == "forward" else peer_dw
+        x = point.x if args.op == "forward" else point.dy
+        other = point.w if args.op == "forward" else point.x
+
+        def fn() -> object:
+            return peer(x, other, point.m_sizes, tile)
+
+    elif args.impl == "torch":
+        fn = point.theirs(args.op)
+    else:
+        fn = point.ours(args.op, cfg)
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
