@@ -152,6 +152,23 @@ def write_bandwidth(timer: Timer, device: Any) -> float | None:
     return COPY_BYTES / (ms * 1e-3) if ms else None
 
 
+def read_bandwidth(timer: Timer, device: Any) -> float | None:
+    """Bytes read per second by ``src.sum()`` of COPY_BYTES (nothing written but a scalar)."""
+    if not timer.timed:
+        return None
+    import torch
+
+    src = torch.empty(COPY_BYTES // 2, dtype=torch.bfloat16, device=device).normal_()
+    ms = timer.ms(_summer(src))
+    return COPY_BYTES / (ms * 1e-3) if ms else None
+
+
+def _summer(src: Any) -> Callable[[], Any]:
+    import torch
+
+    return lambda: src.sum(dtype=torch.float32)
+
+
 def _copier(src: Any, dst: Any) -> Callable[[], Any]:
     return lambda: dst.copy_(src)
 
@@ -451,13 +468,18 @@ def measure_points(
     return rows
 
 
-def add_roofline(rows: list[Row], bandwidth: float | None, write_rate: float | None = None) -> float | None:
+def add_roofline(
+    rows: list[Row], bandwidth: float | None, write_rate: float | None = None, read_rate: float | None = None
+) -> float | None:
     """Each row's roofline (TFLOP/s) and whether it is memory-bound; returns the compute cap
     (the fastest dense GEMM measured). With ``write_rate`` also ``write_roofline`` and
-    ``write_share``: the same with the time at least the written bytes at the write rate."""
+    ``write_share``: the same with the time at least the written bytes at the write rate; with
+    ``read_rate`` too, ``direction_roofline`` and ``direction_share``: the time also at least
+    the bytes read at the read rate (each direction at the rate a stream of it alone reaches)."""
     dense = [r["dense"] for r in rows if r["dense"]]
     cap = max(dense) if dense else None
     for r in rows:
+        r.update(direction_roofline=None, direction_share=None)
         if bandwidth is None or cap is None:
             r.update(roofline=None, memory_bound=None, share=None, write_roofline=None, write_share=None)
             continue
@@ -470,6 +492,10 @@ def add_roofline(rows: list[Row], bandwidth: float | None, write_rate: float | N
         if write_rate and written is not None:
             r["write_roofline"] = min(r["flops"] / max(seconds, written / write_rate) / 1e12, cap)
             r["write_share"] = r["ours"] / r["write_roofline"] if r["ours"] else None
+            if read_rate:
+                slowest = max(seconds, written / write_rate, (r["bytes"] - written) / read_rate)
+                r["direction_roofline"] = min(r["flops"] / slowest / 1e12, cap)
+                r["direction_share"] = r["ours"] / r["direction_roofline"] if r["ours"] else None
         else:
             r.update(write_roofline=None, write_share=None)
     return cap
@@ -478,15 +504,24 @@ def add_roofline(rows: list[Row], bandwidth: float | None, write_rate: float | N
 def write_bound_line(rows: list[Row], write_rate: float | None) -> str:
     """One line, not a target: how many memory-bound points reach ROOFLINE_SHARE of the roofline
     whose writes are bounded by the write rate, and which do not."""
+    name = "roofline with writes at the write rate"
+    return _bound_line(rows, "write_share", name, f"{_f(_tb(write_rate), '.2f')} TB/s, dst.zero_()", bool(write_rate))
+
+
+def direction_bound_line(rows: list[Row], read_rate: float | None, write_rate: float | None) -> str:
+    """The same for the roofline with reads at the read rate and writes at the write rate."""
+    name = "roofline with reads at the read rate and writes at the write rate"
+    detail = f"{_f(_tb(read_rate), '.2f')} TB/s, src.sum(); {_f(_tb(write_rate), '.2f')} TB/s"
+    return _bound_line(rows, "direction_share", name, detail, bool(read_rate and write_rate))
+
+
+def _bound_line(rows: list[Row], key: str, name: str, detail: str, measured: bool) -> str:
     every = [r for r in rows if r.get("memory_bound")]
-    bound = [r for r in every if r.get("write_share")]
-    if not write_rate or not bound:
-        return "roofline with writes at the write rate: not measured"
-    short = [f"{_where(r)} {r['write_share']:.0%}" for r in bound if r["write_share"] < ROOFLINE_SHARE]
-    head = (
-        f"roofline with writes at the write rate ({write_rate / 1e12:.2f} TB/s, dst.zero_()): "
-        f"{len(bound) - len(short)}/{len(every)} memory-bound points at >= {ROOFLINE_SHARE:.0%}"
-    )
+    bound = [r for r in every if r.get(key)]
+    if not measured or not bound:
+        return f"{name}: not measured"
+    short = [f"{_where(r)} {r[key]:.0%}" for r in bound if r[key] < ROOFLINE_SHARE]
+    head = f"{name} ({detail}): {len(bound) - len(short)}/{len(every)} memory-bound points at >= {ROOFLINE_SHARE:.0%}"
     unmeasured = len(every) - len(bound)
     return head + (f"; short: {', '.join(short)}" if short else "") + (
         f"; {unmeasured} not measured" if unmeasured else ""
@@ -706,6 +741,7 @@ def render(report: dict[str, Any]) -> str:
     bw = report["copy_bandwidth"]
     lines.append(
         f"copy bandwidth {bw / 1e12:.2f} TB/s; write bandwidth {_f(_tb(report.get('write_bandwidth')), '.2f')} TB/s; "
+        f"read bandwidth {_f(_tb(report.get('read_bandwidth')), '.2f')} TB/s; "
         f"compute cap (fastest dense) {report['compute_cap']:.0f} TFLOP/s"
         if bw and report["compute_cap"]
         else "not timed (--tiny)"
@@ -715,24 +751,25 @@ def render(report: dict[str, Any]) -> str:
     lines.append("")
     lines.append(
         f"{'point':<13} {'tok':>5} {'op':<7} {'ours':>7} {'gmm':>7} {'peer':>7} {'dense':>6} {'x best':>6} "
-        f"{'roof':>7} {'%roof':>5} {'%wroof':>6}  config / peer tile"
+        f"{'roof':>7} {'%roof':>5} {'%wroof':>6} {'%droof':>6}  config / peer tile"
     )
     for r in rows:
         ahead = ahead_ratio(r)
         ratio = f"{ahead:6.3f}" if ahead is not None else "     -"
         share = f"{r['share']:5.0%}" if r.get("share") else "    -"
         wshare = f"{r['write_share']:6.0%}" if r.get("write_share") else "     -"
+        dshare = f"{r['direction_share']:6.0%}" if r.get("direction_share") else "     -"
         mark = "*" if r.get("memory_bound") else " "
         lines.append(
             f"{r['point']:<13} {r['tokens']:>5} {r['op']:<7} {_f(r['ours'])} {_f(r['grouped_mm'])} {_f(r['peer'])} "
-            f"{_f(r['dense'], '6.0f')} {ratio} {_f(r.get('roofline'))}{mark}{share} {wshare}  "
+            f"{_f(r['dense'], '6.0f')} {ratio} {_f(r.get('roofline'))}{mark}{share} {wshare} {dshare}  "
             f"{r['config'] or '-'} / {r['peer_tile'] or '-'}"
             + (f"  FAILED {r['failed'][:160]}" if r.get("failed") else "")
         )
     lines.append(
         "(TFLOP/s, medians of the rounds; x best: ours over the faster of grouped_mm and the peer, the median of "
         "the rounds' paired ratios; * memory-bound point; "
-        "%wroof: of the roofline with writes at the write rate)"
+        "%wroof: of the roofline with writes at the write rate; %droof: reads at the read rate too)"
     )
     b = report.get("block")
     if b:
@@ -753,6 +790,7 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"lean launch refused (that plan went back to JITFunction.run): {refused}")
     if report.get("timed", True):
         lines.append(write_bound_line(rows, report.get("write_bandwidth")))
+        lines.append(direction_bound_line(rows, report.get("read_bandwidth"), report.get("write_bandwidth")))
     lines.append("")
     lines.append("==== targets")
     for target, verdict, detail in report["verdicts"]:
@@ -791,6 +829,8 @@ def markdown(report: dict[str, Any]) -> str:
     out += [f"| {t} | {v} | {d.replace('|', '/')} |" for t, v, d in report["verdicts"]]
     if report.get("timed", True):
         out += ["", f"Not a target: {write_bound_line(report['rows'], report.get('write_bandwidth'))}."]
+        direction = direction_bound_line(report["rows"], report.get("read_bandwidth"), report.get("write_bandwidth"))
+        out += ["", f"Not a target either: {direction}."]
     return "\n".join(out) + "\n"
 
 
@@ -891,6 +931,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     except Exception as exc:  # informational: the targets do not use it
         report["write_bandwidth"] = None
         log(f"  write bandwidth: {failure('write bandwidth', exc)}")
+    try:
+        report["read_bandwidth"] = read_bandwidth(timer, device)
+    except Exception as exc:  # informational, as the write rate
+        report["read_bandwidth"] = None
+        log(f"  read bandwidth: {failure('read bandwidth', exc)}")
     free_memory(device)
     write_json(partial, report)  # a run that dies in its first point still names every point
 
@@ -902,7 +947,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         points, timer, device, dtype, top_k,
         fwd_tiles=fwd_tiles, dw_tiles=dw_tiles, max_rel=args.max_rel_diff, on_point=saved,
     )  # fmt: skip
-    report["compute_cap"] = add_roofline(rows, report["copy_bandwidth"], report["write_bandwidth"])
+    report["compute_cap"] = add_roofline(
+        rows, report["copy_bandwidth"], report["write_bandwidth"], report["read_bandwidth"]
+    )
     report["rows"] = rows
     block = None
     if args.block_tokens:
@@ -954,7 +1001,10 @@ def finish_partial(path: Path) -> dict[str, Any]:
     report.update(rows=rows, failures=failures, block=report.get("block"), host=report.get("host", []))
     report.setdefault("copy_bandwidth", None)
     report.setdefault("write_bandwidth", None)
-    report["compute_cap"] = add_roofline(rows, report["copy_bandwidth"], report["write_bandwidth"])
+    report.setdefault("read_bandwidth", None)
+    report["compute_cap"] = add_roofline(
+        rows, report["copy_bandwidth"], report["write_bandwidth"], report["read_bandwidth"]
+    )
     report["verdicts"] = verdicts(
         rows, report["block"], report["host"], failures, timed=report.get("timed", True),
         block_tokens=report.get("targets", {}).get("block_tokens", BLOCK_TOKENS),

@@ -130,6 +130,29 @@ def test_the_write_rate_bounds_a_write_heavy_point_not_a_read_heavy_one() -> Non
     assert dw["write_roofline"] is None and write_bound_line([dw, fwd], None).endswith("not measured")
 
 
+def test_the_read_rate_bounds_a_read_heavy_point() -> None:
+    """The forward reads the weight stack and x and writes only y: with reads at 3.97 TB/s (an
+    H200's ``sum`` of 1 GiB) under a 4.25 TB/s copy rate, its roofline with each direction at its
+    own rate is the read bytes' time; dw's stays the written bytes' time. Not a target."""
+    from benchmarks.side_by_side import base_row, direction_bound_line
+
+    dw = base_row("30b-gate_up", 128, 1536, 2048, 128, 8, "dw", 2)
+    fwd = base_row("30b-gate_up", 128, 1536, 2048, 128, 8, "forward", 2)
+    dw.update(ours=27.0, dense=700.0, ok=True, ours_rel_err=0.0, grouped_mm=18.0, peer=10.0)
+    fwd.update(ours=31.0, dense=700.0, ok=True, ours_rel_err=0.0, grouped_mm=24.0, peer=27.0)
+    add_roofline([dw, fwd], bandwidth=4.25e12, write_rate=3.35e12, read_rate=3.97e12)
+    read = fwd["bytes"] - fwd["written"]
+    assert fwd["direction_roofline"] == pytest.approx(fwd["flops"] / (read / 3.97e12) / 1e12)
+    assert fwd["direction_roofline"] < fwd["roofline"] == fwd["write_roofline"]
+    assert dw["direction_roofline"] == dw["write_roofline"]
+    line = direction_bound_line([dw, fwd], 3.97e12, 3.35e12)
+    assert line.startswith("roofline with reads at the read rate and writes at the write rate (3.97 TB/s, src.sum(); 3.35 TB/s)")
+    assert line.endswith("2/2 memory-bound points at >= 90%"), line
+    assert fwd["share"] < 0.93 < fwd["direction_share"]
+    add_roofline([dw, fwd], bandwidth=4.25e12, write_rate=3.35e12)  # no read rate: no figure
+    assert fwd["direction_roofline"] is None and direction_bound_line([dw, fwd], None, 3.35e12).endswith("not measured")
+
+
 def test_a_target_with_unmeasured_points_never_passes() -> None:
     """Every measured point ahead, but one op failed (an OOM), one found no working peer tile,
     the block failed and the host time was not asked for: no target says PASS, each says what
