@@ -440,3 +440,44 @@ def test_without_rounds_the_first_pass_ratio_decides() -> None:
     row["paired"] = 1.01  # the rounds, when the point had them, override the first pass
     assert ahead_ratio(row) == 1.01
     assert ahead_ratio(_row("forward", 0.0, 25.0, 31.0)) is None
+
+
+RECORDED_DIRECT = REPO / "tests" / "fixtures" / "reports" / "side_by_side" / "2026-11-29-h200-7b2f05f" / "side_by_side.json.gz"
+
+
+def test_the_recorded_direct_launch_run_is_judged_as_it_was() -> None:
+    """Recorded on one H200 (2026-11-29, commit 7b2f05f: the lean launch straight to Triton's C
+    launcher). Its host rows are under 25 us for forward, dx and dw while torch's calls took
+    23-26 us; the eager block is ahead; a read stream (``src.sum()``, 4.07 TB/s) and a write
+    stream (3.36) both stay below the copy rate (4.22). From the recorded rows and rates the
+    rooflines and the targets come out as the run judged them: the host and block targets pass,
+    46 of 48 points ahead, 18 of 42 at 90% of the copy roofline; each dw, which writes the whole
+    stack, is bounded by its writes, and a forward that reads nearly all its bytes by its reads."""
+    import gzip
+
+    from benchmarks.side_by_side import HOST, block_target, direction_bound_line
+
+    report = json.loads(gzip.decompress(RECORDED_DIRECT.read_bytes()))
+    rows = report["rows"]
+    copy, write, read = report["copy_bandwidth"], report["write_bandwidth"], report["read_bandwidth"]
+    assert write < read < copy
+    shares = [(r["share"], r["write_share"], r["direction_share"]) for r in rows]
+    add_roofline(rows, copy, write, read)
+    assert [(r["share"], r["write_share"], r["direction_share"]) for r in rows] == pytest.approx(shares)
+    got = verdicts(rows, report["block"], report["host"], [], block_tokens=report["targets"]["block_tokens"])
+    assert [list(v) for v in got] == report["verdicts"]
+    judged = {t: (v, d) for t, v, d in got}
+    assert judged[HOST][0] == "PASS" and judged[block_target(2048)][0] == "PASS"
+    assert judged[AHEAD] == ("FAIL", "46/48; behind: forward 235b-gate_up:2048 0.967x; forward 480b-gate_up:2048 0.995x")
+    assert judged[ROOFLINE][1].startswith("18/42")
+    assert all(h["ours"] <= 25.0 < max(x["grouped_mm"] for x in report["host"]) for h in report["host"])
+    read_bound = set()
+    for r in rows:
+        if r["memory_bound"] and r["op"] == "dw":
+            assert r["direction_roofline"] == r["write_roofline"] < r["roofline"]
+        elif r["memory_bound"]:  # forward, dx: y is small beside the stack; reads at most as fast as a copy
+            assert r["direction_roofline"] <= r["write_roofline"] == r["roofline"]
+            if r["direction_roofline"] < r["roofline"]:
+                read_bound.add((r["op"], r["point"], r["tokens"]))
+    assert ("forward", "235b-gate_up", 2048) in read_bound  # reads 97% of its bytes
+    assert "26/42 memory-bound points at >= 90%" in direction_bound_line(rows, read, write)
