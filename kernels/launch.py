@@ -24,11 +24,12 @@ observer in ``core.launch_observer``, to which every lean call hands its launch 
 device, stream, the tensor arguments), so the monitor sees and checks it and the lean path
 stays on.
 
-Where the compiled kernel's launcher has the layout this module knows (Triton 3.6's
-``CudaLauncher``: :func:`_launcher_parts`), a lean call goes one step further and calls the C
-launcher under it directly (:class:`_Direct`). Triton's Python launcher encodes every tensor
-descriptor's ``CUtensorMap`` again on each call and re-packs the argument list around it: 4-5
-of the 14-17 us a forward launch took through it on two H200 hosts (2026-11-29,
+Where the compiled kernel's launcher has the layout this module knows (the ``CudaLauncher`` of
+Triton 3.6, validated on GPUs, and of 3.5, whose Python side is the same by its source; 3.7 and
+later differ and keep their own: :func:`_launcher_parts`), a lean call goes one step further
+and calls the C launcher under it directly (:class:`_Direct`). Triton's Python launcher encodes
+every tensor descriptor's ``CUtensorMap`` again on each call and re-packs the argument list
+around it: 4-5 of the 14-17 us a forward launch took through it on two H200 hosts (2026-11-29,
 ``tools/profile/host_overhead.py``). A plan hands its
 descriptors to the :class:`Launch` as templates (shape, strides, block: fixed by the plan) and
 each call passes the descriptor's tensor; the direct call keeps each descriptor's encoding per
