@@ -785,7 +785,10 @@ def render(report: dict[str, Any]) -> str:
     for failed in report.get("failures", []):
         lines.append(f"FAILED {failed}")
     launches = report.get("launches") or {}
-    lines.append(f"launches: {launches.get('lean', 0)} lean, {launches.get('standard', 0)} through JITFunction.run")
+    lines.append(
+        f"launches: {launches.get('lean', 0)} lean ({launches.get('direct', 0)} of them straight to Triton's C "
+        f"launcher), {launches.get('standard', 0)} through JITFunction.run"
+    )
     for refused in launches.get("refused", []):
         lines.append(f"lean launch refused (that plan went back to JITFunction.run): {refused}")
     if report.get("timed", True):
@@ -976,7 +979,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report["host"] = host
     from qmoe_doctor.kernels.launch import counts
 
-    report["launches"] = {"lean": counts.lean, "standard": counts.standard, "refused": counts.refused[:8]}
+    report["launches"] = {
+        "lean": counts.lean, "direct": counts.direct, "standard": counts.standard, "refused": counts.refused[:8],
+    }  # fmt: skip
     report["verdicts"] = verdicts(rows, block, host, failures, timed=timer.timed, block_tokens=args.block_tokens)
     return report
 
