@@ -132,45 +132,30 @@ def tflops(flops: float, ms: float | None) -> float | None:
 def copy_bandwidth(timer: Timer, device: Any) -> float | None:
     """Bytes read + written per second by ``dst.copy_(src)`` of COPY_BYTES (the device's
     sustained copy rate: the roofline's bandwidth)."""
-    if not timer.timed:
-        return None
-    import torch
-
-    src = torch.empty(COPY_BYTES // 2, dtype=torch.bfloat16, device=device).normal_()
-    ms = timer.ms(_copier(src, torch.empty_like(src)))
-    return 2 * COPY_BYTES / (ms * 1e-3) if ms else None
+    return _stream_rate(timer, device, lambda src: functools.partial(src.new_empty(src.shape).copy_, src), 2)
 
 
 def write_bandwidth(timer: Timer, device: Any) -> float | None:
     """Bytes written per second by ``dst.zero_()`` of COPY_BYTES (nothing read)."""
-    if not timer.timed:
-        return None
-    import torch
-
-    dst = torch.empty(COPY_BYTES // 2, dtype=torch.bfloat16, device=device)
-    ms = timer.ms(dst.zero_)
-    return COPY_BYTES / (ms * 1e-3) if ms else None
+    return _stream_rate(timer, device, lambda dst: dst.zero_, 1)
 
 
 def read_bandwidth(timer: Timer, device: Any) -> float | None:
     """Bytes read per second by ``src.sum()`` of COPY_BYTES (nothing written but a scalar)."""
+    import torch
+
+    return _stream_rate(timer, device, lambda src: functools.partial(src.sum, dtype=torch.float32), 1)
+
+
+def _stream_rate(timer: Timer, device: Any, op: Callable[[Any], Callable[[], Any]], passes: int) -> float | None:
+    """``passes`` x COPY_BYTES per second of ``op(tensor)()`` over a bf16 tensor of COPY_BYTES."""
     if not timer.timed:
         return None
     import torch
 
-    src = torch.empty(COPY_BYTES // 2, dtype=torch.bfloat16, device=device).normal_()
-    ms = timer.ms(_summer(src))
-    return COPY_BYTES / (ms * 1e-3) if ms else None
-
-
-def _summer(src: Any) -> Callable[[], Any]:
-    import torch
-
-    return lambda: src.sum(dtype=torch.float32)
-
-
-def _copier(src: Any, dst: Any) -> Callable[[], Any]:
-    return lambda: dst.copy_(src)
+    tensor = torch.empty(COPY_BYTES // 2, dtype=torch.bfloat16, device=device).normal_()
+    ms = timer.ms(op(tensor))
+    return passes * COPY_BYTES / (ms * 1e-3) if ms else None
 
 
 def _matmul(a: Any, b: Any) -> Callable[[], Any]:

@@ -280,10 +280,11 @@ class Launch:
         descriptors = descriptors or {}
         unknown = (set(args) | set(tensors) | set(descriptors)) - set(names)
         missing = set(names) - set(args) - set(tensors)
-        if unknown or missing or not set(descriptors) <= set(tensors):
+        loose = set(descriptors) - set(tensors)  # a descriptor's tensor comes with each call
+        if unknown or missing or loose:
             raise TypeError(
                 f"launch of {getattr(kernel, '__name__', kernel)}: unknown arguments {sorted(unknown)}, "
-                f"missing {sorted(missing)}, descriptors not among the tensors {sorted(set(descriptors) - set(tensors))}"
+                f"missing {sorted(missing)}" + (f", descriptors not among the tensors {sorted(loose)}" if loose else "")
             )
         self.kernel = kernel
         dims = (grid,) if isinstance(grid, int) else tuple(grid)

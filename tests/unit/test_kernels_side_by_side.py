@@ -481,3 +481,29 @@ def test_the_recorded_direct_launch_run_is_judged_as_it_was() -> None:
                 read_bound.add((r["op"], r["point"], r["tokens"]))
     assert ("forward", "235b-gate_up", 2048) in read_bound  # reads 97% of its bytes
     assert "26/42 memory-bound points at >= 90%" in direction_bound_line(rows, read, write)
+
+
+def test_the_stream_rates_time_a_copy_a_write_and_a_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each rate times one stream over COPY_BYTES and counts the bytes it moves: a copy reads
+    and writes them (twice the bytes), ``zero_`` writes them, ``sum`` reads them; a run that
+    times nothing (--tiny) has no rate."""
+    import benchmarks.side_by_side as sbs
+
+    monkeypatch.setattr(sbs, "COPY_BYTES", 1 << 12)
+    seen: list[str] = []
+
+    class Timer:
+        timed = True
+
+        def ms(self, fn: Any) -> float:
+            out = fn()
+            seen.append("sum" if out.dim() == 0 else "zero" if not out.any() else "copy")
+            return 1.0  # a millisecond
+
+    cpu = torch.device("cpu")
+    assert sbs.copy_bandwidth(Timer(), cpu) == pytest.approx(2 * 4096 / 1e-3)
+    assert sbs.write_bandwidth(Timer(), cpu) == pytest.approx(4096 / 1e-3)
+    assert sbs.read_bandwidth(Timer(), cpu) == pytest.approx(4096 / 1e-3)
+    assert seen == ["copy", "zero", "sum"]
+    Timer.timed = False
+    assert sbs.read_bandwidth(Timer(), cpu) is None

@@ -6,7 +6,7 @@
 The operands are benchmarks/tune_kernels.py's at ``--shape`` (default the issue's point,
 30b-gate_up at 2048 tokens: M=16384, E=128, N=1536, K=2048, bf16). ``--impl torch`` profiles
 ``torch._grouped_mm`` on the same operands, ``--impl peer`` the public design's fixed tile
-(``benchmarks/public_peer.py``; ``--tile``, forward and dw only); ``--config`` picks our launch
+(``benchmarks/public_peer.py``, called as the side by side calls it; ``--tile``); ``--config`` picks our launch
 config (the packaged table's choice when omitted). Only the call between
 cudaProfilerStart/Stop is profiled. Keep ``--clock-control none`` on the ncu command line: the
 device's clocks are not ours to lock.
@@ -38,19 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     e, n, k = PRESET_GEMMS[label]
     point = Point(label, e, n, k, int(tokens), torch.device("cuda", 0), torch.bfloat16, 8)
     cfg = config_from_name(args.config) if args.config else None
-    if args.impl == "peer":
-        from benchmarks.public_peer import peer_dw, peer_forward
+    if args.impl == "peer":  # the side by side's own peer call (dx: the forward kernel on w's transposed view)
+        from benchmarks.side_by_side import peer_fns
 
-        if args.op == "dx":
-            ap.error("the peer has no dx kernel: --op forward or dw")
-        tile = config_from_name(args.tile).tile
-        peer = peer_forward if args.op == "forward" else peer_dw
-        x = point.x if args.op == "forward" else point.dy
-        other = point.w if args.op == "forward" else point.x
-
-        def fn() -> object:
-            return peer(x, other, point.m_sizes, tile)
-
+        ((_, fn),) = peer_fns(point, args.op, [config_from_name(args.tile).tile])
     elif args.impl == "torch":
         fn = point.theirs(args.op)
     else:
