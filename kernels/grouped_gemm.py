@@ -42,6 +42,7 @@ from qmoe_doctor.core.launch_configs import GEMM_CONFIGS, TileConfig, gemm_fallb
 from qmoe_doctor.kernels._details.grouped_gemm_kernels import (
     _grouped_gemm_flat_kernel,
     _grouped_gemm_kernel,
+    _grouped_gemm_tail_kernel,
     _grouped_gemm_tma_kernel,
 )
 from qmoe_doctor.kernels.launch import Launch, rebase
@@ -90,7 +91,10 @@ class GemmConfig:
     elsewhere the resident Triton kernel of the same tiles serves); ``rows_first`` (forward and
     dx; name suffix ``-mf``): an expert's row tiles come before its column tiles in the tile
     order, so neighbouring programs share a weight tile (the larger operand) and an expert's
-    row tiles run in the same round of the persistent programs."""
+    row tiles run in the same round of the persistent programs; ``tail`` (forward and dx, with
+    ``tma``, not ``flat``; name suffix ``-tN``): an expert that ends with at most ``tail`` rows
+    past a full row tile computes them in that tile, from the same weight tile (one row tile
+    fewer; ``kernels/_details/grouped_gemm_kernels.py``, ``_grouped_gemm_tail_kernel``)."""
 
     block_m: int
     block_n: int
@@ -104,6 +108,7 @@ class GemmConfig:
     resident_x: bool = False
     overlap: int = 0
     rows_first: bool = False
+    tail: int = 0
 
     @classmethod
     def from_tile(cls, tile: TileConfig) -> GemmConfig:
@@ -121,12 +126,14 @@ class GemmConfig:
         if self.programs_per_sm != 1:
             text += f"-p{self.programs_per_sm}"
         text += ("-tma" if self.tma else "") + ("-flat" if self.flat else "") + ("-mf" if self.rows_first else "")
+        text += f"-t{self.tail}" if self.tail else ""
         text += f"-r{'x' if self.resident_x else ''}{self.resident}" if self.resident else ""
         return text + (f"-ov{self.overlap}" if self.overlap else "")
 
     def smem_bytes(self, itemsize: int) -> int:
-        """Shared memory the software pipeline asks for: one x tile and one w tile per stage."""
-        return self.tile.smem_bytes(itemsize)
+        """Shared memory the software pipeline asks for: one x tile and one w tile per stage
+        (and the tail's x rows with ``tail``)."""
+        return self.tile.smem_bytes(itemsize) + self.tail * self.block_k * itemsize * self.num_stages
 
 
 # --------------------------------------------------------------------------------------------
@@ -349,6 +356,17 @@ def _tma_args(
     }  # fmt: skip
 
 
+def _tail_args(
+    sizes: tuple[int, int, int, int], ys: Strides, w_rows: int, w_kn: bool, cfg: GemmConfig, programs: int
+) -> dict[str, Any]:
+    m, n, k, e = sizes
+    return {
+        "M": m, "N": n, "K": k, "E": e, "W_ROWS": w_rows,
+        "stride_ym": ys[0], "stride_yn": ys[1],
+        "NUM_PROGRAMS": programs, "TAIL": cfg.tail, "W_KN": w_kn, **_tiles(cfg),
+    }  # fmt: skip
+
+
 def _flat_args(
     sizes: tuple[int, int, int, int],
     xs: Strides,
@@ -491,10 +509,19 @@ def launch_grouped_gemm_flat(
     )
 
 
+def tail_descriptor(x: torch.Tensor, cfg: GemmConfig) -> Any:
+    """x's descriptor for the tail kernel's tail rows: blocks of (tail, BLOCK_K). Only where
+    ``tma_plan`` gave a plan (so the class is there and x is aligned for it)."""
+    m, k = x.shape
+    return tensor_descriptor_class(x, cfg)(x, [m, k], [x.stride(0), 1], [cfg.tail, cfg.block_k])
+
+
 def kernel_path(x: torch.Tensor, w: torch.Tensor, cfg: GemmConfig) -> str:
-    """Which kernel a call with this config takes: "tma" or "pointer", "+flat" (for reports)."""
-    path = "tma" if tma_plan(x, w, None, cfg) is not None else "pointer"
-    return path + ("+flat" if cfg.flat else "")
+    """Which kernel a call with this config takes: "tma" or "pointer", "+flat" or "+tail" (for
+    reports). Without a TMA plan a tail config takes the pointer kernel of the same tiles."""
+    if tma_plan(x, w, None, cfg) is None:
+        return "pointer" + ("+flat" if cfg.flat else "")
+    return "tma" + ("+flat" if cfg.flat else "+tail" if cfg.tail else "")
 
 
 def grid_size(m: int, n: int, e: int, cfg: GemmConfig, device: torch.device) -> int:
@@ -643,6 +670,15 @@ def _make_gemm_plan(
         launch = Launch(_grouped_gemm_flat_kernel, programs, args, names, opts, device_index=guard, descriptors=descriptors)
         path = "tma+flat" if plan is not None else "pointer+flat"
         return base(zero_only=False, launch=launch, sources=(0, 1, 2, 3, 0, 1)[: len(names)], config=cfg, path=path)
+    if plan is not None and cfg.tail:
+        x_desc, w_desc, _, w_rows, w_kn = plan
+        args = _tail_args(sizes, ys, w_rows, w_kn, cfg, programs)
+        names = ["x_desc", "xt_desc", "w_desc", "y_ptr", "m_sizes_ptr"]
+        descriptors = {
+            "x_desc": _template(x_desc), "xt_desc": _template(tail_descriptor(x, cfg)), "w_desc": _template(w_desc)
+        }  # fmt: skip
+        launch = Launch(_grouped_gemm_tail_kernel, programs, args, names, opts, device_index=guard, descriptors=descriptors)
+        return base(zero_only=False, launch=launch, sources=(0, 0, 1, 2, 3), config=cfg, path="tma+tail")
     if plan is not None:
         x_desc, w_desc, y_desc, w_rows, w_kn = plan
         args = _tma_args(sizes, ys, w_rows, w_kn, y_desc is not None, cfg, programs)

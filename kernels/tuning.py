@@ -68,16 +68,19 @@ class TableEntry:
 
 
 def config_from_name(text: str) -> GemmConfig:
-    """``"128x128x64-w8-s3-p2-tma-flat"`` -> GemmConfig (``-pN``, ``-tma``, ``-flat``, ``-mf``, ``-rN`` / ``-rxN`` /
-    ``-ovN`` optional)."""
+    """``"128x128x64-w8-s3-p2-tma-flat"`` -> GemmConfig (``-pN``, ``-tma``, ``-flat``, ``-mf``, ``-tN``, ``-rN`` /
+    ``-rxN`` / ``-ovN`` optional)."""
     parts = text.strip().lower().split("-")
     try:
         bm, bn, bk = (int(v) for v in parts[0].split("x"))
         warps = stages = None
         programs, tma, flat, resident, resident_x, overlap, rows_first = 1, False, False, 0, False, 0, False
+        tail = 0
         for part in parts[1:]:
             if part == "tma":
                 tma = True
+            elif part[:1] == "t" and part[1:].isdigit():
+                tail = int(part[1:])
             elif part == "flat":
                 flat = True
             elif part == "mf":
@@ -100,7 +103,7 @@ def config_from_name(text: str) -> GemmConfig:
             raise ValueError("warps and stages are required")
     except ValueError:
         raise ValueError(
-            f"launch config {text!r}: expected BMxBNxBK-wWARPS-sSTAGES[-pPROGRAMS_PER_SM][-tma][-flat][-mf][-rCHUNKS|-rxCHUNKS|-ovCHUNKS], "
+            f"launch config {text!r}: expected BMxBNxBK-wWARPS-sSTAGES[-pPROGRAMS_PER_SM][-tma][-flat][-mf][-tTAIL][-rCHUNKS|-rxCHUNKS|-ovCHUNKS], "
             "e.g. 128x128x64-w8-s3-p2-tma"
         ) from None
     cfg = GemmConfig(
@@ -116,6 +119,7 @@ def config_from_name(text: str) -> GemmConfig:
         resident_x=resident_x,
         overlap=overlap,
         rows_first=rows_first,
+        tail=tail,
     )
     if min(bm, bn, bk, warps, stages, programs) <= 0:
         raise ValueError(f"launch config {text!r}: every value must be positive")
@@ -125,6 +129,12 @@ def config_from_name(text: str) -> GemmConfig:
         raise ValueError(f"launch config {text!r}: -ovCHUNKS takes 1 to 12 row chunks, without -r/-rx")
     if rows_first and (resident or overlap):
         raise ValueError(f"launch config {text!r}: -mf orders the forward's tiles; a dw config (-r/-rx/-ov) cannot take it")
+    if tail and (not tma or flat or resident or overlap):
+        raise ValueError(
+            f"launch config {text!r}: -tTAIL is a form of the forward's TMA kernel: it takes -tma, not -flat, -r/-rx or -ov"
+        )
+    if tail and (tail < 16 or tail >= bm or tail & (tail - 1)):
+        raise ValueError(f"launch config {text!r}: -tTAIL takes a power of two from 16 to below the tile's rows ({bm})")
     return cfg
 
 

@@ -1,6 +1,7 @@
 """The grouped GEMM's kernels (launched by ``kernels/grouped_gemm.py``, which says what each
 guarantees): the pointer kernel, the Hopper kernel (tiles loaded by the bulk tensor copy engine,
-TMA) and the flattened kernel (one loop over each program's (tile, k-step) pairs)."""
+TMA), its form with an expert's tail rows fused into the expert's last full row tile, and the
+flattened kernel (one loop over each program's (tile, k-step) pairs)."""
 
 from __future__ import annotations
 
@@ -205,6 +206,92 @@ def _grouped_gemm_tma_kernel(
                 else:
                     _store_rows(y_ptr, out, first_row, n0, row_end, N, stride_ym, stride_yn, BLOCK_M, BLOCK_N)
             else:
+                _store_rows(y_ptr, out, first_row, n0, row_end, N, stride_ym, stride_yn, BLOCK_M, BLOCK_N)
+            tile += NUM_PROGRAMS
+        tiles_before += num_tiles
+        row_start += m_size
+    _zero_uncovered_rows(y_ptr, M, N, row_start, tiles_before, stride_ym, stride_yn, NUM_PROGRAMS, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _grouped_gemm_tail_kernel(
+    x_desc,  # (M, K) block (BLOCK_M, BLOCK_K)
+    xt_desc,  # the same x, block (TAIL, BLOCK_K): an expert's tail rows
+    w_desc,  # as in _grouped_gemm_tma_kernel
+    y_ptr,
+    m_sizes_ptr,
+    M,
+    N,
+    K,
+    E,
+    W_ROWS,
+    stride_ym,
+    stride_yn,
+    NUM_PROGRAMS,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    TAIL: tl.constexpr,
+    W_KN: tl.constexpr,
+    ROWS_FIRST: tl.constexpr = False,
+):
+    """``_grouped_gemm_tma_kernel``'s tile walk, where an expert of ``q * BLOCK_M + r`` rows
+    with q >= 1 and 0 < r <= TAIL has q row tiles, not q + 1: its last full row tile also
+    computes the r tail rows from the same weight tile (one pass of that tile through L2, not
+    two; under random routing about half the experts of a 2048-token batch end so). The tail's
+    product is formed transposed, w tile times x tail (a TAIL-wide MMA: Hopper's smallest
+    instruction has 64 rows, its N can be 8 to 256). The tile with a tail runs its own K loop,
+    so the others pay nothing for it. Stores by pointer, masked by the expert's last row (a
+    descriptor store here held 64 KiB of shared memory beside the 4-stage pipeline). x rows
+    past the expert's last row are read (the next expert's, or zeros past M) and never stored."""
+    pid = tl.program_id(0)
+    num_n_tiles = tl.cdiv(N, BLOCK_N)
+
+    tiles_before = 0
+    row_start = 0
+    for expert in range(E):
+        m_size = tl.load(m_sizes_ptr + expert)
+        m_size = tl.minimum(tl.maximum(m_size, 0), tl.maximum(M - row_start, 0)).to(tl.int32)
+        full = m_size // BLOCK_M
+        rest = m_size - full * BLOCK_M
+        fused = (full > 0) & (rest > 0) & (rest <= TAIL)
+        num_m_tiles = tl.where(fused, full, tl.cdiv(m_size, BLOCK_M))
+        num_tiles = num_m_tiles * num_n_tiles
+        row_end = row_start + m_size
+        tile = tiles_before + (pid - tiles_before % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
+        while tile < tiles_before + num_tiles:
+            local = tile - tiles_before
+            tile_m, tile_n = _tile_coords(local, num_m_tiles, num_n_tiles, ROWS_FIRST)
+            first_row = row_start + tile_m * BLOCK_M
+            n0 = tile_n * BLOCK_N
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            if (fused & (tile_m == num_m_tiles - 1)) == 0:
+                for k0 in range(0, K, BLOCK_K):
+                    a = x_desc.load([first_row, k0])
+                    if W_KN:
+                        b = w_desc.load([expert * W_ROWS + k0, n0])
+                        acc = tl.dot(a, b, acc)
+                    else:
+                        b = w_desc.load([expert * W_ROWS + n0, k0])
+                        acc = tl.dot(a, b.T, acc)
+                out = acc.to(y_ptr.dtype.element_ty)
+                _store_rows(y_ptr, out, first_row, n0, row_end, N, stride_ym, stride_yn, BLOCK_M, BLOCK_N)
+            else:
+                acc_t = tl.zeros((BLOCK_N, TAIL), dtype=tl.float32)  # the tail's y, transposed
+                for k0 in range(0, K, BLOCK_K):
+                    a = x_desc.load([first_row, k0])
+                    at = xt_desc.load([first_row + BLOCK_M, k0])
+                    if W_KN:
+                        b = w_desc.load([expert * W_ROWS + k0, n0])
+                        acc = tl.dot(a, b, acc)
+                        acc_t = tl.dot(b.T, at.T, acc_t)
+                    else:
+                        b = w_desc.load([expert * W_ROWS + n0, k0])
+                        acc = tl.dot(a, b.T, acc)
+                        acc_t = tl.dot(b, at.T, acc_t)
+                tail = acc_t.T.to(y_ptr.dtype.element_ty)
+                _store_rows(y_ptr, tail, first_row + BLOCK_M, n0, row_end, N, stride_ym, stride_yn, TAIL, BLOCK_N)
+                out = acc.to(y_ptr.dtype.element_ty)
                 _store_rows(y_ptr, out, first_row, n0, row_end, N, stride_ym, stride_yn, BLOCK_M, BLOCK_N)
             tile += NUM_PROGRAMS
         tiles_before += num_tiles

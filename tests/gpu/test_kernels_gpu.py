@@ -365,11 +365,20 @@ HOPPER_CONFIGS = [
     "128x256x64-w8-s3-tma",
     "128x256x64-w8-s4-flat",
     "64x128x64-w4-s4-p2",
+    # tails of 32 rows or fewer in the last full row tile: 517 = 4 * 128 + 5 and 900 = 7 * 128 + 4
+    # end with one; in the fourth routing 150, 140, 129, 160 (at the bound) and 284 = 2 * 128 + 28
+    # do, 161 does not
+    "128x256x64-w8-s3-tma-t32",
+    "128x256x64-w8-s4-tma-t32",
 ]
 
 
 @pytest.mark.parametrize("name", HOPPER_CONFIGS)
-@pytest.mark.parametrize("sizes", [[300, 0, 517, 7, 200], [-5, 900, 0, 30, 10], [64, 64, 64, 64, 0]], ids=str)
+@pytest.mark.parametrize(
+    "sizes",
+    [[300, 0, 517, 7, 200], [-5, 900, 0, 30, 10], [64, 64, 64, 64, 0], [150, 140, 129, 160, 161, 284]],
+    ids=str,
+)
 def test_hopper_forward_and_dx_paths(name: str, sizes: list[int]) -> None:
     from qmoe_doctor.kernels.tuning import config_from_name
 
@@ -626,7 +635,7 @@ def test_row_combine_on_gpu_matches_its_twin() -> None:
 # The lean launch path (kernels/launch.py) and the launch plans, compiled
 # --------------------------------------------------------------------------------------------
 
-LEAN_CONFIGS = [None, "128x256x64-w8-s4-tma-flat", "128x256x64-w8-s3-tma", "64x128x64-w4-s4-p2", "32x256x128-w8-s2-tma-ov5"]
+LEAN_CONFIGS = [None, "128x256x64-w8-s4-tma-flat", "128x256x64-w8-s3-tma", "128x256x64-w8-s3-tma-t32", "64x128x64-w4-s4-p2", "32x256x128-w8-s2-tma-ov5"]
 
 
 def _lean_operands(seed: int) -> tuple[torch.Tensor, ...]:

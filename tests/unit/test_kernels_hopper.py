@@ -52,6 +52,10 @@ CONFIGS = [
     GemmConfig(16, 32, 16, 4, 1, tma=True, rows_first=True),
     GemmConfig(16, 32, 16, 4, 1, flat=True, rows_first=True),
     GemmConfig(16, 32, 16, 4, 1, programs_per_sm=2, tma=True, flat=True, rows_first=True),
+    # an expert's last rows in its last full row tile (-t16; test_tail_rows_* has the cases
+    # where that happens)
+    GemmConfig(32, 32, 32, 4, 1, tma=True, tail=16),
+    GemmConfig(32, 32, 16, 4, 2, tma=True, rows_first=True, tail=16),
 ]
 TOL = tolerance("float16")  # every operand here is float16: tensor descriptors take 16-bit data
 
@@ -113,6 +117,52 @@ def test_dw_partial_chunks_never_read_the_rows_after_the_expert(cfg: GemmConfig)
     assert rel_err(moe_grouped_gemm_dw_torch(dy[:35].double(), x[:35].double(), m_sizes), dw) < TOL
 
 
+TAIL_CONFIGS = [
+    GemmConfig(32, 32, 32, 4, 1, tma=True, tail=16),
+    GemmConfig(32, 16, 16, 4, 2, tma=True, rows_first=True, tail=16),
+]
+# (M, m_sizes, N, K) for 32-row tiles with 16 tail rows: 36 = 32 + 4 and 33 = 32 + 1 end with a
+# tail, 48 = 32 + 16 exactly at the bound, 49 = 32 + 17 past it (two row tiles), 64 two full
+# tiles and no tail, 16 and 31 no full tile; counts past M clamped into a tail (80 -> 44 =
+# 32 + 12) or out of one (80 -> 54 = 32 + 22); negative counts; rows no expert covers; K tails
+TAIL_CASES = [
+    (130, [36, 33, 16, 31, 0], 40, 48),
+    (170, [48, 49, 64, 0], 24, 64),
+    (80, [36, 80], 32, 40),
+    (90, [-5, 36, 80], 16, 32),
+]
+
+
+@pytest.mark.parametrize("cfg", TAIL_CONFIGS, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", TAIL_CASES, ids=lambda c: f"M{c[0]}-{c[1]}-N{c[2]}-K{c[3]}")
+def test_tail_rows_ride_with_the_expert_s_last_full_tile(cfg: GemmConfig, case: tuple[int, list[int], int, int]) -> None:
+    """The tail kernel reads a tail box of TAIL rows whatever the expert's tail is: the rows
+    after it (the next expert's, or rows no expert covers, NaN here) must not reach y."""
+    m, sizes, n, k = case
+    x, w, dy, m_sizes = _ops(m, sizes, n, k)
+    covered = min(m, sum(max(v, 0) for v in sizes))
+    x[covered:] = float("nan")
+    dy[covered:] = float("nan")
+    assert kernel_path(x, w, cfg) == "tma+tail"
+    y = moe_grouped_gemm(x, w, m_sizes, config=cfg)
+    assert torch.isfinite(y).all() and not y[covered:].any()
+    assert rel_err(moe_grouped_gemm_torch(x.double(), w.double(), m_sizes), y) < TOL
+    dx = moe_grouped_gemm_dx(dy, w, m_sizes, config=cfg)
+    assert torch.isfinite(dx).all() and not dx[covered:].any()
+    assert rel_err(moe_grouped_gemm_dx_torch(dy.double(), w.double(), m_sizes), dx) < TOL
+
+
+def test_a_tail_config_without_tma_takes_the_pointer_kernel_of_its_tiles() -> None:
+    cfg = GemmConfig(32, 32, 32, 4, 1, tma=True, tail=16)
+    big = torch.randn(131, 49).half()
+    x = big[1:, 1:]  # 98-byte rows: no tensor descriptor
+    w = torch.randn(5, 24, 48).half()
+    m_sizes = torch.tensor([36, 33, 16, 31, 0])
+    assert kernel_path(x, w, cfg) == "pointer"
+    y = moe_grouped_gemm(x, w, m_sizes, config=cfg)
+    assert rel_err(moe_grouped_gemm_torch(x.double(), w.double(), m_sizes), y) < TOL
+
+
 def test_unaligned_operands_take_the_pointer_kernel_and_stay_right() -> None:
     cfg = GemmConfig(32, 32, 32, 4, 1, tma=True, flat=True)
     big = torch.randn(41, 49).half()
@@ -148,6 +198,13 @@ def test_config_names_round_trip() -> None:
     assert GemmConfig(128, 256, 64, 8, 3, tma=True, flat=True, rows_first=True).name == "128x256x64-w8-s3-tma-flat-mf"
     with pytest.raises(ValueError, match="-mf orders the forward's tiles"):
         tuning.config_from_name("32x256x128-w8-s2-tma-ov5-mf")
+    assert tuning.config_from_name("128x256x64-w8-s3-tma-t32") == GemmConfig(128, 256, 64, 8, 3, tma=True, tail=32)
+    for name in ("128x256x64-w8-s3-t32", "128x256x64-w8-s3-tma-flat-t32", "32x256x128-w8-s2-tma-ov5-t16"):
+        with pytest.raises(ValueError, match="takes -tma, not -flat"):
+            tuning.config_from_name(name)
+    for name in ("128x256x64-w8-s3-tma-t8", "128x256x64-w8-s3-tma-t48", "128x256x64-w8-s3-tma-t128"):
+        with pytest.raises(ValueError, match="a power of two from 16 to below the tile's rows"):
+            tuning.config_from_name(name)
 
 
 def test_resident_dw_grid_and_shared_memory_follow_the_resident_operand() -> None:
