@@ -1,6 +1,6 @@
 """The packaged config tables against the sweeps that made them, recorded on the devices.
 
-* ``tuning/2026-11-28-h200-ee83f3d/tune.json.gz``: ``benchmarks/tune_kernels.py --set card
+* ``tuning/2026-11-29-h200-5bcdcbc/tune.json.gz``: ``benchmarks/tune_kernels.py --set card
   --package`` on one H200 (``bash tools/gpu/perf_card.sh tune``; each point's finalists timed
   again in three interleaved rounds); its best table is the packaged
   ``kernels/configs-nvidia-h200-sm90-132sm.json``.
@@ -31,7 +31,7 @@ TUNING = REPO / "tests" / "fixtures" / "tuning"
 #: per device, the sweeps behind its packaged table, in order: a later sweep's entries replace
 #: the earlier ones' for the (op, point, tokens) it measured
 SWEEPS = {
-    "nvidia-h200-sm90-132sm": [TUNING / "2026-11-28-h200-ee83f3d" / "tune.json.gz"],
+    "nvidia-h200-sm90-132sm": [TUNING / "2026-11-29-h200-5bcdcbc" / "tune.json.gz"],
     "nvidia-h100-80gb-hbm3-sm90-132sm": [
         TUNING / "2026-11-28-h100-06c98c3" / "tune.json.gz",
         TUNING / "2026-11-28-h100-8c2e8c5" / "tune.json.gz",
