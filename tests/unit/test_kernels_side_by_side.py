@@ -507,3 +507,42 @@ def test_the_stream_rates_time_a_copy_a_write_and_a_read(monkeypatch: pytest.Mon
     assert seen == ["copy", "zero", "sum"]
     Timer.timed = False
     assert sbs.read_bandwidth(Timer(), cpu) is None
+
+
+def test_host_runs_of_ours_and_torch_s_calls_are_interleaved(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each round times every op's ours and torch's once, in a rotated order, and each figure is
+    the median of its rounds: a slow window of the host that falls on one round (here the
+    second: every run in it takes 40 us) moves no figure, where one op's runs back to back
+    would all have fallen in it."""
+    import benchmarks.side_by_side as sbs
+
+    class Stub:
+        x = torch.zeros(1)
+        tokens = 128
+
+        def ours(self, op: str, config: Any) -> Any:
+            return lambda: ("ours", op)
+
+        def theirs(self, op: str) -> Any:
+            return lambda: ("torch", op)
+
+    order: list[tuple[str, str]] = []
+    base = {"ours": 20.0, "torch": 30.0}
+
+    def run(fn: Any, calls: int, sync: Any) -> float:
+        who, op = fn()
+        order.append((who, op))
+        slow_round = 6 <= len(order) - 1 < 12  # the second round of the six contenders
+        return 40.0 if slow_round else base[who] + sbs.OPS.index(op)
+
+    monkeypatch.setattr(sbs, "host_run", run)
+    monkeypatch.setattr(sbs, "host_us", lambda fn, calls, sync, runs: 60.0)  # through JITFunction.run
+    rows = sbs.measure_host(Stub(), 10, runs=5)
+    assert len(order) == 30
+    for r in range(5):
+        one_round = order[6 * r : 6 * r + 6]
+        assert sorted(one_round) == sorted((w, op) for op in sbs.OPS for w in ("ours", "torch"))
+    assert order[0] != order[6]  # rotated: round r starts at the r-th contender
+    assert [(row["op"], row["ours"], row["grouped_mm"], row["ours_standard"]) for row in rows] == [
+        (op, 20.0 + i, 30.0 + i, 60.0) for i, op in enumerate(sbs.OPS)
+    ]
