@@ -546,3 +546,28 @@ def test_host_runs_of_ours_and_torch_s_calls_are_interleaved(monkeypatch: pytest
     assert [(row["op"], row["ours"], row["grouped_mm"], row["ours_standard"]) for row in rows] == [
         (op, 20.0 + i, 30.0 + i, 60.0) for i, op in enumerate(sbs.OPS)
     ]
+
+
+RECORDED_TAIL = REPO / "tests" / "fixtures" / "reports" / "side_by_side" / "2026-11-29-h200-f2a2150" / "side_by_side.json.gz"
+
+
+def test_the_recorded_tail_kernel_run_is_judged_as_it_was() -> None:
+    """Recorded on one H200 (2026-11-29, commit f2a2150, the table with the tail kernel at the
+    235B down forward at 2048 tokens). The verdicts come out of the recorded rows as the run
+    judged them; the tail kernel led there; and the host target failed by 0.03 us at dx while
+    the forward, the same call path, took 17.3 us in the same process: each op's runs were
+    then timed back to back (the runs are interleaved since)."""
+    import gzip
+
+    report = json.loads(gzip.decompress(RECORDED_TAIL.read_bytes()))
+    rows = report["rows"]
+    got = verdicts(rows, report["block"], report["host"], [], block_tokens=report["targets"]["block_tokens"])
+    assert [list(v) for v in got] == report["verdicts"]
+    judged = {t: (v, d) for t, v, d in got}
+    assert judged[AHEAD][1].startswith("45/48; behind: forward 235b-gate_up:2048")
+    tail = next(r for r in rows if (r["point"], r["tokens"], r["op"]) == ("235b-down", 2048, "forward"))
+    assert tail["config"].endswith("-tma-t32") and ahead_ratio(tail) > 1
+    assert sum(r["config"].endswith("-t32") for r in rows) == 1
+    host = {h["op"]: h for h in report["host"]}
+    assert judged[HOST][0] == "FAIL" and 25.0 < host["dx"]["ours"] < 25.1
+    assert host["forward"]["ours"] < 18 and all(h["ours"] < h["grouped_mm"] for h in report["host"])
