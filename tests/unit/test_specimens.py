@@ -313,25 +313,35 @@ _OVER_ROUTED_CHILD = """
     m_sizes = torch.tensor(sizes, dtype=torch.int32)
     ref = moe_grouped_gemm_torch(x, w, m_sizes)
     real_empty = torch.empty
+    real_new_empty = torch.Tensor.new_empty
 
     for ref_name in sys.argv[1:]:
         module, function = ref_name.split(":")
         fn = getattr(importlib.import_module(module), function)
         y_bufs = []
 
+        def padded(shape, dtype):
+            buf = torch.full((M + PAD, N), float("nan"), dtype=dtype)
+            y_bufs.append(buf)
+            return buf[:M]
+
         def padded_empty(*size, **kwargs):
             shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
             if tuple(shape) != (M, N):
                 return real_empty(*size, **kwargs)
-            buf = torch.full((M + PAD, N), float("nan"), dtype=kwargs.get("dtype", torch.float32))
-            y_bufs.append(buf)
-            return buf[:M]
+            return padded(shape, kwargs.get("dtype", torch.float32))
 
-        torch.empty = padded_empty
+        def padded_new_empty(self, *size, **kwargs):  # our plans allocate y by x.new_empty
+            shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+            if tuple(shape) != (M, N):
+                return real_new_empty(self, *size, **kwargs)
+            return padded(shape, kwargs.get("dtype", self.dtype))
+
+        torch.empty, torch.Tensor.new_empty = padded_empty, padded_new_empty
         try:
             y = fn(x, w, m_sizes)
         finally:
-            torch.empty = real_empty
+            torch.empty, torch.Tensor.new_empty = real_empty, real_new_empty
         # the buffer behind the returned y (a kernel may allocate an (M, N) template first)
         (y_buf,) = [b for b in y_bufs if b.data_ptr() == y.data_ptr()]
         past = y_buf[M:]
