@@ -146,6 +146,25 @@ def _zero_uncovered_rows(
 
 
 @triton.jit
+def _tma_tile_product(
+    x_desc, w_desc, first_row, n0, w_row0, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_KN: tl.constexpr
+):
+    """One output tile's K loop by descriptor loads: x rows from ``first_row``, the expert's
+    weight from row ``w_row0`` of w's 2-D view (column ``n0``), float32 accumulator. A
+    ``triton.jit`` call is inlined, so the loop is pipelined in each kernel that calls it."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = x_desc.load([first_row, k0])
+        if W_KN:
+            b = w_desc.load([w_row0 + k0, n0])
+            acc = tl.dot(a, b, acc)
+        else:
+            b = w_desc.load([w_row0 + n0, k0])
+            acc = tl.dot(a, b.T, acc)
+    return acc
+
+
+@triton.jit
 def _grouped_gemm_tma_kernel(
     x_desc,  # (M, K) block (BLOCK_M, BLOCK_K); rows past M read as zeros
     w_desc,  # 2-D view of w: (E * N, K) block (BLOCK_N, BLOCK_K), or W_KN: (E * K, N) block (BLOCK_K, BLOCK_N)
@@ -189,15 +208,7 @@ def _grouped_gemm_tma_kernel(
             tile_m, tile_n = _tile_coords(local, num_m_tiles, num_n_tiles, ROWS_FIRST)
             first_row = row_start + tile_m * BLOCK_M
             n0 = tile_n * BLOCK_N
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                a = x_desc.load([first_row, k0])
-                if W_KN:
-                    b = w_desc.load([expert * W_ROWS + k0, n0])
-                    acc = tl.dot(a, b, acc)
-                else:
-                    b = w_desc.load([expert * W_ROWS + n0, k0])
-                    acc = tl.dot(a, b.T, acc)
+            acc = _tma_tile_product(x_desc, w_desc, first_row, n0, expert * W_ROWS, K, BLOCK_M, BLOCK_N, BLOCK_K, W_KN)
             out = acc.to(y_ptr.dtype.element_ty)
             row_end = row_start + m_size
             if Y_TMA:
@@ -264,19 +275,12 @@ def _grouped_gemm_tail_kernel(
             tile_m, tile_n = _tile_coords(local, num_m_tiles, num_n_tiles, ROWS_FIRST)
             first_row = row_start + tile_m * BLOCK_M
             n0 = tile_n * BLOCK_N
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             if (fused & (tile_m == num_m_tiles - 1)) == 0:
-                for k0 in range(0, K, BLOCK_K):
-                    a = x_desc.load([first_row, k0])
-                    if W_KN:
-                        b = w_desc.load([expert * W_ROWS + k0, n0])
-                        acc = tl.dot(a, b, acc)
-                    else:
-                        b = w_desc.load([expert * W_ROWS + n0, k0])
-                        acc = tl.dot(a, b.T, acc)
+                acc = _tma_tile_product(x_desc, w_desc, first_row, n0, expert * W_ROWS, K, BLOCK_M, BLOCK_N, BLOCK_K, W_KN)
                 out = acc.to(y_ptr.dtype.element_ty)
                 _store_rows(y_ptr, out, first_row, n0, row_end, N, stride_ym, stride_yn, BLOCK_M, BLOCK_N)
             else:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 acc_t = tl.zeros((BLOCK_N, TAIL), dtype=tl.float32)  # the tail's y, transposed
                 for k0 in range(0, K, BLOCK_K):
                     a = x_desc.load([first_row, k0])
