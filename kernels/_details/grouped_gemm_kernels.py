@@ -19,6 +19,23 @@ def _tile_coords(local, num_m_tiles, num_n_tiles, ROWS_FIRST: tl.constexpr):
 
 
 @triton.jit
+def _expert_rows(m_sizes_ptr, expert, M, row_start):
+    """Rows of ``expert``, whose rows start at ``row_start``, as every kernel here reads them:
+    masked by M, so a negative count is 0 and a count past the last row stops at M. Clamped in
+    the loaded width, then narrowed: an int64 count past 2**31 (a stale value in a recycled
+    block) would otherwise truncate to an arbitrary int32."""
+    m_size = tl.load(m_sizes_ptr + expert)
+    return tl.minimum(tl.maximum(m_size, 0), tl.maximum(M - row_start, 0)).to(tl.int32)
+
+
+@triton.jit
+def _first_tile(pid, tiles_before, NUM_PROGRAMS):
+    """The first tile at or past ``tiles_before`` that program ``pid`` takes: tile t of the
+    expert-major sequence is program t % NUM_PROGRAMS's (the round robin of every kernel here)."""
+    return tiles_before + (pid - tiles_before % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
+
+
+@triton.jit
 def _grouped_gemm_kernel(
     x_ptr,  # (M, K) rows sorted by expert
     w_ptr,  # (E, N, K) expert weights, any strides
@@ -55,15 +72,10 @@ def _grouped_gemm_kernel(
     tiles_before = 0  # tiles of the experts already walked (same count in every program)
     row_start = 0  # first row of the current expert
     for expert in range(E):
-        m_size = tl.load(m_sizes_ptr + expert)
-        # mask by M: negative counts become 0, counts past the last row stop at M. Clamp
-        # in the loaded width, then narrow: an int64 count past 2**31 (a stale value in a
-        # recycled block) would otherwise truncate to an arbitrary int32.
-        m_size = tl.minimum(tl.maximum(m_size, 0), tl.maximum(M - row_start, 0)).to(tl.int32)
+        m_size = _expert_rows(m_sizes_ptr, expert, M, row_start)
         num_m_tiles = tl.cdiv(m_size, BLOCK_M)
         num_tiles = num_m_tiles * num_n_tiles
-        # first tile of this expert that belongs to this program
-        tile = tiles_before + (pid - tiles_before % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
+        tile = _first_tile(pid, tiles_before, NUM_PROGRAMS)
         while tile < tiles_before + num_tiles:
             local = tile - tiles_before
             tile_m, tile_n = _tile_coords(local, num_m_tiles, num_n_tiles, ROWS_FIRST)
@@ -133,7 +145,7 @@ def _zero_uncovered_rows(
     num_n_tiles = tl.cdiv(N, BLOCK_N)
     num_tiles = tl.cdiv(tl.maximum(M - row_start, 0), BLOCK_M) * num_n_tiles
     zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=y_ptr.dtype.element_ty)
-    tile = tiles_before + (pid - tiles_before % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
+    tile = _first_tile(pid, tiles_before, NUM_PROGRAMS)
     while tile < tiles_before + num_tiles:
         local = tile - tiles_before
         # int64 rows as a vector (as in ``_grouped_gemm_kernel``: ``_store_rows``'s tile-base
@@ -198,11 +210,10 @@ def _grouped_gemm_tma_kernel(
     tiles_before = 0
     row_start = 0
     for expert in range(E):
-        m_size = tl.load(m_sizes_ptr + expert)
-        m_size = tl.minimum(tl.maximum(m_size, 0), tl.maximum(M - row_start, 0)).to(tl.int32)
+        m_size = _expert_rows(m_sizes_ptr, expert, M, row_start)
         num_m_tiles = tl.cdiv(m_size, BLOCK_M)
         num_tiles = num_m_tiles * num_n_tiles
-        tile = tiles_before + (pid - tiles_before % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
+        tile = _first_tile(pid, tiles_before, NUM_PROGRAMS)
         while tile < tiles_before + num_tiles:
             local = tile - tiles_before
             tile_m, tile_n = _tile_coords(local, num_m_tiles, num_n_tiles, ROWS_FIRST)
@@ -261,15 +272,14 @@ def _grouped_gemm_tail_kernel(
     tiles_before = 0
     row_start = 0
     for expert in range(E):
-        m_size = tl.load(m_sizes_ptr + expert)
-        m_size = tl.minimum(tl.maximum(m_size, 0), tl.maximum(M - row_start, 0)).to(tl.int32)
+        m_size = _expert_rows(m_sizes_ptr, expert, M, row_start)
         full = m_size // BLOCK_M
         rest = m_size - full * BLOCK_M
         fused = (full > 0) & (rest > 0) & (rest <= TAIL)
         num_m_tiles = tl.where(fused, full, tl.cdiv(m_size, BLOCK_M))
         num_tiles = num_m_tiles * num_n_tiles
         row_end = row_start + m_size
-        tile = tiles_before + (pid - tiles_before % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
+        tile = _first_tile(pid, tiles_before, NUM_PROGRAMS)
         while tile < tiles_before + num_tiles:
             local = tile - tiles_before
             tile_m, tile_n = _tile_coords(local, num_m_tiles, num_n_tiles, ROWS_FIRST)
