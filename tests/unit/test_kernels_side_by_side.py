@@ -548,6 +548,44 @@ def test_host_runs_of_ours_and_torch_s_calls_are_interleaved(monkeypatch: pytest
     ]
 
 
+def test_the_block_is_timed_in_interleaved_rounds_and_judged_by_their_paired_ratio(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ours and the grouped_mm block are timed in the same rounds, in a rotated order; the
+    figures are the rounds' medians and the verdict the median of the rounds' paired ratios. A
+    slow window of the host over one round (x3 on both blocks) moves neither."""
+    import benchmarks.side_by_side as sbs
+    from qmoe_doctor.kernels import moe_block
+    from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm
+
+    timed: list[str] = []
+
+    def forward(self: Any, hidden: torch.Tensor) -> tuple[torch.Tensor, None]:
+        timed.append("ours" if self.kernel is moe_grouped_gemm else "grouped_mm")
+        return hidden, None
+
+    monkeypatch.setattr(moe_block.MoEBlock, "forward", forward)
+    script = iter([1.0, 1.1, 3.3, 3.0, 1.0, 1.1])  # ms per timing, in call order
+
+    class Scripted(sbs.Timer):
+        def ms(self, fn: Any) -> float:
+            fn()
+            return next(script)
+
+    row = sbs.measure_block(Scripted(True, 1, 1, rounds=3), torch.device("cpu"), torch.float32, 16, "tiny")
+    assert timed[2:] == ["ours", "grouped_mm", "grouped_mm", "ours", "ours", "grouped_mm"]  # after the check
+    assert row["rounds"] == {"ours": [1.0, 3.0, 1.0], "grouped_mm": [1.1, 3.3, 1.1]}
+    assert row["paired"] == pytest.approx(1.1)
+    assert row["ours"] / row["grouped_mm"] == pytest.approx(1.1)  # the medians: 1.0 against 1.1 ms
+    # the verdict follows the paired ratio where the block had rounds, the figures where not
+    behind = {"tokens": 2048, "ours": 150.0, "grouped_mm": 140.0, "paired": 0.98}
+    ahead = {"tokens": 2048, "ours": 140.0, "grouped_mm": 150.0, "paired": 1.02}
+    for block, want in ((behind, "FAIL"), (ahead, "PASS"), ({**behind, "paired": None}, "PASS")):
+        judged = {target: (verdict, detail) for target, verdict, detail in verdicts([], block, [])}
+        assert judged[block_target(2048)][0] == want
+    assert "paired 0.980x" in {t: d for t, _, d in verdicts([], behind, [])}[block_target(2048)]
+
+
 RECORDED_TAIL = REPO / "tests" / "fixtures" / "reports" / "side_by_side" / "2026-11-29-h200-f2a2150" / "side_by_side.json.gz"
 
 
