@@ -742,5 +742,5 @@ def moe_fused_linear(
     """Differentiable ``y[m] = x[m] @ w[e(m)].T``: forward by ``kernel`` (ours by default, or
     any kernel of the same signature the doctor wants to exercise), backward by our dx and dw
     kernels. No gradient for ``m_sizes``."""
-    result: torch.Tensor = _MoEFusedLinear.apply(x, w, m_sizes, kernel)  # type: ignore[no-untyped-call]  # torch leaves Function.apply untyped
+    result: torch.Tensor = _MoEFusedLinear.apply(x, w, m_sizes, kernel)  # type: ignore[no-untyped-call, unused-ignore]  # torch before 2.14 leaves Function.apply untyped
     return result

@@ -223,7 +223,7 @@ def sum_rows(
     """Differentiable unweighted segment sum: row i belongs to segment ``index[i]`` (its
     backward is the gather ``grad[index]``); ``order``/``starts`` list the rows per segment."""
     _check(rows, order, starts, None)
-    out: torch.Tensor = SumRows.apply(rows, index, order, starts)  # type: ignore[no-untyped-call]  # torch leaves Function.apply untyped
+    out: torch.Tensor = SumRows.apply(rows, index, order, starts)  # type: ignore[no-untyped-call, unused-ignore]  # torch before 2.14 leaves Function.apply untyped
     return out
 
 
@@ -249,7 +249,7 @@ def combine_rows(
 ) -> torch.Tensor:
     """Differentiable weighted segment sum (in rows and weights); see the module docstring."""
     _check(rows, order, starts, weights)
-    out: torch.Tensor = CombineRows.apply(rows, order, starts, weights)  # type: ignore[no-untyped-call]  # torch leaves Function.apply untyped
+    out: torch.Tensor = CombineRows.apply(rows, order, starts, weights)  # type: ignore[no-untyped-call, unused-ignore]  # torch before 2.14 leaves Function.apply untyped
     return out
 
 
@@ -258,5 +258,5 @@ def gather_rows(
 ) -> torch.Tensor:
     """``src[index]`` whose backward sums each source row's gradients without atomics: segment s
     (source row s) holds the gathered rows ``order[starts[s]:starts[s+1]]``."""
-    out: torch.Tensor = GatherRows.apply(src, index, order, starts)  # type: ignore[no-untyped-call]  # torch leaves Function.apply untyped
+    out: torch.Tensor = GatherRows.apply(src, index, order, starts)  # type: ignore[no-untyped-call, unused-ignore]  # torch before 2.14 leaves Function.apply untyped
     return out

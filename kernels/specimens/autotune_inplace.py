@@ -24,7 +24,12 @@ import torch
 import triton
 import triton.language as tl
 
-from qmoe_doctor.kernels._details.grouped_gemm_kernels import _tile_coords, _zero_uncovered_rows
+from qmoe_doctor.kernels._details.grouped_gemm_kernels import (
+    _expert_rows,
+    _first_tile,
+    _tile_coords,
+    _zero_uncovered_rows,
+)
 from qmoe_doctor.kernels.grouped_gemm import (
     GemmConfig,
     check_operands,
@@ -147,15 +152,10 @@ def _grouped_gemm_kernel_acc(
     tiles_before = 0  # tiles of the experts already walked (same count in every program)
     row_start = 0  # first row of the current expert
     for expert in range(E):
-        m_size = tl.load(m_sizes_ptr + expert)
-        # mask by M: negative counts become 0, counts past the last row stop at M. Clamp
-        # in the loaded width, then narrow: an int64 count past 2**31 (a stale value in a
-        # recycled block) would otherwise truncate to an arbitrary int32.
-        m_size = tl.minimum(tl.maximum(m_size, 0), tl.maximum(M - row_start, 0)).to(tl.int32)
+        m_size = _expert_rows(m_sizes_ptr, expert, M, row_start)  # masked by M
         num_m_tiles = tl.cdiv(m_size, BLOCK_M)
         num_tiles = num_m_tiles * num_n_tiles
-        # first tile of this expert that belongs to this program
-        tile = tiles_before + (pid - tiles_before % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
+        tile = _first_tile(pid, tiles_before, NUM_PROGRAMS)  # this expert's first tile of this program
         while tile < tiles_before + num_tiles:
             local = tile - tiles_before
             tile_m, tile_n = _tile_coords(local, num_m_tiles, num_n_tiles, ROWS_FIRST)

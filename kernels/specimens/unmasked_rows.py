@@ -22,7 +22,11 @@ import torch
 import triton
 import triton.language as tl
 
-from qmoe_doctor.kernels._details.grouped_gemm_kernels import _tile_coords, _zero_uncovered_rows
+from qmoe_doctor.kernels._details.grouped_gemm_kernels import (
+    _first_tile,
+    _tile_coords,
+    _zero_uncovered_rows,
+)
 from qmoe_doctor.kernels.specimens._common import guarded_forward
 
 
@@ -74,14 +78,12 @@ def _grouped_gemm_kernel_unmasked(
     tiles_before = 0  # tiles of the experts already walked (same count in every program)
     row_start = 0  # first row of the current expert
     for expert in range(E):
-        m_size = tl.load(m_sizes_ptr + expert)
         # PLANTED: m_size is trusted as loaded; grouped_gemm.py clamps it to
-        # [0, M - row_start] here, so rows past M are never read or written
-        m_size = m_size.to(tl.int32)
+        # [0, M - row_start] here (_expert_rows), so rows past M are never read or written
+        m_size = tl.load(m_sizes_ptr + expert).to(tl.int32)
         num_m_tiles = tl.cdiv(m_size, BLOCK_M)
         num_tiles = num_m_tiles * num_n_tiles
-        # first tile of this expert that belongs to this program
-        tile = tiles_before + (pid - tiles_before % NUM_PROGRAMS + NUM_PROGRAMS) % NUM_PROGRAMS
+        tile = _first_tile(pid, tiles_before, NUM_PROGRAMS)  # this expert's first tile of this program
         while tile < tiles_before + num_tiles:
             local = tile - tiles_before
             tile_m, tile_n = _tile_coords(local, num_m_tiles, num_n_tiles, ROWS_FIRST)

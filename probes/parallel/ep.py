@@ -204,7 +204,7 @@ def unpack_pairs(buf: torch.Tensor, hidden: int, k: int) -> tuple[torch.Tensor, 
     id_dtype = _ID_DTYPES[buf.element_size()]
     ids = buf.detach()[:, hidden + k :].contiguous().view(id_dtype).to(torch.int64)
     if buf.requires_grad:
-        rows, weights = _Unpack.apply(buf, hidden, k)  # type: ignore[no-untyped-call]  # torch leaves Function.apply untyped
+        rows, weights = _Unpack.apply(buf, hidden, k)  # type: ignore[no-untyped-call, unused-ignore]  # torch before 2.14 leaves Function.apply untyped
     else:
         rows, weights = buf[:, :hidden], buf[:, hidden : hidden + k]
     return rows, weights, ids
@@ -290,7 +290,7 @@ class _AllToAll(torch.autograd.Function):
 def all_to_all(x: torch.Tensor, recv: Sequence[int], send: Sequence[int], group: Any = None) -> torch.Tensor:
     """Differentiable ``all_to_all_single``: x holds ``send[r]`` rows for each rank r, in rank
     order; returns ``recv[s]`` rows from each rank s, in rank order."""
-    out: torch.Tensor = _AllToAll.apply(x, tuple(recv), tuple(send), group)  # type: ignore[no-untyped-call]  # torch leaves Function.apply untyped
+    out: torch.Tensor = _AllToAll.apply(x, tuple(recv), tuple(send), group)  # type: ignore[no-untyped-call, unused-ignore]  # torch before 2.14 leaves Function.apply untyped
     return out
 
 

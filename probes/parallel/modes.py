@@ -724,7 +724,7 @@ class ExpertParallelBlock(nn.Module):
         if self.dispatch == "gather":
             grad = torch.is_grad_enabled() and (hidden_states.requires_grad or topk_weights.requires_grad)
             transport = self.transport(hidden_states.device)
-            out = ep_gather.GatherExperts.apply(hidden_states, topk_weights, topk_ids, self, transport, grad)  # type: ignore[no-untyped-call]  # torch leaves Function.apply untyped
+            out = ep_gather.GatherExperts.apply(hidden_states, topk_weights, topk_ids, self, transport, grad)  # type: ignore[no-untyped-call, unused-ignore]  # torch before 2.14 leaves Function.apply untyped
             return out, router_logits
         tokens, hidden = hidden_states.shape
         k = self.top_k

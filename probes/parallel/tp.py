@@ -87,13 +87,13 @@ class _ReduceFromParallel(torch.autograd.Function):
 
 def copy_to_tensor_parallel(x: torch.Tensor, group: Any = None) -> torch.Tensor:
     """Identity forward; the backward all-reduces (sums) the input gradient over the ranks."""
-    out: torch.Tensor = _CopyToParallel.apply(x, group)  # type: ignore[no-untyped-call]  # torch leaves Function.apply untyped
+    out: torch.Tensor = _CopyToParallel.apply(x, group)  # type: ignore[no-untyped-call, unused-ignore]  # torch before 2.14 leaves Function.apply untyped
     return out
 
 
 def reduce_from_tensor_parallel(x: torch.Tensor, group: Any = None) -> torch.Tensor:
     """All-reduce (sum) of the ranks' partial outputs; identity backward."""
-    out: torch.Tensor = _ReduceFromParallel.apply(x, group)  # type: ignore[no-untyped-call]  # torch leaves Function.apply untyped
+    out: torch.Tensor = _ReduceFromParallel.apply(x, group)  # type: ignore[no-untyped-call, unused-ignore]  # torch before 2.14 leaves Function.apply untyped
     return out
 
 

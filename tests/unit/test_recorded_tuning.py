@@ -4,11 +4,9 @@
   --package`` on one H200 (``bash tools/gpu/perf_card.sh tune``; each point's finalists timed
   again in three interleaved rounds); its best table is the packaged
   ``kernels/configs-nvidia-h200-sm90-132sm.json``.
-* ``tuning/2026-11-28-h100-06c98c3/tune.json.gz``: the same on one H100 80GB HBM3, then
-  ``tuning/2026-11-28-h100-8c2e8c5/tune.json.gz``: dw alone again with two more candidates,
-  merged into that table (``--ops dw --merge``); the packaged
-  ``kernels/configs-nvidia-h100-80gb-hbm3-sm90-132sm.json`` is the first sweep's best for forward
-  and dx and the second's for dw.
+* ``tuning/2026-12-06-h100-395b650/tune.json.gz``: the same on one H100 80GB HBM3 (the previous
+  H100 table's picks as the incumbents); its best table is the packaged
+  ``kernels/configs-nvidia-h100-80gb-hbm3-sm90-132sm.json``.
 
 ``tests/fixtures/MANIFEST.md`` gives the machines, versions and commands.
 """
@@ -32,10 +30,7 @@ TUNING = REPO / "tests" / "fixtures" / "tuning"
 #: the earlier ones' for the (op, point, tokens) it measured
 SWEEPS = {
     "nvidia-h200-sm90-132sm": [TUNING / "2026-11-29-h200-5bcdcbc" / "tune.json.gz"],
-    "nvidia-h100-80gb-hbm3-sm90-132sm": [
-        TUNING / "2026-11-28-h100-06c98c3" / "tune.json.gz",
-        TUNING / "2026-11-28-h100-8c2e8c5" / "tune.json.gz",
-    ],
+    "nvidia-h100-80gb-hbm3-sm90-132sm": [TUNING / "2026-12-06-h100-395b650" / "tune.json.gz"],
 }
 MAX_REL_DIFF = 2e-2  # tune_kernels.py's check against torch._grouped_mm before a config is timed
 
