@@ -400,13 +400,19 @@ def test_rounds_that_fail_leave_the_first_pass_and_say_why(monkeypatch: pytest.M
     assert row["ours_ms"] == 1.2 and row["peer"] == pytest.approx(pt.flops / 0.8 / 1e9)
 
 
-RECORDED = REPO / "tests" / "fixtures" / "reports" / "side_by_side" / "2026-11-28-h200-e671bd5" / "side_by_side.json.gz"
+RECORDED_RUNS = REPO / "tests" / "fixtures" / "reports" / "side_by_side"
+
+
+def _recorded(run: str) -> dict[str, Any]:
+    """The side-by-side report recorded as ``RECORDED_RUNS/<run>/side_by_side.json.gz``."""
+    import gzip
+
+    report: dict[str, Any] = json.loads(gzip.decompress((RECORDED_RUNS / run / "side_by_side.json.gz").read_bytes()))
+    return report
 
 
 def _recorded_rows() -> list[dict[str, Any]]:
-    import gzip
-
-    return list(json.loads(gzip.decompress(RECORDED.read_bytes()))["rows"])
+    return list(_recorded("2026-11-28-h200-e671bd5")["rows"])
 
 
 def test_a_point_is_decided_by_its_rounds_paired_ratios() -> None:
@@ -442,9 +448,6 @@ def test_without_rounds_the_first_pass_ratio_decides() -> None:
     assert ahead_ratio(_row("forward", 0.0, 25.0, 31.0)) is None
 
 
-RECORDED_DIRECT = REPO / "tests" / "fixtures" / "reports" / "side_by_side" / "2026-11-29-h200-7b2f05f" / "side_by_side.json.gz"
-
-
 def test_the_recorded_direct_launch_run_is_judged_as_it_was() -> None:
     """Recorded on one H200 (2026-11-29, commit 7b2f05f: the lean launch straight to Triton's C
     launcher). Its host rows are under 25 us for forward, dx and dw while torch's calls took
@@ -453,11 +456,9 @@ def test_the_recorded_direct_launch_run_is_judged_as_it_was() -> None:
     rooflines and the targets come out as the run judged them: the host and block targets pass,
     46 of 48 points ahead, 18 of 42 at 90% of the copy roofline; each dw, which writes the whole
     stack, is bounded by its writes, and a forward that reads nearly all its bytes by its reads."""
-    import gzip
-
     from benchmarks.side_by_side import HOST, block_target, direction_bound_line
 
-    report = json.loads(gzip.decompress(RECORDED_DIRECT.read_bytes()))
+    report = _recorded("2026-11-29-h200-7b2f05f")
     rows = report["rows"]
     copy, write, read = report["copy_bandwidth"], report["write_bandwidth"], report["read_bandwidth"]
     assert write < read < copy
@@ -586,18 +587,13 @@ def test_the_block_is_timed_in_interleaved_rounds_and_judged_by_their_paired_rat
     assert "paired 0.980x" in {t: d for t, _, d in verdicts([], behind, [])}[block_target(2048)]
 
 
-RECORDED_TAIL = REPO / "tests" / "fixtures" / "reports" / "side_by_side" / "2026-11-29-h200-f2a2150" / "side_by_side.json.gz"
-
-
 def test_the_recorded_tail_kernel_run_is_judged_as_it_was() -> None:
     """Recorded on one H200 (2026-11-29, commit f2a2150, the table with the tail kernel at the
     235B down forward at 2048 tokens). The verdicts come out of the recorded rows as the run
     judged them; the tail kernel led there; and the host target failed by 0.03 us at dx while
     the forward, the same call path, took 17.3 us in the same process: each op's runs were
     then timed back to back (the runs are interleaved since)."""
-    import gzip
-
-    report = json.loads(gzip.decompress(RECORDED_TAIL.read_bytes()))
+    report = _recorded("2026-11-29-h200-f2a2150")
     rows = report["rows"]
     got = verdicts(rows, report["block"], report["host"], [], block_tokens=report["targets"]["block_tokens"])
     assert [list(v) for v in got] == report["verdicts"]
@@ -611,9 +607,6 @@ def test_the_recorded_tail_kernel_run_is_judged_as_it_was() -> None:
     assert host["forward"]["ours"] < 18 and all(h["ours"] < h["grouped_mm"] for h in report["host"])
 
 
-RECORDED_H100 = REPO / "tests" / "fixtures" / "reports" / "side_by_side" / "2026-12-06-h100-395b650" / "side_by_side.json.gz"
-
-
 def test_the_recorded_h100_run_is_judged_as_it_was() -> None:
     """Recorded on one H100 80GB HBM3 (2026-12-06, commit 395b650, with the H100 table the same
     call had just tuned). The verdicts come out of the recorded rows as the run judged them: 45 of
@@ -621,13 +614,14 @@ def test_the_recorded_h100_run_is_judged_as_it_was() -> None:
     interleaved rounds, is decided by the median of the rounds' paired ratios, recomputed here
     from the recorded rounds; the host target passes. Unlike the H200's, this card writes faster
     than it copies and reads slower: the dw points' shortfall is not the write rate."""
-    import gzip
-
     from benchmarks.side_by_side import HOST, block_ratio, block_target
 
-    report = json.loads(gzip.decompress(RECORDED_H100.read_bytes()))
+    report = _recorded("2026-12-06-h100-395b650")
     assert report["device"] == "NVIDIA H100 80GB HBM3"
     rows, block = report["rows"], report["block"]
+    copy, write, read = report["copy_bandwidth"], report["write_bandwidth"], report["read_bandwidth"]
+    assert read < copy < write
+    add_roofline(rows, copy, write, read)  # the shares again, from the recorded rates
     got = verdicts(rows, block, report["host"], [], block_tokens=report["targets"]["block_tokens"])
     assert [list(v) for v in got] == report["verdicts"]
     judged = {t: (v, d) for t, v, d in got}
@@ -637,6 +631,5 @@ def test_the_recorded_h100_run_is_judged_as_it_was() -> None:
     assert block_ratio(block["rounds"]) == pytest.approx(block["paired"])
     assert judged[block_target(2048)][0] == "PASS" and "paired 1.158x" in judged[block_target(2048)][1]
     assert judged[HOST][0] == "PASS" and all(h["ours"] < h["grouped_mm"] for h in report["host"])
-    assert report["read_bandwidth"] < report["copy_bandwidth"] < report["write_bandwidth"]
     dw = [r for r in rows if r["op"] == "dw" and r["memory_bound"]]
     assert dw and all(r["write_share"] == pytest.approx(r["share"]) for r in dw)
