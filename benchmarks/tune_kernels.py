@@ -174,13 +174,18 @@ FWD_CONFIGS += [
 ]
 # dw at 8192 tokens is compute-bound (experts of ~512 rows): larger dw tiles, deeper steps.
 DW_CONFIGS += ["128x128x128-w8-s3-tma", "64x256x64-w8-s4-tma", "128x128x64-w8-s4-tma"]
+# The warp-specialized kernel (Gluon, Hopper, -ws): a loader warp ahead across tiles, one
+# warpgroup multiplying; two programs per SM of 96 KiB, or one with a deeper ring. An H100
+# (2026-12-06) measured the first at 8192 tokens and the 32-row s8 at 2048 fastest.
+WS_CONFIGS = ["32x128x128-w4-s4-p2-tma-ws", "32x128x128-w4-s8-tma-ws", "32x128x128-w4-s6-tma-ws", "64x128x128-w4-s4-tma-ws"]
+DW_CONFIGS += WS_CONFIGS
 CONFIGS = {"forward": FWD_CONFIGS, "dx": FWD_CONFIGS, "dw": DW_CONFIGS}
 #: The per-card set (``--set card``, tools/gpu/perf_card.sh): about 3 minutes on an H100 with the
 #: incumbents, compile included. Forward/dx: the public design's tile in each of our kernels,
 #: the H100 additions, the 128x128 and 64-row tiles of the few-row points, the large tiles in
 #: the row-tiles-first order; dw: every config a
 #: packaged table picked at some point, the compute-bound candidates, the overlapped kernel's
-#: paired and one-tile items.
+#: paired and one-tile items, the warp-specialized kernel.
 CARD_FWD_CONFIGS = [
     "128x256x64-w8-s3",
     "128x256x64-w8-s4",
@@ -202,6 +207,7 @@ CARD_FWD_CONFIGS = [
     *TAIL_CONFIGS,
 ]
 CARD_DW_CONFIGS = [
+    *WS_CONFIGS,
     "32x128x128-w4-s5-p2-tma",
     # one stage more (two programs of 96 KiB per SM): the H100's best at the 8192-token points
     "32x128x128-w4-s6-p2-tma",
@@ -234,6 +240,7 @@ TINY_CONFIGS = {
         "16x32x32-w4-s1-flat",
         "16x32x32-w4-s1-tma-r2",
         "16x32x32-w4-s1-tma-ov2",
+        "16x64x32-w4-s1-tma-ws",
     ],
 }
 
@@ -322,6 +329,12 @@ class Point:
         dw = torch.empty((1, 1, 1), device=self.x.device, dtype=self.x.dtype).expand(self.e, self.n, self.k)
         if config.flat:
             return "pointer+flat"
+        if config.ws:
+            from qmoe_doctor.kernels.dw_ws import dw_ws_ok, ws_fallback
+
+            if dw_ws_ok(self.dy, self.x, config):
+                return "gluon+ws"
+            config = ws_fallback(config)
         if config.overlap:
             from qmoe_doctor.kernels.backward import overlap_fallback
             from qmoe_doctor.kernels.dw_overlap import dw_overlap_ok

@@ -45,6 +45,14 @@ from qmoe_doctor.kernels.dw_overlap import (
     overlap_args,
     overlap_halves,
 )
+from qmoe_doctor.kernels.dw_ws import (
+    dw_ws_kernel,
+    dw_ws_plan,
+    dw_ws_smem_bytes,
+    ws_args,
+    ws_fallback,
+    ws_options,
+)
 from qmoe_doctor.kernels.grouped_gemm import (
     PLAN_LIMIT,
     GemmConfig,
@@ -248,6 +256,8 @@ FOLDED_MAX_EXPERTS = 1024
 
 
 def _dw_smem_bytes(cfg: GemmConfig, itemsize: int) -> int:
+    if cfg.ws:
+        return dw_ws_smem_bytes(cfg, itemsize)
     if cfg.overlap:
         return dw_overlap_smem_bytes(
             cfg.block_m, cfg.block_n, cfg.block_k, cfg.overlap, cfg.num_stages, itemsize
@@ -568,6 +578,26 @@ def _make_dw_plan(
     with device_guard(device):
         dw = torch.empty((e, n, k), device=device, dtype=out)  # the layout every call's dw has
         cfg = config or pick_dw_config(n, k, device, x.dtype, avg_rows=m / max(1, e))
+        if cfg.ws:
+            ws_plan = dw_ws_plan(dy, x, dw, cfg)
+            if ws_plan is not None:
+                programs = dw_grid_size(e, n, k, cfg, device)
+                dy_desc, x_desc, dw_desc = ws_plan
+                launch = Launch(
+                    dw_ws_kernel(),
+                    programs,
+                    ws_args(dy, x, dw, cfg, programs),
+                    ("dy_desc", "x_desc", "dw_desc", "sizes_ptr"),
+                    ws_options(cfg),
+                    device_index=guard,
+                    descriptors={"dy_desc": _template(dy_desc), "x_desc": _template(x_desc), "dw_desc": _template(dw_desc)},
+                )
+                return base(  # the Gluon kernel sums the bounds itself
+                    zero_only=False, launch=launch, sources=(0, 1, 2, 3), config=cfg, path="gluon+ws",
+                )  # fmt: skip
+            cfg = ws_fallback(cfg)
+            if device.type == "cuda":  # the Triton kernel of the same tiles may need more
+                cfg = _fit_dw(cfg, guard, x.dtype)
         if cfg.overlap:
             overlap_plan = dw_overlap_plan(dy, x, dw, cfg)
             if overlap_plan is not None:

@@ -94,7 +94,10 @@ class GemmConfig:
     row tiles run in the same round of the persistent programs; ``tail`` (forward and dx, with
     ``tma``, not ``flat``; name suffix ``-tN``): an expert that ends with at most ``tail`` rows
     past a full row tile computes them in that tile, from the same weight tile (one row tile
-    fewer; ``kernels/_details/grouped_gemm_kernels.py``, ``_grouped_gemm_tail_kernel``)."""
+    fewer; ``kernels/_details/grouped_gemm_kernels.py``, ``_grouped_gemm_tail_kernel``); ``ws`` (dw
+    only, Hopper, with ``tma``; name suffix ``-ws``): the warp-specialized Gluon kernel of
+    ``kernels/dw_ws.py``, a loader warp running ahead across tiles while one warpgroup multiplies
+    and stores (elsewhere the Triton TMA kernel of the same tiles serves)."""
 
     block_m: int
     block_n: int
@@ -109,6 +112,7 @@ class GemmConfig:
     overlap: int = 0
     rows_first: bool = False
     tail: int = 0
+    ws: bool = False
 
     @classmethod
     def from_tile(cls, tile: TileConfig) -> GemmConfig:
@@ -128,7 +132,7 @@ class GemmConfig:
         text += ("-tma" if self.tma else "") + ("-flat" if self.flat else "") + ("-mf" if self.rows_first else "")
         text += f"-t{self.tail}" if self.tail else ""
         text += f"-r{'x' if self.resident_x else ''}{self.resident}" if self.resident else ""
-        return text + (f"-ov{self.overlap}" if self.overlap else "")
+        return text + (f"-ov{self.overlap}" if self.overlap else "") + ("-ws" if self.ws else "")
 
     def smem_bytes(self, itemsize: int) -> int:
         """Shared memory the software pipeline asks for: one x tile and one w tile per stage

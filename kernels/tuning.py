@@ -69,15 +69,17 @@ class TableEntry:
 
 def config_from_name(text: str) -> GemmConfig:
     """``"128x128x64-w8-s3-p2-tma-flat"`` -> GemmConfig (``-pN``, ``-tma``, ``-flat``, ``-mf``, ``-tN``, ``-rN`` /
-    ``-rxN`` / ``-ovN`` optional)."""
+    ``-rxN`` / ``-ovN``, ``-ws`` optional)."""
     parts = text.strip().lower().split("-")
     try:
         bm, bn, bk = (int(v) for v in parts[0].split("x"))
         warps = stages = None
         programs, tma, flat, resident, resident_x, overlap, rows_first = 1, False, False, 0, False, 0, False
-        tail = 0
+        tail, ws = 0, False
         for part in parts[1:]:
-            if part == "tma":
+            if part == "ws":
+                ws = True
+            elif part == "tma":
                 tma = True
             elif part[:1] == "t" and part[1:].isdigit():
                 tail = int(part[1:])
@@ -103,7 +105,7 @@ def config_from_name(text: str) -> GemmConfig:
             raise ValueError("warps and stages are required")
     except ValueError:
         raise ValueError(
-            f"launch config {text!r}: expected BMxBNxBK-wWARPS-sSTAGES[-pPROGRAMS_PER_SM][-tma][-flat][-mf][-tTAIL][-rCHUNKS|-rxCHUNKS|-ovCHUNKS], "
+            f"launch config {text!r}: expected BMxBNxBK-wWARPS-sSTAGES[-pPROGRAMS_PER_SM][-tma][-flat][-mf][-tTAIL][-rCHUNKS|-rxCHUNKS|-ovCHUNKS][-ws], "
             "e.g. 128x128x64-w8-s3-p2-tma"
         ) from None
     cfg = GemmConfig(
@@ -120,6 +122,7 @@ def config_from_name(text: str) -> GemmConfig:
         overlap=overlap,
         rows_first=rows_first,
         tail=tail,
+        ws=ws,
     )
     if min(bm, bn, bk, warps, stages, programs) <= 0:
         raise ValueError(f"launch config {text!r}: every value must be positive")
@@ -132,6 +135,11 @@ def config_from_name(text: str) -> GemmConfig:
     if tail and (not tma or flat or resident or overlap):
         raise ValueError(
             f"launch config {text!r}: -tTAIL is a form of the forward's TMA kernel: it takes -tma, not -flat, -r/-rx or -ov"
+        )
+    if ws and (not tma or flat or resident or overlap or rows_first or tail or warps != 4 or programs > 2):
+        raise ValueError(
+            f"launch config {text!r}: -ws is the warp-specialized dw kernel: it takes -tma, 4 warps (one "
+            "warpgroup), one or two programs per SM, and no -flat, -mf, -tN, -r/-rx or -ov"
         )
     if tail and (tail < 16 or tail >= bm or tail & (tail - 1)):
         raise ValueError(f"launch config {text!r}: -tTAIL takes a power of two from 16 to below the tile's rows ({bm})")

@@ -416,7 +416,51 @@ HOPPER_DW_CONFIGS = [
     "16x128x128-w8-s2-tma-ov2",
     "16x128x128-w8-s3-tma-ov10",  # 16-row chunks; at N=320 the fallback, -r6
     "32x256x128-w8-s2-tma-ov5",  # paired items; N=384 and 320 are no multiple of 256: the fallback
+    # the warp-specialized Gluon kernel (sm_90; at N=320 its fallback, the Triton TMA kernel)
+    "32x128x128-w4-s4-p2-tma-ws",
+    "32x128x128-w4-s8-tma-ws",
+    "64x128x128-w4-s4-tma-ws",
 ]
+
+WS_CONFIGS = ["32x128x128-w4-s4-p2-tma-ws", "32x128x128-w4-s8-tma-ws", "64x128x128-w4-s4-tma-ws"]
+
+
+@pytest.mark.parametrize("name", WS_CONFIGS)
+@pytest.mark.parametrize("k", [2048, 520], ids=["K=2048", "K=520"])
+def test_ws_dw_at_moe_scale(name: str, k: int) -> None:
+    """30b gate_up's dw at 8192 tokens (E=128, N=1536, ~512 rows per expert) on the
+    warp-specialized kernel itself: an empty expert, a hot one, experts under one chunk, 256
+    unrouted NaN rows at the end; K=520 ends in an 8-column K tile (loads read zeros past K,
+    the store clips there)."""
+    from qmoe_doctor.kernels.dw_ws import dw_ws_plan
+    from qmoe_doctor.kernels.tuning import config_from_name
+
+    if torch.cuda.get_device_capability(0)[0] != 9:
+        pytest.skip("the warp-specialized dw kernel is for sm_90")
+    cfg = config_from_name(name)
+    dev = torch.device("cuda", 0)
+    gen = torch.Generator(device=dev).manual_seed(23)
+    e, n, routed = 128, 1536, 65280
+    counts = torch.bincount(torch.randint(0, e, (routed,), generator=gen, device=dev), minlength=e)
+    counts[3] += counts[4] + counts[5] - 20
+    counts[4], counts[5] = 0, 20  # an empty expert and one under a chunk
+    counts[7] += 1500  # a hot expert
+    counts[8:11] -= 500
+    assert int(counts.sum()) == routed
+    x = torch.randn(routed + 256, k, generator=gen, device=dev).bfloat16()
+    dy = torch.randn(routed + 256, n, generator=gen, device=dev).bfloat16()
+    x[routed:] = float("nan")
+    dy[routed:] = float("nan")
+    probe = torch.empty((e, n, k), device=dev, dtype=torch.bfloat16)
+    assert dw_ws_plan(dy, x, probe, cfg) is not None, "this call should take the Gluon kernel"
+    del probe
+    dw = moe_grouped_gemm_dw(dy, x, counts, config=cfg)
+    torch.cuda.synchronize()
+    ref = moe_grouped_gemm_dw_torch(dy[:routed].float(), x[:routed].float(), counts)
+    assert torch.isfinite(dw).all(), "rows no expert covers reached dw"
+    assert (dw[4] == 0).all(), "an empty expert must get zero dw"
+    assert rel_err(ref, dw) < tolerance("bfloat16")
+
 
 OVERLAP_CONFIGS = [
     "64x128x128-w8-s2-tma-ov3",

@@ -1,0 +1,155 @@
+"""The warp-specialized dw kernel (``kernels/dw_ws.py``, configs ``-ws``) without a GPU.
+
+The Gluon kernel runs only on an sm_90 GPU (tests/gpu); here: its config names, its shared
+memory and launch options, the fallback every other device takes (the Triton TMA kernel of the
+same tiles, run under the interpreter against the float64 reference, NaN in the unrouted rows),
+and the kernel compiled for sm_90 by Triton's own compiler on this CPU: it must compile, fit two
+programs per SM where the config asks for two, keep ptxas from spilling, and hand the loader
+warp and the multiplying warpgroup the registers the launch options promise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from qmoe_doctor.core.tolerances import tolerance
+from qmoe_doctor.kernels.backward import (
+    _dw_plan,
+    _dw_smem_bytes,
+    moe_grouped_gemm_dw,
+    moe_grouped_gemm_dw_torch,
+)
+from qmoe_doctor.kernels.dw_ws import (
+    HAVE_WS,
+    TWO_PER_SM_REGS,
+    dw_ws_ok,
+    dw_ws_smem_bytes,
+    ws_fallback,
+    ws_options,
+    ws_store_buffers,
+)
+from qmoe_doctor.kernels.testing import rel_err
+from qmoe_doctor.kernels.tuning import config_from_name
+
+SM_SMEM = 233472  # shared memory of one H100 / H200 SM
+BLOCK_RESERVED = 1024  # what the driver keeps per resident block
+
+
+def test_names_round_trip_and_errors() -> None:
+    for name in ("32x128x128-w4-s4-p2-tma-ws", "32x128x128-w4-s8-tma-ws", "64x128x128-w4-s4-tma-ws"):
+        cfg = config_from_name(name)
+        assert cfg.name == name and cfg.ws and cfg.tma
+    for bad in (
+        "32x128x128-w8-s4-tma-ws",  # two warpgroups
+        "32x128x128-w4-s4-ws",  # no -tma
+        "32x128x128-w4-s4-p3-tma-ws",
+        "32x128x128-w4-s4-tma-ov2-ws",
+        "32x128x128-w4-s4-tma-r2-ws",
+        "32x128x128-w4-s4-tma-flat-ws",
+    ):
+        with pytest.raises(ValueError, match="launch config"):
+            config_from_name(bad)
+
+
+def test_fallback_is_the_tma_kernel_of_the_same_tiles() -> None:
+    assert ws_fallback(config_from_name("32x128x128-w4-s4-p2-tma-ws")).name == "32x128x128-w4-s4-p2-tma"
+
+
+def test_smem_buffers_and_options() -> None:
+    two = config_from_name("32x128x128-w4-s4-p2-tma-ws")
+    one = config_from_name("32x128x128-w4-s8-tma-ws")
+    assert (ws_store_buffers(two), ws_store_buffers(one)) == (1, 2)
+    # the ring of (dy, x) chunks, the staging tiles, two barriers a stage
+    assert dw_ws_smem_bytes(two, 2) == 2 * (4 * 32 * 256 + 128 * 128) + 16 * 4
+    assert dw_ws_smem_bytes(one, 2) == 2 * (8 * 32 * 256 + 2 * 128 * 128) + 16 * 8
+    assert _dw_smem_bytes(two, 2) == dw_ws_smem_bytes(two, 2)
+    assert 2 * (dw_ws_smem_bytes(two, 2) + BLOCK_RESERVED) <= SM_SMEM  # two programs share an SM
+    assert ws_options(two) == {"maxnreg": TWO_PER_SM_REGS} and ws_options(one) == {}
+    # two programs of 8 warps (the multiplier's warpgroup and the loader's) at the cap fill the SM
+    assert 2 * 8 * 32 * TWO_PER_SM_REGS == 65536
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [[300, 0, 517, 7, 200], [2, 1, 0, 5, 190], [0, 0, 0, 0, 64]],
+    ids=["mixed", "under-a-chunk", "one-expert"],
+)
+def test_cpu_takes_the_fallback_and_matches_the_reference(sizes: list[int]) -> None:
+    """On the CPU (the interpreter) the -ws config takes the Triton TMA kernel of its tiles: the
+    same dw as the float64 loop, unrouted NaN rows kept out, empty experts zero."""
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        pytest.skip("the Triton kernels run on the CPU only under TRITON_INTERPRET=1")
+    cfg = config_from_name("16x64x32-w4-s1-tma-ws")
+    gen = torch.Generator().manual_seed(3)
+    routed = sum(sizes)
+    x = torch.randn(routed + 9, 64, generator=gen).half()
+    dy = torch.randn(routed + 9, 128, generator=gen).half()
+    x[routed:] = float("nan")
+    dy[routed:] = float("nan")
+    m_sizes = torch.tensor(sizes)
+    assert not dw_ws_ok(dy, x, cfg)
+    assert _dw_plan(dy, x, m_sizes, None, cfg).path == "tma"
+    dw = moe_grouped_gemm_dw(dy, x, m_sizes, config=cfg)
+    ref = moe_grouped_gemm_dw_torch(dy[:routed].double(), x[:routed].double(), m_sizes)
+    assert torch.isfinite(dw).all()
+    assert rel_err(ref, dw) < tolerance("float16")
+    for e, size in enumerate(sizes):
+        if size == 0:
+            assert (dw[e] == 0).all()
+
+
+# ---- the Gluon kernel compiled for sm_90 on this CPU ---------------------------------------
+
+needs_ws = pytest.mark.skipif(not HAVE_WS, reason="this Triton has no Gluon warp_specialize of the pairs form")
+
+
+def _compiled(name: str) -> dict:
+    """ptx, shared memory and ptxas' report of the kernel compiled for sm_90, in a fresh process
+    (the interpreter the other CPU tests run under patches Triton's builtins in this one)."""
+    script = (
+        "import json, os, subprocess, sys, tempfile\n"
+        "from qmoe_doctor.kernels.dw_ws import compile_ws_offline\n"
+        "from qmoe_doctor.kernels.tuning import config_from_name\n"
+        "from triton.backends.nvidia.compiler import get_ptxas\n"
+        "k = compile_ws_offline(config_from_name(sys.argv[1]))\n"
+        "with tempfile.NamedTemporaryFile('w', suffix='.ptx', delete=False) as f:\n"
+        "    f.write(k.asm['ptx'])\n"
+        "v = subprocess.run([get_ptxas(90).path, '-arch=sm_90a', '-v', f.name, '-o', os.devnull],\n"
+        "                   capture_output=True, text=True)\n"
+        "os.unlink(f.name)\n"
+        "print(json.dumps({'shared': k.metadata.shared, 'ptx': k.asm['ptx'], 'ptxas': v.stderr}))\n"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", script, name], capture_output=True, text=True, env=env, timeout=600)
+    if done.returncode and "ptxas" in done.stderr and "No such file" in done.stderr:
+        pytest.skip("Triton's bundled ptxas is missing")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@needs_ws
+@pytest.mark.parametrize("name", ["32x128x128-w4-s4-p2-tma-ws", "32x128x128-w4-s8-tma-ws"])
+def test_kernel_compiles_fits_and_keeps_its_registers(name: str) -> None:
+    cfg = config_from_name(name)
+    got = _compiled(name)
+    want = dw_ws_smem_bytes(cfg, 2)
+    assert want <= got["shared"] <= want + 256  # the host's count is what the kernel allocates
+    report = got["ptxas"]
+    assert re.search(r"\b0 bytes spill stores", report), report
+    regs = int(re.search(r"Used (\d+) registers", report).group(1))  # type: ignore[union-attr]
+    # warp specialization: the loader warp gives registers back, the multiplier takes more
+    moves = {(m.group(1), int(m.group(2))) for m in re.finditer(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", got["ptx"])}
+    assert ("dec", 48) in moves or ("dec", 24) in moves, moves
+    raised = max(n for kind, n in moves if kind == "inc")
+    if cfg.programs_per_sm > 1:
+        assert regs <= TWO_PER_SM_REGS, report  # two programs per SM at launch
+        assert raised >= 200, moves  # the 128x128 fp32 accumulator lives in the multiplier
+        assert 2 * (got["shared"] + BLOCK_RESERVED) <= SM_SMEM
+    assert "wgmma.mma_async" in got["ptx"] and "cp.async.bulk.tensor.2d.shared" in got["ptx"]
