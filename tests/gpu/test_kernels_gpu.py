@@ -679,7 +679,15 @@ def test_row_combine_on_gpu_matches_its_twin() -> None:
 # The lean launch path (kernels/launch.py) and the launch plans, compiled
 # --------------------------------------------------------------------------------------------
 
-LEAN_CONFIGS = [None, "128x256x64-w8-s4-tma-flat", "128x256x64-w8-s3-tma", "128x256x64-w8-s3-tma-t32", "64x128x64-w4-s4-p2", "32x256x128-w8-s2-tma-ov5"]
+LEAN_CONFIGS = [
+    None, "128x256x64-w8-s4-tma-flat", "128x256x64-w8-s3-tma", "128x256x64-w8-s3-tma-t32", "64x128x64-w4-s4-p2",
+    "32x256x128-w8-s2-tma-ov5", "32x128x128-w4-s4-p2-tma-ws",
+]  # fmt: skip
+
+
+def _dw_only(cfg: object) -> bool:
+    """A config of a dw-only kernel (the Gluon ones): forward and dx take their table's."""
+    return bool(getattr(cfg, "overlap", 0) or getattr(cfg, "ws", False))
 
 
 def _lean_operands(seed: int) -> tuple[torch.Tensor, ...]:
@@ -710,9 +718,9 @@ def test_lean_launch_gives_what_the_standard_launch_gives(name: str | None, monk
     cfg = config_from_name(name) if name else None
     x, w, dy, sizes = _lean_operands(0)
     calls = {
-        "forward": lambda: moe_grouped_gemm(x, w, sizes, config=cfg if cfg and not cfg.overlap else None),
-        "dx": lambda: moe_grouped_gemm_dx(dy, w, sizes, config=cfg if cfg and not cfg.overlap else None),
-        "dw": lambda: moe_grouped_gemm_dw(dy, x, sizes, config=cfg if cfg and cfg.overlap else None),
+        "forward": lambda: moe_grouped_gemm(x, w, sizes, config=cfg if cfg and not _dw_only(cfg) else None),
+        "dx": lambda: moe_grouped_gemm_dx(dy, w, sizes, config=cfg if cfg and not _dw_only(cfg) else None),
+        "dw": lambda: moe_grouped_gemm_dw(dy, x, sizes, config=cfg if cfg and _dw_only(cfg) else None),
     }
     _fresh_plans()
     monkeypatch.setenv(LEAN_LAUNCH_ENV, "0")
@@ -743,8 +751,8 @@ def test_direct_launches_follow_operands_to_new_addresses(name: str | None, monk
     from qmoe_doctor.kernels.tuning import config_from_name
 
     cfg = config_from_name(name) if name else None
-    fwd_cfg = cfg if cfg and not cfg.overlap else None
-    dw_cfg = cfg if cfg and cfg.overlap else None
+    fwd_cfg = cfg if cfg and not _dw_only(cfg) else None
+    dw_cfg = cfg if cfg and _dw_only(cfg) else None
     sets = [_lean_operands(seed) for seed in (3, 4, 5)]
     sizes = sets[0][3]
 
