@@ -633,3 +633,30 @@ def test_the_recorded_h100_run_is_judged_as_it_was() -> None:
     assert judged[HOST][0] == "PASS" and all(h["ours"] < h["grouped_mm"] for h in report["host"])
     dw = [r for r in rows if r["op"] == "dw" and r["memory_bound"]]
     assert dw and all(r["write_share"] == pytest.approx(r["share"]) for r in dw)
+
+
+def test_the_recorded_h100_run_with_the_warp_specialized_dw_is_judged_as_it_was() -> None:
+    """Recorded on one H100 80GB HBM3 (2026-12-06, commit 4164575, right after the dw-only tune
+    that put the warp-specialized ``-ws`` kernel in the H100 table). The verdicts come out of the
+    recorded rows as the run judged them: the two 8192-token dw points, behind torch in every
+    earlier H100 run, are ahead by 14-18% on the ``-ws`` configs; 45 of 48 ahead, behind at 480B
+    gate_up's 2048-token dw (the tune's deadline left that point its old pick) and two 512-token
+    dx points within 0.3% of the peer's tile."""
+    from benchmarks.side_by_side import HOST, block_ratio, block_target
+
+    report = _recorded("2026-12-06-h100-4164575")
+    assert report["device"] == "NVIDIA H100 80GB HBM3"
+    rows, block = report["rows"], report["block"]
+    add_roofline(rows, report["copy_bandwidth"], report["write_bandwidth"], report["read_bandwidth"])
+    got = verdicts(rows, block, report["host"], [], block_tokens=report["targets"]["block_tokens"])
+    assert [list(v) for v in got] == report["verdicts"]
+    judged = {t: (v, d) for t, v, d in got}
+    assert judged[AHEAD] == ("FAIL", "45/48; behind: dx 480b-gate_up:512 0.999x; dw 480b-gate_up:2048 0.949x; "
+                                     "dx 480b-down:512 0.997x")  # fmt: skip
+    ws = {(r["point"], r["tokens"]): r for r in rows if r["op"] == "dw" and r["config"].endswith("-ws")}
+    assert {("30b-gate_up", 8192), ("30b-down", 8192)} <= set(ws)
+    for key in (("30b-gate_up", 8192), ("30b-down", 8192)):
+        assert ahead_ratio(ws[key]) > 1.1 and ws[key]["ours"] > ws[key]["grouped_mm"]
+    assert block_ratio(block["rounds"]) == pytest.approx(block["paired"])
+    assert judged[block_target(2048)][0] == "PASS"
+    assert judged[HOST][0] == "PASS"

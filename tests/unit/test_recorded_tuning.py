@@ -6,7 +6,10 @@
   ``kernels/configs-nvidia-h200-sm90-132sm.json``.
 * ``tuning/2026-12-06-h100-395b650/tune.json.gz``: the same on one H100 80GB HBM3 (the previous
   H100 table's picks as the incumbents); its best table is the packaged
-  ``kernels/configs-nvidia-h100-80gb-hbm3-sm90-132sm.json``.
+  ``kernels/configs-nvidia-h100-80gb-hbm3-sm90-132sm.json`` for forward and dx;
+* ``tuning/2026-12-06-h100-4164575/tune.json.gz``: dw only on one H100 (``--ops dw --merge``, the
+  per-card set with the warp-specialized ``-ws`` configs, the 395b650 table's dw picks as the
+  incumbents); its best table is that packaged table's dw.
 
 ``tests/fixtures/MANIFEST.md`` gives the machines, versions and commands.
 """
@@ -30,7 +33,10 @@ TUNING = REPO / "tests" / "fixtures" / "tuning"
 #: the earlier ones' for the (op, point, tokens) it measured
 SWEEPS = {
     "nvidia-h200-sm90-132sm": [TUNING / "2026-11-29-h200-5bcdcbc" / "tune.json.gz"],
-    "nvidia-h100-80gb-hbm3-sm90-132sm": [TUNING / "2026-12-06-h100-395b650" / "tune.json.gz"],
+    "nvidia-h100-80gb-hbm3-sm90-132sm": [
+        TUNING / "2026-12-06-h100-395b650" / "tune.json.gz",
+        TUNING / "2026-12-06-h100-4164575" / "tune.json.gz",
+    ],
 }
 MAX_REL_DIFF = 2e-2  # tune_kernels.py's check against torch._grouped_mm before a config is timed
 
