@@ -562,6 +562,33 @@ def _template(desc: Any) -> Any:
     return rebase(desc, None)  # no tensor kept alive by a plan (grouped_gemm._template)
 
 
+def _gluon_launch(
+    kernel: Any,
+    descs: tuple[Any, Any, Any],
+    kernel_args: Callable[..., dict[str, Any]],
+    options: dict[str, int],
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    dw: torch.Tensor,
+    cfg: GemmConfig,
+    guard: int,
+) -> Launch:
+    """The launch of a Gluon dw kernel (the overlapped or the warp-specialized one): its three
+    descriptors (templates, rebased per call) and m_sizes are the tensors, ``kernel_args`` gives
+    the rest for the persistent grid of ``cfg``."""
+    programs = dw_grid_size(dw.shape[0], dy.shape[1], x.shape[1], cfg, dy.device)
+    dy_desc, x_desc, dw_desc = descs
+    return Launch(
+        kernel,
+        programs,
+        kernel_args(dy, x, dw, cfg, programs),
+        ("dy_desc", "x_desc", "dw_desc", "sizes_ptr"),
+        options,
+        device_index=guard,
+        descriptors={"dy_desc": _template(dy_desc), "x_desc": _template(x_desc), "dw_desc": _template(dw_desc)},
+    )
+
+
 def _make_dw_plan(
     dy: torch.Tensor, x: torch.Tensor, m_sizes: torch.Tensor, out_dtype: torch.dtype | None, config: GemmConfig | None
 ) -> _DwPlan:
@@ -578,45 +605,23 @@ def _make_dw_plan(
     with device_guard(device):
         dw = torch.empty((e, n, k), device=device, dtype=out)  # the layout every call's dw has
         cfg = config or pick_dw_config(n, k, device, x.dtype, avg_rows=m / max(1, e))
+        # the Gluon kernels (Hopper; each sums the bounds itself), else the Triton kernel of
+        # the same tiles, which may need fewer stages
         if cfg.ws:
-            ws_plan = dw_ws_plan(dy, x, dw, cfg)
-            if ws_plan is not None:
-                programs = dw_grid_size(e, n, k, cfg, device)
-                dy_desc, x_desc, dw_desc = ws_plan
-                launch = Launch(
-                    dw_ws_kernel(),
-                    programs,
-                    ws_args(dy, x, dw, cfg, programs),
-                    ("dy_desc", "x_desc", "dw_desc", "sizes_ptr"),
-                    ws_options(cfg),
-                    device_index=guard,
-                    descriptors={"dy_desc": _template(dy_desc), "x_desc": _template(x_desc), "dw_desc": _template(dw_desc)},
-                )
-                return base(  # the Gluon kernel sums the bounds itself
-                    zero_only=False, launch=launch, sources=(0, 1, 2, 3), config=cfg, path="gluon+ws",
-                )  # fmt: skip
+            descs = dw_ws_plan(dy, x, dw, cfg)
+            if descs is not None:
+                launch = _gluon_launch(dw_ws_kernel(), descs, ws_args, ws_options(cfg), dy, x, dw, cfg, guard)
+                return base(zero_only=False, launch=launch, sources=(0, 1, 2, 3), config=cfg, path="gluon+ws")
             cfg = ws_fallback(cfg)
-            if device.type == "cuda":  # the Triton kernel of the same tiles may need more
+            if device.type == "cuda":
                 cfg = _fit_dw(cfg, guard, x.dtype)
         if cfg.overlap:
-            overlap_plan = dw_overlap_plan(dy, x, dw, cfg)
-            if overlap_plan is not None:
-                programs = dw_grid_size(e, n, k, cfg, device)
-                dy_desc, x_desc, dw_desc = overlap_plan
-                launch = Launch(
-                    dw_overlap_kernel(),
-                    programs,
-                    overlap_args(dy, x, dw, cfg, programs),
-                    ("dy_desc", "x_desc", "dw_desc", "sizes_ptr"),
-                    {},
-                    device_index=guard,
-                    descriptors={"dy_desc": _template(dy_desc), "x_desc": _template(x_desc), "dw_desc": _template(dw_desc)},
-                )
-                return base(  # the Gluon kernel always sums the bounds itself
-                    zero_only=False, launch=launch, sources=(0, 1, 2, 3), config=cfg, path="gluon+overlap",
-                )  # fmt: skip
+            descs = dw_overlap_plan(dy, x, dw, cfg)
+            if descs is not None:
+                launch = _gluon_launch(dw_overlap_kernel(), descs, overlap_args, {}, dy, x, dw, cfg, guard)
+                return base(zero_only=False, launch=launch, sources=(0, 1, 2, 3), config=cfg, path="gluon+overlap")
             cfg = overlap_fallback(cfg)
-            if device.type == "cuda":  # the Triton kernel of the same tiles may need more
+            if device.type == "cuda":
                 cfg = _fit_dw(cfg, guard, x.dtype)
         programs = dw_grid_size(e, n, k, cfg, device)
         plan = None if cfg.flat else dw_tma_plan(dy, x, dw, cfg)

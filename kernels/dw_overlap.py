@@ -58,6 +58,8 @@ __all__ = [
     "dw_overlap_ok",
     "dw_overlap_plan",
     "dw_overlap_smem_bytes",
+    "gluon_dw_descriptors",
+    "gluon_operands_ok",
     "launch_dw_overlap",
     "overlap_halves",
     "share_of_items",
@@ -134,11 +136,10 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def dw_overlap_ok(dy: torch.Tensor, x: torch.Tensor, cfg: Any) -> bool:
-    """Whether a dw of these operands with ``cfg`` can take the overlapped kernel: Gluon, an
-    sm_90 device, 16-bit operands with rows aligned for TMA, N a multiple of the tile, and the
-    tile split evenly over the warps (16 rows of BN per warp and repeat), STAGES <= CHUNKS."""
-    if not HAVE_GLUON or not getattr(cfg, "overlap", 0) or dy.device.type != "cuda":
+def gluon_operands_ok(dy: torch.Tensor, x: torch.Tensor) -> bool:
+    """What both Gluon dw kernels need of the operands: Gluon, an sm_90 device, 16-bit operands
+    of one dtype whose rows the copy engine can address (unit stride, 16-byte aligned rows)."""
+    if not HAVE_GLUON or dy.device.type != "cuda":
         return False
     if dy.dtype not in (torch.bfloat16, torch.float16) or x.dtype != dy.dtype:
         return False
@@ -147,39 +148,56 @@ def dw_overlap_ok(dy: torch.Tensor, x: torch.Tensor, cfg: Any) -> bool:
     index = dy.device.index if dy.device.index is not None else torch.cuda.current_device()
     if capability(index)[0] != 9:
         return False
-    tile = cfg.block_n // overlap_halves(cfg.block_n)
-    if dy.shape[1] % cfg.block_n or tile % (16 * cfg.num_warps) or cfg.num_stages > cfg.overlap:
-        return False
     return all(
         t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and _tma_ready(t) for t in (dy, x)
     )
 
 
-def dw_overlap_plan(
-    dy: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, cfg: Any
+def gluon_dw_descriptors(
+    dy: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, r: int, bn: int, bk: int
 ) -> tuple[Any, Any, Any] | None:
-    """Gluon tensor descriptors (dy, x, dw) for the overlapped kernel, or None when this call
-    cannot take it (``dw_overlap_ok``, and a dw whose (E*N, K) view the copy engine can store)."""
-    if not dw_overlap_ok(dy, x, cfg) or dw.dtype != dy.dtype:
-        return None
+    """Gluon tensor descriptors of dy (boxes r x bn), x (r x bk) and dw's (E*N, K) view (bn x
+    bk), or None where the copy engine cannot store that view (dw not contiguous per expert, a
+    dtype other than dy's, unaligned) or its row coordinate expert * N + n0 would pass int32."""
     m, n = dy.shape
     k = x.shape[1]
     e = dw.shape[0]
-    if not (dw.stride(2) == 1 and dw.stride(0) == n * dw.stride(1) and (dw.stride(1) * 2) % 16 == 0):
+    if dw.dtype != dy.dtype or e * n >= 2**31:
         return None
-    if e * n >= 2**31:  # the store's row coordinate expert * N + n0 is an int32
+    if not (dw.stride(2) == 1 and dw.stride(0) == n * dw.stride(1) and (dw.stride(1) * dw.element_size()) % 16 == 0):
         return None
     from qmoe_doctor.kernels.grouped_gemm import _tma_ready
 
     if not _tma_ready(dw):
         return None
-    r, bn, bk = cfg.block_m, cfg.block_n // overlap_halves(cfg.block_n), cfg.block_k
     dy_desc = _gluon.GluonTensorDescriptor(dy, [m, n], [dy.stride(0), 1], [r, bn], _smem_layout([r, bn], dy.dtype))
     x_desc = _gluon.GluonTensorDescriptor(x, [m, k], [x.stride(0), 1], [r, bk], _smem_layout([r, bk], dy.dtype))
     dw_desc = _gluon.GluonTensorDescriptor(
         dw, [e * n, k], [dw.stride(1), 1], [bn, bk], _smem_layout([bn, bk], dy.dtype)
     )
     return dy_desc, x_desc, dw_desc
+
+
+def dw_overlap_ok(dy: torch.Tensor, x: torch.Tensor, cfg: Any) -> bool:
+    """Whether a dw of these operands with ``cfg`` can take the overlapped kernel
+    (``gluon_operands_ok``), N a multiple of the tile, and the tile split evenly over the warps
+    (16 rows of BN per warp and repeat), STAGES <= CHUNKS."""
+    if not getattr(cfg, "overlap", 0):
+        return False
+    tile = cfg.block_n // overlap_halves(cfg.block_n)
+    if dy.shape[1] % cfg.block_n or tile % (16 * cfg.num_warps) or cfg.num_stages > cfg.overlap:
+        return False
+    return gluon_operands_ok(dy, x)
+
+
+def dw_overlap_plan(
+    dy: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, cfg: Any
+) -> tuple[Any, Any, Any] | None:
+    """Gluon tensor descriptors (dy, x, dw) for the overlapped kernel, or None when this call
+    cannot take it (``dw_overlap_ok``, ``gluon_dw_descriptors``)."""
+    if not dw_overlap_ok(dy, x, cfg):
+        return None
+    return gluon_dw_descriptors(dy, x, dw, cfg.block_m, cfg.block_n // overlap_halves(cfg.block_n), cfg.block_k)
 
 
 def dw_overlap_kernel() -> Any:

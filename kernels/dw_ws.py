@@ -12,7 +12,8 @@ back to the loader) and stores each tile by TMA without waiting for the store. T
 of each tile is shifted back to end at the expert's last row and masked in registers (the
 overlapped kernel's ``_masked_chunk``): nothing reads past the expert, so rows no expert covers
 never reach dw. Two programs per SM (``-p2``: one staging tile, 128 registers a thread at
-launch, the multiplying warpgroup raised to 232) let one program's epilogue run under the
+launch, which the warpgroups then trade by ``setmaxnreg``: the loader's down to 48, the
+multiplier's up to hold its 128x128 fp32 accumulator) let one program's epilogue run under the
 other's MMAs; one program per SM takes two staging tiles. Measured on one H100 (2026-12-06,
 against the table's pick of that day): 510.5 TFLOP/s against 452.2 at 30B gate_up with 8192
 tokens, 517.1 against 460.4 at 30B down, 295.7 against 267.8 at 30B gate_up with 2048 tokens.
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from qmoe_doctor.kernels._details import dw_ws_kernels as _ws
-from qmoe_doctor.kernels.dw_overlap import _smem_layout
+from qmoe_doctor.kernels.dw_overlap import gluon_dw_descriptors, gluon_operands_ok
 
 __all__ = [
     "HAVE_WS",
@@ -53,8 +54,8 @@ if TYPE_CHECKING:
 HAVE_WS: bool = _ws.HAVE_WS
 
 #: registers a thread at launch with two programs per SM: 2 x 8 warps (the multiplying
-#: warpgroup and the loader's, rounded up to one) x 32 x 128 fill the SM's 65536; the
-#: multiplying warpgroup then takes 232 of them and the loader 48 (``setmaxnreg``)
+#: warpgroup and the loader's, rounded up to one) x 32 x 128 fill the SM's 65536; within a
+#: program the loader's warpgroup then gives registers to the multiplier's (``setmaxnreg``)
 TWO_PER_SM_REGS = 128
 
 
@@ -82,45 +83,22 @@ def ws_fallback(cfg: GemmConfig) -> GemmConfig:
 
 
 def dw_ws_ok(dy: torch.Tensor, x: torch.Tensor, cfg: Any) -> bool:
-    """Whether a dw of these operands with ``cfg`` can take the warp-specialized kernel."""
-    if not HAVE_WS or not getattr(cfg, "ws", False) or dy.device.type != "cuda":
-        return False
-    if dy.dtype not in (torch.bfloat16, torch.float16) or x.dtype != dy.dtype:
-        return False
-    from qmoe_doctor.kernels.grouped_gemm import _tma_ready, capability
-
-    index = dy.device.index if dy.device.index is not None else torch.cuda.current_device()
-    if capability(index)[0] != 9:
+    """Whether a dw of these operands with ``cfg`` can take the warp-specialized kernel
+    (``dw_overlap.gluon_operands_ok``, this Gluon's ``warp_specialize``, 4 warps, N a multiple of
+    BN, BN a multiple of 64 and BK at most 256)."""
+    if not HAVE_WS or not getattr(cfg, "ws", False):
         return False
     if cfg.num_warps != 4 or cfg.block_n % 64 or cfg.block_k > 256 or dy.shape[1] % cfg.block_n:
         return False
-    return all(
-        t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and _tma_ready(t) for t in (dy, x)
-    )
+    return gluon_operands_ok(dy, x)
 
 
 def dw_ws_plan(dy: torch.Tensor, x: torch.Tensor, dw: torch.Tensor, cfg: Any) -> tuple[Any, Any, Any] | None:
     """Gluon tensor descriptors (dy, x, dw) for the warp-specialized kernel, or None when this
-    call cannot take it (``dw_ws_ok``, and a dw whose (E*N, K) view the copy engine can store)."""
-    if not dw_ws_ok(dy, x, cfg) or dw.dtype != dy.dtype:
+    call cannot take it (``dw_ws_ok``, ``dw_overlap.gluon_dw_descriptors``)."""
+    if not dw_ws_ok(dy, x, cfg):
         return None
-    m, n = dy.shape
-    k = x.shape[1]
-    e = dw.shape[0]
-    if not (dw.stride(2) == 1 and dw.stride(0) == n * dw.stride(1) and (dw.stride(1) * dw.element_size()) % 16 == 0):
-        return None
-    if e * n >= 2**31:  # the store's row coordinate expert * N + n0 is an int32
-        return None
-    from qmoe_doctor.kernels._details.dw_overlap_kernels import GluonTensorDescriptor
-    from qmoe_doctor.kernels.grouped_gemm import _tma_ready
-
-    if not _tma_ready(dw):
-        return None
-    r, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    dy_desc = GluonTensorDescriptor(dy, [m, n], [dy.stride(0), 1], [r, bn], _smem_layout([r, bn], dy.dtype))
-    x_desc = GluonTensorDescriptor(x, [m, k], [x.stride(0), 1], [r, bk], _smem_layout([r, bk], dy.dtype))
-    dw_desc = GluonTensorDescriptor(dw, [e * n, k], [dw.stride(1), 1], [bn, bk], _smem_layout([bn, bk], dy.dtype))
-    return dy_desc, x_desc, dw_desc
+    return gluon_dw_descriptors(dy, x, dw, cfg.block_m, cfg.block_n, cfg.block_k)
 
 
 def dw_ws_kernel() -> Any:

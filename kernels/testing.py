@@ -9,15 +9,22 @@ tables. Each case row names the edge it covers.
 * layouts: ``make_view`` returns a tensor equal to its input laid out differently in memory, with
   NaN wherever a kernel must not read;
 * case tables: ``GEMM_CASES`` (forward and dx), ``DW_CASES`` (dw), ``BLOCK_CASES`` (the MoE
-  block), with their operand builders.
+  block), with their operand builders;
+* ``sm90_compile_report``: a Gluon kernel compiled for sm_90 on a CPU (its shared memory, PTX and
+  ptxas' report), for the tests of the kernels' structure.
 
 Imports torch (child side only); never pytest.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -27,6 +34,7 @@ from qmoe_doctor.kernels.grouped_gemm import GemmConfig
 from qmoe_doctor.kernels.moe_block import MoEBlock, MoEBlockTorch
 
 __all__ = [
+    "sm90_compile_report",
     "BLOCK_CASES",
     "CANARY",
     "CPU_DTYPES",
@@ -322,3 +330,35 @@ def twin_of(block: MoEBlock, dtype: torch.dtype = torch.float64) -> MoEBlockTorc
     twin = MoEBlockTorch(block.shape, device=block.gate_up_proj.device, dtype=dtype)
     twin.load_state_dict(block.state_dict())  # same names, same shapes; copy_ converts dtype
     return twin
+
+
+_SM90_SCRIPT = """
+import importlib, json, os, subprocess, sys, tempfile
+from qmoe_doctor.kernels.tuning import config_from_name
+from triton.backends.nvidia.compiler import get_ptxas
+module, name = sys.argv[1].split(":")
+k = getattr(importlib.import_module(module), name)(config_from_name(sys.argv[2]))
+with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+    f.write(k.asm["ptx"])
+v = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True, text=True)
+os.unlink(f.name)
+print(json.dumps({"shared": k.metadata.shared, "ptx": k.asm["ptx"], "ptxas": v.stderr}))
+"""
+
+
+def sm90_compile_report(compile_fn: str, config: str, timeout: float = 600) -> dict[str, Any] | None:
+    """The kernel that ``compile_fn`` (``"module:function"``, taking a launch config, as
+    ``dw_overlap.compile_offline``) builds for ``config``, compiled for sm_90 by Triton's own
+    compiler in a fresh process (the interpreter some tests run under patches Triton's builtins
+    in this one): ``{"shared": bytes, "ptx": text, "ptxas": ptxas -v's report}``. None where
+    Triton's bundled ptxas is missing; RuntimeError with the child's stderr when it fails."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", _SM90_SCRIPT, compile_fn, config], capture_output=True, text=True, env=env, timeout=timeout
+    )
+    if done.returncode and "ptxas" in done.stderr and "No such file" in done.stderr:
+        return None
+    if done.returncode:
+        raise RuntimeError(done.stderr[-3000:])
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report

@@ -11,12 +11,8 @@ for).
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -36,7 +32,7 @@ from qmoe_doctor.kernels.dw_overlap import (
     overlap_halves,
     share_of_items,
 )
-from qmoe_doctor.kernels.testing import rel_err
+from qmoe_doctor.kernels.testing import rel_err, sm90_compile_report
 from qmoe_doctor.kernels.tuning import config_from_name
 
 H200_SMEM = 232448  # shared_memory_per_block_optin of an H200 / H100
@@ -190,30 +186,11 @@ needs_gluon = pytest.mark.skipif(not HAVE_GLUON, reason="this Triton has no Gluo
 
 
 def _compiled(name: str) -> dict:
-    """ptx and shared-memory size of the kernel compiled for sm_90, in a fresh process: the
-    interpreter the other CPU tests run under patches Triton's builtins in this one."""
-    script = (
-        "import json, os, sys\n"
-        "from qmoe_doctor.kernels.dw_overlap import compile_offline\n"
-        "from qmoe_doctor.kernels.tuning import config_from_name\n"
-        "k = compile_offline(config_from_name(sys.argv[1]))\n"
-        "import subprocess, tempfile\n"
-        "from triton.backends.nvidia.compiler import get_ptxas\n"
-        "with tempfile.NamedTemporaryFile('w', suffix='.ptx', delete=False) as f:\n"
-        "    f.write(k.asm['ptx'])\n"
-        "v = subprocess.run([get_ptxas(90).path, '-arch=sm_90a', '-v', f.name, '-o', os.devnull],\n"
-        "                   capture_output=True, text=True)\n"
-        "os.unlink(f.name)\n"
-        "print(json.dumps({'shared': k.metadata.shared, 'ptx': k.asm['ptx'], 'ptxas': v.stderr}))\n"
-    )
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [sys.executable, "-c", script, name], capture_output=True, text=True, env=env, timeout=600
-    )
-    if done.returncode and "ptxas" in done.stderr and "No such file" in done.stderr:
+    """The kernel compiled for sm_90 on this CPU (``kernels.testing.sm90_compile_report``)."""
+    report = sm90_compile_report("qmoe_doctor.kernels.dw_overlap:compile_offline", name)
+    if report is None:
         pytest.skip("Triton's bundled ptxas is missing")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return report
 
 
 def _resident_loop(ptx: str) -> list[str]:

@@ -10,11 +10,8 @@ warp and the multiplying warpgroup the registers the launch options promise.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -35,7 +32,7 @@ from qmoe_doctor.kernels.dw_ws import (
     ws_options,
     ws_store_buffers,
 )
-from qmoe_doctor.kernels.testing import rel_err
+from qmoe_doctor.kernels.testing import rel_err, sm90_compile_report
 from qmoe_doctor.kernels.tuning import config_from_name
 
 SM_SMEM = 233472  # shared memory of one H100 / H200 SM
@@ -111,27 +108,11 @@ needs_ws = pytest.mark.skipif(not HAVE_WS, reason="this Triton has no Gluon warp
 
 
 def _compiled(name: str) -> dict:
-    """ptx, shared memory and ptxas' report of the kernel compiled for sm_90, in a fresh process
-    (the interpreter the other CPU tests run under patches Triton's builtins in this one)."""
-    script = (
-        "import json, os, subprocess, sys, tempfile\n"
-        "from qmoe_doctor.kernels.dw_ws import compile_ws_offline\n"
-        "from qmoe_doctor.kernels.tuning import config_from_name\n"
-        "from triton.backends.nvidia.compiler import get_ptxas\n"
-        "k = compile_ws_offline(config_from_name(sys.argv[1]))\n"
-        "with tempfile.NamedTemporaryFile('w', suffix='.ptx', delete=False) as f:\n"
-        "    f.write(k.asm['ptx'])\n"
-        "v = subprocess.run([get_ptxas(90).path, '-arch=sm_90a', '-v', f.name, '-o', os.devnull],\n"
-        "                   capture_output=True, text=True)\n"
-        "os.unlink(f.name)\n"
-        "print(json.dumps({'shared': k.metadata.shared, 'ptx': k.asm['ptx'], 'ptxas': v.stderr}))\n"
-    )
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", script, name], capture_output=True, text=True, env=env, timeout=600)
-    if done.returncode and "ptxas" in done.stderr and "No such file" in done.stderr:
+    """The kernel compiled for sm_90 on this CPU (``kernels.testing.sm90_compile_report``)."""
+    report = sm90_compile_report("qmoe_doctor.kernels.dw_ws:compile_ws_offline", name)
+    if report is None:
         pytest.skip("Triton's bundled ptxas is missing")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return report
 
 
 @needs_ws
