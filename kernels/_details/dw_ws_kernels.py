@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import inspect
 
-__all__ = ["HAVE_WS", "_grouped_gemm_dw_ws_kernel"]
-
 from qmoe_doctor.kernels._details.dw_overlap_kernels import HAVE_GLUON
+
+__all__ = ["HAVE_WS", "_grouped_gemm_dw_ws_kernel"]
 
 
 def _ws_pairs() -> bool:
