@@ -37,6 +37,7 @@ from qmoe_doctor.kernels.dw_overlap import gluon_dw_descriptors, gluon_operands_
 
 __all__ = [
     "HAVE_WS",
+    "LOADER_REGS",
     "compile_ws_offline",
     "dw_ws_kernel",
     "dw_ws_ok",
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from qmoe_doctor.kernels.grouped_gemm import GemmConfig
 
 HAVE_WS: bool = _ws.HAVE_WS
+LOADER_REGS: int = _ws.LOADER_REGS
 
 #: registers a thread at launch with two programs per SM: 2 x 8 warps (the multiplying
 #: warpgroup and the loader's, rounded up to one) x 32 x 128 fill the SM's 65536; within a

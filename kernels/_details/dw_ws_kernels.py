@@ -8,7 +8,9 @@ import inspect
 
 from qmoe_doctor.kernels._details.dw_overlap_kernels import HAVE_GLUON
 
-__all__ = ["HAVE_WS", "_grouped_gemm_dw_ws_kernel"]
+__all__ = ["HAVE_WS", "LOADER_REGS", "_grouped_gemm_dw_ws_kernel"]
+
+LOADER_REGS = 48  # the loader warp's registers (setmaxnreg): the experts' bounds and a few scalars
 
 
 def _ws_pairs() -> bool:
@@ -41,7 +43,7 @@ if HAVE_WS:
         _tma_store,
     )
 
-    _LOADER_REGS = gl.constexpr(48)  # the loader warp's registers: the experts' bounds and a few scalars
+    _LOADER_REGS = gl.constexpr(LOADER_REGS)
 
     @gluon.jit
     def _ws_tile(tile, lo, hi, e_idx, tiles_per_expert, k_tiles, BN: gl.constexpr, BK: gl.constexpr):
