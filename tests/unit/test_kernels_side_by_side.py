@@ -660,3 +660,31 @@ def test_the_recorded_h100_run_with_the_warp_specialized_dw_is_judged_as_it_was(
     assert block_ratio(block["rounds"]) == pytest.approx(block["paired"])
     assert judged[block_target(2048)][0] == "PASS"
     assert judged[HOST][0] == "PASS"
+
+
+def test_the_recorded_h100_run_ahead_at_every_dw_point_is_judged_as_it_was() -> None:
+    """Recorded on one H100 80GB HBM3 (2026-12-06, commit 521bdcd, right after the tune of the
+    480B dw and dx). The verdicts come out of the recorded rows as the run judged them: ours ahead
+    at every dw point, the 480B gate_up dw at 2048 tokens now on a ``-ws`` config; 45 of 48, the
+    three behind each within 0.3% of the peer's tile (two of them the peer's own tile shape)."""
+    from benchmarks.side_by_side import HOST, block_ratio, block_target
+
+    report = _recorded("2026-12-06-h100-521bdcd")
+    assert report["device"] == "NVIDIA H100 80GB HBM3"
+    rows, block = report["rows"], report["block"]
+    add_roofline(rows, report["copy_bandwidth"], report["write_bandwidth"], report["read_bandwidth"])
+    got = verdicts(rows, block, report["host"], [], block_tokens=report["targets"]["block_tokens"])
+    assert [list(v) for v in got] == report["verdicts"]
+    judged = {t: (v, d) for t, v, d in got}
+    assert judged[AHEAD] == ("FAIL", "45/48; behind: forward 235b-down:2048 0.999x; dx 480b-gate_up:2048 0.997x; "
+                                     "dx 480b-down:512 0.999x")  # fmt: skip
+    dw = [r for r in rows if r["op"] == "dw"]
+    assert len(dw) == 16 and all(ahead_ratio(r) > 1 for r in dw)
+    top = next(r for r in dw if (r["point"], r["tokens"]) == ("480b-gate_up", 2048))
+    assert top["config"].endswith("-ws") and top["ours"] > top["grouped_mm"]
+    behind = [r for r in rows if ahead_ratio(r) < 1]
+    assert len(behind) == 3 and all(ahead_ratio(r) > 0.995 for r in behind)
+    assert sum(r["config"].startswith(r["peer_tile"]) for r in behind) == 2
+    assert block_ratio(block["rounds"]) == pytest.approx(block["paired"])
+    assert judged[block_target(2048)][0] == "PASS"
+    assert judged[HOST][0] == "PASS"

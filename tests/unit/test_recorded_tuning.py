@@ -9,7 +9,10 @@
   ``kernels/configs-nvidia-h100-80gb-hbm3-sm90-132sm.json`` for forward and dx;
 * ``tuning/2026-12-06-h100-4164575/tune.json.gz``: dw only on one H100 (``--ops dw --merge``, the
   per-card set with the warp-specialized ``-ws`` configs, the 395b650 table's dw picks as the
-  incumbents); its best table is that packaged table's dw.
+  incumbents); its best table is that packaged table's dw but at the four 480B points;
+* ``tuning/2026-12-06-h100-521bdcd/tune.json.gz``: dw and dx at the four 480B points on one H100
+  (``--ops dw,dx --shapes ... --merge``, the points the 4164575 sweep's deadline had left to their
+  incumbents); its best table is the packaged table's dw and dx there.
 
 ``tests/fixtures/MANIFEST.md`` gives the machines, versions and commands.
 """
@@ -36,6 +39,7 @@ SWEEPS = {
     "nvidia-h100-80gb-hbm3-sm90-132sm": [
         TUNING / "2026-12-06-h100-395b650" / "tune.json.gz",
         TUNING / "2026-12-06-h100-4164575" / "tune.json.gz",
+        TUNING / "2026-12-06-h100-521bdcd" / "tune.json.gz",
     ],
 }
 MAX_REL_DIFF = 2e-2  # tune_kernels.py's check against torch._grouped_mm before a config is timed
