@@ -317,34 +317,15 @@ class Point:
         }[op]
 
     def path(self, op: str, config: Any) -> str:
-        from qmoe_doctor.kernels.backward import dw_tma_plan
+        """The kernel ``ours(op, config)`` runs (its launch plan's own choice for dw)."""
+        from qmoe_doctor.kernels.backward import dw_kernel_path
         from qmoe_doctor.kernels.grouped_gemm import kernel_path
 
         if op == "forward":
             return kernel_path(self.x, self.w, config)
         if op == "dx":
             return kernel_path(self.dy, self.w.transpose(1, 2), config)
-        import torch
-
-        dw = torch.empty((1, 1, 1), device=self.x.device, dtype=self.x.dtype).expand(self.e, self.n, self.k)
-        if config.flat:
-            return "pointer+flat"
-        if config.ws:
-            from qmoe_doctor.kernels.dw_ws import dw_ws_ok, ws_fallback
-
-            if dw_ws_ok(self.dy, self.x, config):
-                return "gluon+ws"
-            config = ws_fallback(config)
-        if config.overlap:
-            from qmoe_doctor.kernels.backward import overlap_fallback
-            from qmoe_doctor.kernels.dw_overlap import dw_overlap_ok
-
-            if dw_overlap_ok(self.dy, self.x, config):
-                return "gluon+overlap"
-            config = overlap_fallback(config)
-        if dw_tma_plan(self.dy, self.x, dw, config) is None:
-            return "pointer"
-        return "tma+resident" if config.resident else "tma"
+        return dw_kernel_path(self.dy, self.x, self.m_sizes, config=config)
 
 
 #: rel_diff's float32 temporaries hold at most this many elements each (one leading-dim slice

@@ -82,6 +82,7 @@ __all__ = [
     "check_dw_operands",
     "deferred_weight_grads",
     "dw_grid_size",
+    "dw_kernel_path",
     "dw_tma_plan",
     "launch_grouped_gemm_dw",
     "moe_fused_linear",
@@ -687,6 +688,22 @@ def moe_grouped_gemm_dw(
     if check_routing:
         check_routing_sizes(m_sizes, plan.m)
     return plan.run(dy, x, m_sizes)
+
+
+def dw_kernel_path(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    m_sizes: torch.Tensor,
+    *,
+    out_dtype: torch.dtype | None = None,
+    config: GemmConfig | None = None,
+) -> str:
+    """Which kernel ``moe_grouped_gemm_dw`` takes for these operands and ``config`` (for
+    reports): the path of the launch plan the call itself uses, so a config the device or the
+    operands cannot run names the kernel that runs it instead ("gluon+ws", "gluon+overlap",
+    "tma+resident", "tma", "pointer+flat", "pointer"; "" where nothing launches: M == 0 or an
+    empty dw). Made (and kept) once per call shape like the call's own plan; launches nothing."""
+    return _dw_plan(dy, x, m_sizes, out_dtype, config).path
 
 
 def moe_grouped_gemm_dw_torch(

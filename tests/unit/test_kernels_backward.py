@@ -324,3 +324,37 @@ def test_deferred_weight_grads_leave_dw_for_the_caller() -> None:
     x.grad = None
     moe_fused_linear(x, w, m_sizes).sum().backward()
     assert w.grad is not None
+
+
+@pytest.mark.parametrize(
+    ("name", "path"),
+    [
+        ("16x32x32-w4-s2", "pointer"),
+        ("16x32x32-w4-s2-flat", "pointer+flat"),
+        ("16x32x32-w4-s2-tma", "tma"),
+        ("16x32x32-w4-s2-tma-r2", "tma+resident"),
+        ("16x32x32-w4-s2-tma-ov2", "tma+resident"),  # no Gluon here: the resident Triton kernel
+        ("16x64x32-w4-s1-tma-ws", "tma"),  # no Gluon here: the Triton TMA kernel of the same tiles
+    ],
+)
+def test_dw_kernel_path_names_the_kernel_the_call_runs(name: str, path: str) -> None:
+    """``dw_kernel_path`` (what the tuner's and the benchmarks' reports print) is the path of the
+    plan the call itself then uses: a Hopper-only config names the kernel that runs it here, the
+    path launches nothing, and the call that follows makes no plan of its own."""
+    from qmoe_doctor.kernels import launch
+    from qmoe_doctor.kernels.backward import dw_kernel_path
+    from qmoe_doctor.kernels.grouped_gemm import plan_stats
+    from qmoe_doctor.kernels.tuning import config_from_name
+
+    cfg = config_from_name(name)
+    gen = torch.Generator().manual_seed(3)
+    sizes = torch.tensor([20, 0, 41, 3], dtype=torch.int32)
+    dy = torch.randn(64, 64, generator=gen).half()
+    x = torch.randn(64, 32, generator=gen).half()
+    launched = (launch.counts.standard, launch.counts.lean)
+    assert dw_kernel_path(dy, x, sizes, config=cfg) == path
+    assert (launch.counts.standard, launch.counts.lean) == launched
+    misses = plan_stats.misses
+    tri = moe_grouped_gemm_dw(dy, x, sizes, config=cfg)
+    assert plan_stats.misses == misses
+    assert_close(dw_ref(dy, x, sizes), tri, torch.float16)
