@@ -203,6 +203,10 @@ CARD_FWD_CONFIGS = [
     "64x256x64-w8-s4-tma-flat",
     "64x128x64-w4-s4-p2-tma-flat",
     "64x128x64-w4-s5-tma-flat",
+    # more weight bytes in flight at the few-row points, where the forward and dx stream W
+    "64x128x64-w4-s6-tma-flat",
+    "64x128x128-w4-s4-tma-flat",
+    "64x256x64-w4-s5-tma-flat",
     *ROWS_FIRST_CONFIGS,
     *TAIL_CONFIGS,
 ]
