@@ -12,7 +12,10 @@
   incumbents); its best table is that packaged table's dw but at the four 480B points;
 * ``tuning/2026-12-06-h100-521bdcd/tune.json.gz``: dw and dx at the four 480B points on one H100
   (``--ops dw,dx --shapes ... --merge``, the points the 4164575 sweep's deadline had left to their
-  incumbents); its best table is the packaged table's dw and dx there.
+  incumbents); its best table is the packaged table's dw and dx there;
+* ``tuning/2026-12-06-h100-245e545/tune.json.gz``: forward and dx at five memory-bound points on one
+  H100 (``--ops forward,dx --shapes ... --merge``, the per-card set with three tiles that keep more
+  weight bytes in flight); its best table is the packaged table's forward and dx there.
 
 ``tests/fixtures/MANIFEST.md`` gives the machines, versions and commands.
 """
@@ -40,6 +43,7 @@ SWEEPS = {
         TUNING / "2026-12-06-h100-395b650" / "tune.json.gz",
         TUNING / "2026-12-06-h100-4164575" / "tune.json.gz",
         TUNING / "2026-12-06-h100-521bdcd" / "tune.json.gz",
+        TUNING / "2026-12-06-h100-245e545" / "tune.json.gz",
     ],
 }
 MAX_REL_DIFF = 2e-2  # tune_kernels.py's check against torch._grouped_mm before a config is timed
