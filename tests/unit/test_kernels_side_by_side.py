@@ -688,3 +688,29 @@ def test_the_recorded_h100_run_ahead_at_every_dw_point_is_judged_as_it_was() -> 
     assert block_ratio(block["rounds"]) == pytest.approx(block["paired"])
     assert judged[block_target(2048)][0] == "PASS"
     assert judged[HOST][0] == "PASS"
+
+
+def test_the_recorded_h100_run_on_the_packaged_table_is_judged_as_it_was() -> None:
+    """Recorded on one H100 80GB HBM3 (2026-12-06, commit 3a27a33, the packaged H100 table: the
+    best of its four recorded sweeps). The verdicts come out of the recorded rows as the run
+    judged them: 45 of 48 ahead, every dw point among them; the three behind within 0.2% of the
+    peer's tile; of the memory-bound points short of 90% of the copy roofline, all but one are dw
+    points (the stack written whatever the token count)."""
+    from benchmarks.side_by_side import HOST, block_ratio, block_target
+
+    report = _recorded("2026-12-06-h100-3a27a33")
+    assert report["device"] == "NVIDIA H100 80GB HBM3"
+    rows, block = report["rows"], report["block"]
+    add_roofline(rows, report["copy_bandwidth"], report["write_bandwidth"], report["read_bandwidth"])
+    got = verdicts(rows, block, report["host"], [], block_tokens=report["targets"]["block_tokens"])
+    assert [list(v) for v in got] == report["verdicts"]
+    judged = {t: (v, d) for t, v, d in got}
+    assert judged[AHEAD] == ("FAIL", "45/48; behind: forward 235b-down:2048 0.999x; forward 480b-gate_up:2048 0.999x; "
+                                     "dx 480b-down:512 0.998x")  # fmt: skip
+    assert all(ahead_ratio(r) > 1 for r in rows if r["op"] == "dw")
+    assert all(ahead_ratio(r) > 0.997 for r in rows)
+    short = [(r["op"], r["point"], r["tokens"]) for r in rows if r["memory_bound"] and r["share"] < 0.9]
+    assert judged[ROOFLINE][1].startswith(f"{42 - len(short)}/42")
+    assert [s for s in short if s[0] != "dw"] == [("forward", "30b-down", 2048)]
+    assert block_ratio(block["rounds"]) == pytest.approx(block["paired"])
+    assert judged[block_target(2048)][0] == "PASS" and judged[HOST][0] == "PASS"
