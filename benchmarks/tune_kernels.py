@@ -177,7 +177,16 @@ DW_CONFIGS += ["128x128x128-w8-s3-tma", "64x256x64-w8-s4-tma", "128x128x64-w8-s4
 # The warp-specialized kernel (Gluon, Hopper, -ws): a loader warp ahead across tiles, one
 # warpgroup multiplying; two programs per SM of 96 KiB, or one with a deeper ring. An H100
 # (2026-12-06) measured the first at 8192 tokens and the 32-row s8 at 2048 fastest.
-WS_CONFIGS = ["32x128x128-w4-s4-p2-tma-ws", "32x128x128-w4-s8-tma-ws", "32x128x128-w4-s6-tma-ws", "64x128x128-w4-s4-tma-ws"]
+WS_CONFIGS = [
+    "32x128x128-w4-s4-p2-tma-ws",
+    "32x128x128-w4-s8-tma-ws",
+    "32x128x128-w4-s6-tma-ws",
+    "64x128x128-w4-s4-tma-ws",
+    # the ring as deep as shared memory allows (224 KiB with two staging tiles): the loader further
+    # ahead of the multiplier at the few-row points, where dw's loads slow its write stream
+    "64x128x128-w4-s5-tma-ws",
+    "32x128x128-w4-s10-tma-ws",
+]
 DW_CONFIGS += WS_CONFIGS
 CONFIGS = {"forward": FWD_CONFIGS, "dx": FWD_CONFIGS, "dw": DW_CONFIGS}
 #: The per-card set (``--set card``, tools/gpu/perf_card.sh): about 3 minutes on an H100 with the

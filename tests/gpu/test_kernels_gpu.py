@@ -422,7 +422,7 @@ HOPPER_DW_CONFIGS = [
     "64x128x128-w4-s4-tma-ws",
 ]
 
-WS_CONFIGS = ["32x128x128-w4-s4-p2-tma-ws", "32x128x128-w4-s8-tma-ws", "64x128x128-w4-s4-tma-ws"]
+WS_CONFIGS = ["32x128x128-w4-s4-p2-tma-ws", "32x128x128-w4-s8-tma-ws", "64x128x128-w4-s4-tma-ws", "64x128x128-w4-s5-tma-ws"]
 
 
 @pytest.mark.parametrize("name", WS_CONFIGS)
