@@ -15,7 +15,10 @@
   incumbents); its best table is the packaged table's dw and dx there;
 * ``tuning/2026-12-06-h100-245e545/tune.json.gz``: forward and dx at five memory-bound points on one
   H100 (``--ops forward,dx --shapes ... --merge``, the per-card set with three tiles that keep more
-  weight bytes in flight); its best table is the packaged table's forward and dx there.
+  weight bytes in flight); its best table is the packaged table's forward and dx there;
+* ``tuning/2026-12-06-h100-4f3513c/tune.json.gz``: dw at the eight 128- and 512-token points on
+  one H100 (``--ops dw --shapes ... --merge``, the ws candidates with the deepest ring shared
+  memory allows); its best table is the packaged table's dw there.
 
 ``tests/fixtures/MANIFEST.md`` gives the machines, versions and commands.
 """
@@ -44,6 +47,7 @@ SWEEPS = {
         TUNING / "2026-12-06-h100-4164575" / "tune.json.gz",
         TUNING / "2026-12-06-h100-521bdcd" / "tune.json.gz",
         TUNING / "2026-12-06-h100-245e545" / "tune.json.gz",
+        TUNING / "2026-12-06-h100-4f3513c" / "tune.json.gz",
     ],
 }
 MAX_REL_DIFF = 2e-2  # tune_kernels.py's check against torch._grouped_mm before a config is timed
