@@ -411,6 +411,19 @@ def _recorded(run: str) -> dict[str, Any]:
     return report
 
 
+def _rejudged(run: str) -> tuple[dict[str, Any], dict[str, tuple[str, str]]]:
+    """A recorded run's report, its rooflines recomputed from its recorded rates and its verdicts
+    re-derived from its rows, checked equal to the verdicts the run printed: (the report, target ->
+    (verdict, detail))."""
+    report = _recorded(run)
+    add_roofline(report["rows"], report["copy_bandwidth"], report["write_bandwidth"], report["read_bandwidth"])
+    got = verdicts(
+        report["rows"], report["block"], report["host"], [], block_tokens=report["targets"]["block_tokens"]
+    )
+    assert [list(v) for v in got] == report["verdicts"]
+    return report, {t: (v, d) for t, v, d in got}
+
+
 def _recorded_rows() -> list[dict[str, Any]]:
     return list(_recorded("2026-11-28-h200-e671bd5")["rows"])
 
@@ -616,15 +629,10 @@ def test_the_recorded_h100_run_is_judged_as_it_was() -> None:
     than it copies and reads slower: the dw points' shortfall is not the write rate."""
     from benchmarks.side_by_side import HOST, block_ratio, block_target
 
-    report = _recorded("2026-12-06-h100-395b650")
+    report, judged = _rejudged("2026-12-06-h100-395b650")
     assert report["device"] == "NVIDIA H100 80GB HBM3"
     rows, block = report["rows"], report["block"]
-    copy, write, read = report["copy_bandwidth"], report["write_bandwidth"], report["read_bandwidth"]
-    assert read < copy < write
-    add_roofline(rows, copy, write, read)  # the shares again, from the recorded rates
-    got = verdicts(rows, block, report["host"], [], block_tokens=report["targets"]["block_tokens"])
-    assert [list(v) for v in got] == report["verdicts"]
-    judged = {t: (v, d) for t, v, d in got}
+    assert report["read_bandwidth"] < report["copy_bandwidth"] < report["write_bandwidth"]
     assert judged[AHEAD] == ("FAIL", "45/48; behind: dw 30b-gate_up:8192 0.938x; forward 235b-down:2048 0.998x; "
                                      "dw 480b-gate_up:2048 0.959x")  # fmt: skip
     assert len(block["rounds"]["ours"]) == len(block["rounds"]["grouped_mm"]) == 5
@@ -644,13 +652,9 @@ def test_the_recorded_h100_run_with_the_warp_specialized_dw_is_judged_as_it_was(
     dx points within 0.3% of the peer's tile."""
     from benchmarks.side_by_side import HOST, block_ratio, block_target
 
-    report = _recorded("2026-12-06-h100-4164575")
+    report, judged = _rejudged("2026-12-06-h100-4164575")
     assert report["device"] == "NVIDIA H100 80GB HBM3"
     rows, block = report["rows"], report["block"]
-    add_roofline(rows, report["copy_bandwidth"], report["write_bandwidth"], report["read_bandwidth"])
-    got = verdicts(rows, block, report["host"], [], block_tokens=report["targets"]["block_tokens"])
-    assert [list(v) for v in got] == report["verdicts"]
-    judged = {t: (v, d) for t, v, d in got}
     assert judged[AHEAD] == ("FAIL", "45/48; behind: dx 480b-gate_up:512 0.999x; dw 480b-gate_up:2048 0.949x; "
                                      "dx 480b-down:512 0.997x")  # fmt: skip
     ws = {(r["point"], r["tokens"]): r for r in rows if r["op"] == "dw" and r["config"].endswith("-ws")}
@@ -669,13 +673,9 @@ def test_the_recorded_h100_run_ahead_at_every_dw_point_is_judged_as_it_was() -> 
     three behind each within 0.3% of the peer's tile (two of them the peer's own tile shape)."""
     from benchmarks.side_by_side import HOST, block_ratio, block_target
 
-    report = _recorded("2026-12-06-h100-521bdcd")
+    report, judged = _rejudged("2026-12-06-h100-521bdcd")
     assert report["device"] == "NVIDIA H100 80GB HBM3"
     rows, block = report["rows"], report["block"]
-    add_roofline(rows, report["copy_bandwidth"], report["write_bandwidth"], report["read_bandwidth"])
-    got = verdicts(rows, block, report["host"], [], block_tokens=report["targets"]["block_tokens"])
-    assert [list(v) for v in got] == report["verdicts"]
-    judged = {t: (v, d) for t, v, d in got}
     assert judged[AHEAD] == ("FAIL", "45/48; behind: forward 235b-down:2048 0.999x; dx 480b-gate_up:2048 0.997x; "
                                      "dx 480b-down:512 0.999x")  # fmt: skip
     dw = [r for r in rows if r["op"] == "dw"]
@@ -698,13 +698,9 @@ def test_the_recorded_h100_run_on_the_packaged_table_is_judged_as_it_was() -> No
     points (the stack written whatever the token count)."""
     from benchmarks.side_by_side import HOST, block_ratio, block_target
 
-    report = _recorded("2026-12-06-h100-3a27a33")
+    report, judged = _rejudged("2026-12-06-h100-3a27a33")
     assert report["device"] == "NVIDIA H100 80GB HBM3"
     rows, block = report["rows"], report["block"]
-    add_roofline(rows, report["copy_bandwidth"], report["write_bandwidth"], report["read_bandwidth"])
-    got = verdicts(rows, block, report["host"], [], block_tokens=report["targets"]["block_tokens"])
-    assert [list(v) for v in got] == report["verdicts"]
-    judged = {t: (v, d) for t, v, d in got}
     assert judged[AHEAD] == ("FAIL", "45/48; behind: forward 235b-down:2048 0.999x; forward 480b-gate_up:2048 0.999x; "
                                      "dx 480b-down:512 0.998x")  # fmt: skip
     assert all(ahead_ratio(r) > 1 for r in rows if r["op"] == "dw")
