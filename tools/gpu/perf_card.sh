@@ -31,7 +31,9 @@
 #   POINTS=30b-gate_up:2048,30b-down:2048,480b-gate_up:2048 bash tools/gpu/perf_card.sh bench
 # --tiny: the control flow on a CPU (Triton interpreter, nothing timed, no GPU test).
 # Knobs: TUNE_DEADLINE (default 180 s), JOBS (compile processes, default 12), BUDGET (560),
-# POINTS (the side-by-side's --points, GEMM:TOKENS,...; default every preset point).
+# POINTS (the side-by-side's --points, GEMM:TOKENS,...; default every preset point), CARD (run
+# only where the GPU's name contains it, e.g. CARD=H200: else exit 3 before any work, as
+# tools/gpu/run_common.sh says).
 # Results: $OUT/summary.txt (ends with the targets), $OUT/configs-<key>.json after a tune (commit
 # it as kernels/configs-<key>.json), $OUT/side_by_side.md (the tables of docs/performance.md),
 # $OUT/side_by_side.json, $OUT/logs.tar.gz.

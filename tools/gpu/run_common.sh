@@ -15,6 +15,9 @@
 #   - the working tree installed editable with no dependencies (the machine's torch and triton
 #     stay), a Triton cache under $TRITON_CACHE_DIR, NG (GPU count) and ALL (0,1,...,NG-1).
 #   - STEPS: the recipe's arguments, or $DEFAULT_STEPS when there are none (set it before sourcing).
+#   - CARD=TEXT (optional): run only where the first GPU's name contains TEXT (any case), else
+#     one summary line and exit 3 before any work: a call for one kind of machine may be lent
+#     another (an H100 for an H200), and a tune must not be recorded for the wrong card.
 #
 # Helpers:
 #   say TEXT              print and append to the summary
@@ -136,6 +139,14 @@ PY
 }
 finish() { pack; echo "==== SUMMARY"; cat "$S"; }
 
+if [[ -n "${CARD:-}" ]]; then
+  GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  if [[ -z "$GPU_NAME" || "${GPU_NAME,,}" != *"${CARD,,}"* ]]; then
+    say "CARD=$CARD: this machine's GPU is ${GPU_NAME:-none (nvidia-smi found none)}; nothing run"
+    finish
+    exit 3
+  fi
+fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$R/install.log" 2>&1 || say "install failed: $R/install.log"
 # The `qmoe-doctor` script pip writes may belong to another Python on the machine: every recipe's
 # `qmoe-doctor` is this python3's module, through a wrapper first on PATH.
