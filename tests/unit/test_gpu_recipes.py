@@ -3,7 +3,7 @@
 A call for one kind of machine may be lent another (an H100 for an H200). With ``CARD=TEXT`` a
 recipe runs only where the first GPU's name contains TEXT; anywhere else it says which GPU it
 found, writes its summary and exits 3 before any work (no install, no tune recorded for the
-wrong card). Here ``nvidia-smi`` is a stand-in on PATH.
+wrong card). Here ``nvidia-smi`` is a stand-in first on PATH.
 """
 
 from __future__ import annotations
@@ -20,12 +20,10 @@ REPO = Path(__file__).resolve().parents[2]
 def _recipe(tmp_path: Path, card: str, gpu_name: str | None) -> subprocess.CompletedProcess[str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    if gpu_name is not None:
-        smi = bin_dir / "nvidia-smi"
-        smi.write_text(f"#!/bin/sh\necho '{gpu_name}'\n")
-        smi.chmod(0o755)
-    path = f"{bin_dir}:/usr/bin:/bin" if gpu_name is None else f"{bin_dir}:{os.environ['PATH']}"
-    env = {**os.environ, "PATH": path, "CARD": card, "OUT": str(tmp_path / "out")}
+    smi = bin_dir / "nvidia-smi"  # shadows a real one: None stands for a machine where it fails
+    smi.write_text(f"#!/bin/sh\necho '{gpu_name}'\n" if gpu_name is not None else "#!/bin/sh\nexit 9\n")
+    smi.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CARD": card, "OUT": str(tmp_path / "out")}
     return subprocess.run(
         ["bash", str(REPO / "tools" / "gpu" / "perf_card.sh"), "--tiny", "bench"],
         capture_output=True, text=True, timeout=60, env=env, cwd=REPO,
