@@ -16,7 +16,6 @@ import re
 import pytest
 import torch
 
-from qmoe_doctor.core.tolerances import tolerance
 from qmoe_doctor.kernels.backward import (
     _dw_plan,
     _dw_smem_bytes,
@@ -35,7 +34,7 @@ from qmoe_doctor.kernels.dw_ws import (
     ws_options,
     ws_store_buffers,
 )
-from qmoe_doctor.kernels.testing import rel_err, sm90_compile_report
+from qmoe_doctor.kernels.testing import assert_close, sm90_compile_report
 from qmoe_doctor.kernels.tuning import config_from_name
 
 SM_SMEM = 233472  # shared memory of one H100 / H200 SM
@@ -112,8 +111,7 @@ def test_cpu_takes_the_fallback_and_matches_the_reference(sizes: list[int]) -> N
     assert _dw_plan(dy, x, m_sizes, None, cfg).path == "tma"
     dw = moe_grouped_gemm_dw(dy, x, m_sizes, config=cfg)
     ref = moe_grouped_gemm_dw_torch(dy[:routed].double(), x[:routed].double(), m_sizes)
-    assert torch.isfinite(dw).all()
-    assert rel_err(ref, dw) < tolerance("float16")
+    assert_close(ref, dw, torch.float16)  # finite (no unrouted NaN row reached it), within tolerance
     for e, size in enumerate(sizes):
         if size == 0:
             assert (dw[e] == 0).all()
