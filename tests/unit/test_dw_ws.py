@@ -39,6 +39,7 @@ from qmoe_doctor.kernels.tuning import config_from_name
 
 SM_SMEM = 233472  # shared memory of one H100 / H200 SM
 BLOCK_RESERVED = 1024  # what the driver keeps per resident block
+BLOCK_SMEM = 232448  # the most shared memory one block may ask for on an H100 / H200
 
 
 def test_names_round_trip_and_errors() -> None:
@@ -131,12 +132,17 @@ def _compiled(name: str) -> dict:
 
 
 @needs_ws
-@pytest.mark.parametrize("name", ["32x128x128-w4-s4-p2-tma-ws", "32x128x128-w4-s8-tma-ws"])
+@pytest.mark.parametrize(
+    "name",
+    # the deepest rings of the tuner's candidates (about 224 KiB) fit one block only just
+    ["32x128x128-w4-s4-p2-tma-ws", "32x128x128-w4-s8-tma-ws", "64x128x128-w4-s5-tma-ws", "32x128x128-w4-s10-tma-ws"],
+)
 def test_kernel_compiles_fits_and_keeps_its_registers(name: str) -> None:
     cfg = config_from_name(name)
     got = _compiled(name)
     want = dw_ws_smem_bytes(cfg, 2)
     assert want <= got["shared"] <= want + 256  # the host's count is what the kernel allocates
+    assert got["shared"] <= BLOCK_SMEM
     report = got["ptxas"]
     assert re.search(r"\b0 bytes spill stores", report), report
     regs = int(re.search(r"Used (\d+) registers", report).group(1))  # type: ignore[union-attr]
