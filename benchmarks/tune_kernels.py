@@ -330,14 +330,14 @@ class Point:
         }[op]
 
     def path(self, op: str, config: Any) -> str:
-        """The kernel ``ours(op, config)`` runs (its launch plan's own choice for dw)."""
+        """The kernel ``ours(op, config)`` runs: its launch plan's own choice."""
         from qmoe_doctor.kernels.backward import dw_kernel_path
         from qmoe_doctor.kernels.grouped_gemm import kernel_path
 
         if op == "forward":
-            return kernel_path(self.x, self.w, config)
+            return kernel_path(self.x, self.w, self.m_sizes, config=config)
         if op == "dx":
-            return kernel_path(self.dy, self.w.transpose(1, 2), config)
+            return kernel_path(self.dy, self.w, self.m_sizes, transposed=True, config=config)
         return dw_kernel_path(self.dy, self.x, self.m_sizes, config=config)
 
 

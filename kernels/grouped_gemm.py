@@ -520,12 +520,22 @@ def tail_descriptor(x: torch.Tensor, cfg: GemmConfig) -> Any:
     return tensor_descriptor_class(x, cfg)(x, [m, k], [x.stride(0), 1], [cfg.tail, cfg.block_k])
 
 
-def kernel_path(x: torch.Tensor, w: torch.Tensor, cfg: GemmConfig) -> str:
-    """Which kernel a call with this config takes: "tma" or "pointer", "+flat" or "+tail" (for
-    reports). Without a TMA plan a tail config takes the pointer kernel of the same tiles."""
-    if tma_plan(x, w, None, cfg) is None:
-        return "pointer" + ("+flat" if cfg.flat else "")
-    return "tma" + ("+flat" if cfg.flat else "+tail" if cfg.tail else "")
+def kernel_path(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    m_sizes: torch.Tensor,
+    *,
+    transposed: bool = False,
+    out_dtype: torch.dtype | None = None,
+    config: GemmConfig | None = None,
+) -> str:
+    """Which kernel ``moe_grouped_gemm`` (``moe_grouped_gemm_dx`` with ``transposed``: x is dy,
+    w the forward's weight) takes for these operands and ``config`` (for reports): the path of
+    the launch plan the call itself uses ("tma+flat", "tma+tail", "tma", "pointer+flat",
+    "pointer"; "" where nothing launches: M, N or K == 0). Without a TMA plan a tail config takes
+    the pointer kernel of the same tiles. Made (and kept) once per call shape like the call's own
+    plan; launches nothing."""
+    return _gemm_plan(x, w, m_sizes, out_dtype, config, transposed).path
 
 
 def grid_size(m: int, n: int, e: int, cfg: GemmConfig, device: torch.device) -> int:

@@ -75,12 +75,44 @@ def _ops(
 def test_forward_and_dx_paths(cfg: GemmConfig, case: tuple[int, list[int], int, int]) -> None:
     m, sizes, n, k = case
     x, w, dy, m_sizes = _ops(m, sizes, n, k)
-    assert kernel_path(x, w, cfg).startswith("tma" if cfg.tma else "pointer")
+    assert kernel_path(x, w, m_sizes, config=cfg).startswith("tma" if cfg.tma else "pointer")
     y = moe_grouped_gemm(x, w, m_sizes, config=cfg)
     assert not torch.isnan(y).any()
     assert rel_err(moe_grouped_gemm_torch(x.double(), w.double(), m_sizes), y) < TOL
     dx = moe_grouped_gemm_dx(dy, w, m_sizes, config=cfg)
     assert rel_err(moe_grouped_gemm_dx_torch(dy.double(), w.double(), m_sizes), dx) < TOL
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["forward", "dx"])
+@pytest.mark.parametrize(
+    ("name", "path"),
+    [
+        ("32x32x32-w4-s1", "pointer"),
+        ("32x32x32-w4-s1-flat", "pointer+flat"),
+        ("32x32x32-w4-s1-tma", "tma"),
+        ("32x32x32-w4-s1-tma-flat", "tma+flat"),
+        ("32x32x32-w4-s1-tma-t16", "tma+tail"),
+    ],
+)
+def test_kernel_path_names_the_kernel_the_call_runs(name: str, path: str, transposed: bool) -> None:
+    """``kernel_path`` (what the tuner's reports print) is the path of the plan the forward or
+    dx call itself then uses: it launches nothing, and the call that follows makes no plan."""
+    from qmoe_doctor.kernels import launch
+    from qmoe_doctor.kernels.grouped_gemm import plan_stats
+
+    cfg = tuning.config_from_name(name)
+    x, w, dy, m_sizes = _ops(40, [10, 0, 30], 64, 48)  # N and K whole 32-wide tiles: TMA both ways
+    a = dy if transposed else x
+    launched = (launch.counts.standard, launch.counts.lean)
+    assert kernel_path(a, w, m_sizes, transposed=transposed, config=cfg) == path
+    assert (launch.counts.standard, launch.counts.lean) == launched
+    misses = plan_stats.misses
+    if transposed:
+        got, want = moe_grouped_gemm_dx(dy, w, m_sizes, config=cfg), moe_grouped_gemm_dx_torch(dy.double(), w.double(), m_sizes)
+    else:
+        got, want = moe_grouped_gemm(x, w, m_sizes, config=cfg), moe_grouped_gemm_torch(x.double(), w.double(), m_sizes)
+    assert plan_stats.misses == misses
+    assert rel_err(want, got) < TOL
 
 
 @pytest.mark.parametrize(
@@ -143,7 +175,7 @@ def test_tail_rows_ride_with_the_expert_s_last_full_tile(cfg: GemmConfig, case: 
     covered = min(m, sum(max(v, 0) for v in sizes))
     x[covered:] = float("nan")
     dy[covered:] = float("nan")
-    assert kernel_path(x, w, cfg) == "tma+tail"
+    assert kernel_path(x, w, m_sizes, config=cfg) == "tma+tail"
     y = moe_grouped_gemm(x, w, m_sizes, config=cfg)
     assert torch.isfinite(y).all() and not y[covered:].any()
     assert rel_err(moe_grouped_gemm_torch(x.double(), w.double(), m_sizes), y) < TOL
@@ -158,7 +190,7 @@ def test_a_tail_config_without_tma_takes_the_pointer_kernel_of_its_tiles() -> No
     x = big[1:, 1:]  # 98-byte rows: no tensor descriptor
     w = torch.randn(5, 24, 48).half()
     m_sizes = torch.tensor([36, 33, 16, 31, 0])
-    assert kernel_path(x, w, cfg) == "pointer"
+    assert kernel_path(x, w, m_sizes, config=cfg) == "pointer"
     y = moe_grouped_gemm(x, w, m_sizes, config=cfg)
     assert rel_err(moe_grouped_gemm_torch(x.double(), w.double(), m_sizes), y) < TOL
 
@@ -169,7 +201,7 @@ def test_unaligned_operands_take_the_pointer_kernel_and_stay_right() -> None:
     x = big[1:, 1:]  # row stride 49 halves = 98 bytes: no tensor descriptor can describe it
     w = torch.randn(3, 24, 48).half()
     m_sizes = torch.tensor([10, 20, 10])
-    assert kernel_path(x, w, cfg) == "pointer+flat"
+    assert kernel_path(x, w, m_sizes, config=cfg) == "pointer+flat"
     y = moe_grouped_gemm(x, w, m_sizes, config=cfg)
     assert rel_err(moe_grouped_gemm_torch(x.double(), w.double(), m_sizes), y) < TOL
     dw = torch.empty(3, 24, 48).half()
