@@ -27,7 +27,8 @@
 #              (int32-offset-overflow from lint + size, live)
 #   overhead   benchmarks/monitor_overhead.py: the MoE block training step with and without the
 #              launch monitor (2048 and 128 tokens), with a profile of each child's host time
-# Knobs: BUDGET (seconds for the whole call, default 560), TEST_TIMEOUT (default 300).
+# Knobs: BUDGET (seconds for the whole call, default 560), TEST_TIMEOUT (default 300), SHARDS
+# (tests: that many pytest processes share the GPU tests, pytest --shard; default 1).
 # Results: $OUT/summary.txt (one line per step, verdicts), logs and JSON reports in
 # $OUT/logs.tar.gz. Record the run in docs/validation/ (gpu-tests.md, scan-specimens.md).
 DEFAULT_STEPS="env tests scan specimens sweeps check autotune run overhead"
@@ -39,8 +40,20 @@ if has env; then
   t env 60 qmoe-doctor env
 fi
 if has tests; then
-  t pytest-gpu "$(cap "${TEST_TIMEOUT:-300}")" python3 -m pytest tests/gpu -m "gpu or multigpu" -q -p no:cacheprovider -rfE
-  tail -3 "$R/pytest-gpu.log" | tee -a "$S"
+  if (( ${SHARDS:-1} > 1 )); then
+    # SHARDS processes share the selection (pytest --shard I/N): compiling, on the CPU, is the
+    # slow part of a cold-cache run, and one card holds them all
+    limit=$(cap "${TEST_TIMEOUT:-300}")
+    for ((i = 0; i < SHARDS; i++)); do
+      t "pytest-gpu-$i" "$limit" python3 -m pytest tests/gpu -m "gpu or multigpu" -q -p no:cacheprovider -rfE \
+        "--shard=$i/$SHARDS" &
+    done
+    wait
+    for ((i = 0; i < SHARDS; i++)); do say "   shard $i/$SHARDS: $(tail -1 "$R/pytest-gpu-$i.log")"; done
+  else
+    t pytest-gpu "$(cap "${TEST_TIMEOUT:-300}")" python3 -m pytest tests/gpu -m "gpu or multigpu" -q -p no:cacheprovider -rfE
+    tail -3 "$R/pytest-gpu.log" | tee -a "$S"
+  fi
 fi
 if has scan; then
   t scan-builtin "$(cap 120)" qmoe-doctor scan --gpus 0 --save "$R/scan-builtin.json" --log-dir "$R/workers-builtin"
