@@ -9,6 +9,7 @@ wrong card). Here ``nvidia-smi`` is a stand-in first on PATH.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -41,3 +42,38 @@ def test_a_recipe_for_another_card_stops_before_any_work(tmp_path: Path, gpu_nam
     assert line in done.stdout
     assert (tmp_path / "out" / "summary.txt").read_text().strip() == line
     assert not (tmp_path / "out" / "logs" / "install.log").exists()  # stopped before the install
+
+
+CHECKS = Path(__file__).resolve().parents[1] / "fixtures" / "reports" / "check" / "2026-12-06-h100-761a4c8"
+
+
+def _expect_check(xml: Path, own: str, tmp_path: Path) -> str:
+    """The recipes' ``expect_check`` line for one ``check --junit`` report: the function alone,
+    cut from the shared header (sourcing the header installs the tree)."""
+    header = (REPO / "tools" / "gpu" / "run_common.sh").read_text()
+    body = re.search(r"^expect_check\(\) \{\n.*?^\}\n", header, re.S | re.M)
+    assert body is not None
+    script = f'S={tmp_path / "summary.txt"}\n{body.group(0)}expect_check "$1" "$2"\n'
+    done = subprocess.run(["bash", "-c", script, "-", str(xml), own], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.mark.parametrize("xml", sorted(CHECKS.glob("check-*.xml")), ids=lambda p: p.stem)
+def test_expect_check_judges_recorded_checks_by_the_specimen_s_own_cause(xml: Path, tmp_path: Path) -> None:
+    """One-GPU `check` reports of the built-in kernel and each specimen (H100, 2026-12-06): each
+    is "ok" against its own cause (the lint's where no one-GPU cell can see it, cached_sms; exit 0
+    for a correct kernel) and "NOT AS EXPECTED" against any other."""
+    from qmoe_doctor.core.specimens import SPECIMENS, get_specimen
+
+    name = xml.stem.removeprefix("check-")
+    own = "-" if name == "builtin" else get_specimen(name).cause or "-"
+    assert _expect_check(xml, own, tmp_path).startswith("ok: ")
+    others = sorted({s.cause for s in SPECIMENS if s.cause and s.cause != own} | ({"-"} if own != "-" else set()))
+    for other in others[:3]:
+        assert _expect_check(xml, other, tmp_path).startswith("NOT AS EXPECTED: ")
+
+
+def test_expect_check_says_when_there_is_no_report(tmp_path: Path) -> None:
+    line = _expect_check(tmp_path / "missing.xml", "-", tmp_path)
+    assert line.startswith("NOT AS EXPECTED: no report")

@@ -29,10 +29,14 @@
 #   header                date, commit ($COMMIT, else git's), GPUs, driver, torch / triton /
 #                         CUDA / NCCL / Python versions, compute-sanitizer; nvidia-smi topo -m
 #   cap SECONDS           SECONDS, or fewer when less than that (+ 10 s) is left of $BUDGET
-#   specimens_for WHERE   "NAME CAUSE" of each specimen whose planted fault shows WHERE: one (a
+#   specimens_for WHERE   "NAME CAUSE OWN" of each specimen whose planted fault shows WHERE: one (a
 #                         single GPU), pair (an ordered GPU pair) or parallel (ranks), read from
-#                         `qmoe-doctor specimens --json`; CAUSE "-" for a specimen whose scan must
-#                         come out healthy (a correct kernel, or a fault only the lint sees)
+#                         `qmoe-doctor specimens --json`; CAUSE, what its scan must name: "-" for
+#                         a specimen whose scan must come out healthy (a correct kernel, or a
+#                         fault only the lint sees); OWN, its own cause ("-": a correct kernel),
+#                         which `qmoe-doctor check` (scan and lint) must name
+#   expect_check XML OWN  does a `qmoe-doctor check --junit` report exit 1 naming exactly OWN
+#                         (exit 0, no failure, for "-")? One "ok" / "NOT AS EXPECTED" line
 #   expect_verdict FILE CAUSE   does a saved scan or parallel report name exactly CAUSE ("-":
 #                         none) and leave nothing unexplained? One "ok" / "NOT AS EXPECTED" line
 #   modes_table FILE      one line per mode of a `qmoe-doctor parallel --save` report
@@ -91,8 +95,23 @@ for s in json.load(sys.stdin)["specimens"]:
     where = ("one" if not conds else "parallel" if any(c.startswith("parallel-") for c in conds)
              else "pair" if conds <= PAIR else "one")
     if where == sys.argv[1]:
-        print(s["name"], s["cause"] if conds and s["cause"] else "-")
+        print(s["name"], s["cause"] if conds and s["cause"] else "-", s["cause"] or "-")
 ' "$1"
+}
+expect_check() {
+  python3 - "$1" "$2" <<'PY' | tee -a "$S"
+import sys
+import xml.etree.ElementTree as ET
+path, want = sys.argv[1], sys.argv[2]
+try:
+    root = ET.parse(path).getroot()
+except Exception as exc:  # the check did not finish: its log says why
+    print(f"   NOT AS EXPECTED: no report ({exc})"); sys.exit()
+code = {p.get("name"): p.get("value") for p in root.iter("property")}.get("exit_code")
+got = sorted({f.get("type") for f in root.iter("failure")} | {f.get("type") for f in root.iter("error")})
+ok = (code, got) == (("0", []) if want == "-" else ("1", [want]))
+print(f"   {'ok' if ok else 'NOT AS EXPECTED'}: exit {code}, failures named {got} (want {'exit 0' if want == '-' else 'exit 1, ' + want})")
+PY
 }
 expect_verdict() {
   python3 - "$1" "$2" <<'PY' | tee -a "$S"

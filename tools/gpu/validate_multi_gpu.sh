@@ -50,7 +50,7 @@ if has scan; then
   expect_verdict "$R/scan-torch.json" -
 fi
 if has specimens; then
-  while read -r name cause; do
+  while read -r name cause _; do
     t "scan-$name" "$(cap 150)" qmoe-doctor scan --gpus "$GPUS" --kernel "specimen:$name" --save "$R/scan-$name.json" \
       --log-dir "$R/workers-$name"
     expect_verdict "$R/scan-$name.json" "$cause"
@@ -58,14 +58,14 @@ if has specimens; then
 fi
 if has check; then
   t check-builtin "$(cap 120)" qmoe-doctor check --kernel builtin --require-gpus 2 --gpus "$GPUS" --junit "$R/check-builtin.xml"
-  say "   want exit 0"
-  while read -r name cause; do
+  expect_check "$R/check-builtin.xml" -
+  while read -r name _ own; do
     t "check-$name" "$(cap 120)" qmoe-doctor check --kernel "specimen:$name" --require-gpus 2 --gpus "$GPUS" \
       --junit "$R/check-$name.xml"
-    say "   want exit 1 naming $cause: $(grep -o "type=\"$cause\"" "$R/check-$name.xml" 2>/dev/null | head -1)"
+    expect_check "$R/check-$name.xml" "$own"
   done < <(specimens_for pair; specimens_for one)
   t check-torch "$(cap 120)" qmoe-doctor check --kernel torch:grouped_mm --require-gpus 2 --gpus "$GPUS" --junit "$R/check-torch.xml"
-  say "   want exit 0"
+  expect_check "$R/check-torch.xml" -
 fi
 if has repro; then
   t repro-unguarded "$(cap 120)" qmoe-doctor repro --gpus "$GPUS" --kernel specimen:unguarded --out "$R/repro-unguarded"

@@ -62,7 +62,7 @@ if has scan; then
   expect_verdict "$R/scan-torch.json" -
 fi
 if has specimens; then
-  while read -r name cause; do
+  while read -r name cause _; do
     t "scan-$name" "$(cap 150)" qmoe-doctor scan --gpus 0 --kernel "specimen:$name" --save "$R/scan-$name.json" \
       --log-dir "$R/workers-$name"
     expect_verdict "$R/scan-$name.json" "$cause"
@@ -81,11 +81,11 @@ if has sweeps; then
 fi
 if has check; then
   t check-builtin "$(cap 120)" qmoe-doctor check --kernel builtin --require-gpus 1 --gpus 0 --junit "$R/check-builtin.xml"
-  say "   want exit 0"
-  while read -r name cause; do
+  expect_check "$R/check-builtin.xml" -
+  while read -r name _ own; do
     t "check-$name" "$(cap 120)" qmoe-doctor check --kernel "specimen:$name" --require-gpus 1 --gpus 0 \
       --junit "$R/check-$name.xml"
-    say "   want exit 1 naming $cause: $(grep -o "type=\"$cause\"" "$R/check-$name.xml" 2>/dev/null | head -1)"
+    expect_check "$R/check-$name.xml" "$own"
   done < <(specimens_for one)
 fi
 if has autotune; then
