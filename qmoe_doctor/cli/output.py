@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.text import Text
 
 from qmoe_doctor.reports.json import dumps, json_document, write_atomic
@@ -35,6 +35,28 @@ def stdout_console() -> Console:
 def stderr_console() -> Console:
     """Progress, warnings and logs."""
     return Console(file=sys.stderr, highlight=False, markup=False, emoji=False)
+
+
+#: Widest a table is printed to a pipe (a log line longer than this is a table gone wrong).
+PIPE_MAX_WIDTH = 400
+
+
+def print_table(console: Console, table: RenderableType, *, max_width: int = PIPE_MAX_WIDTH) -> None:
+    """``console.print(table)``, at the table's natural width when the console is not a terminal:
+    off a terminal (a pipe, a CI log) rich assumes 80 columns and cut whatever did not fit to "…"
+    (every number of the bench table, the code of a lint finding's fix). ``max_width`` caps it
+    there: a table of prose wraps its prose to fit (its code columns fold, never cut). Every
+    renderer prints its tables through here; on a terminal the table fits the window."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    natural = console.measure(table, options=console.options.update(width=max_width)).maximum
+    before = console.width  # print(width=) cannot go past the console's own width
+    console.width = max(before, natural)
+    try:
+        console.print(table, crop=False)
+    finally:
+        console.width = before
 
 
 def error(message: str) -> None:

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from qmoe_doctor.cli.output import print_table
 from qmoe_doctor.core.audit import DOCS_PAGE, FIX, AuditReport, AuditRow, OperandKind
 
 #: Below this terminal width the role column is left out (the JSON always has it).
@@ -43,7 +44,7 @@ def render_audit(console: Console, report: AuditReport) -> None:
         if with_role:
             cells.append(Text(row.role))
         table.add_row(*cells, style="red" if row.wraps else None)
-    console.print(table)
+    print_table(console, table)
     console.print(
         Text(
             f"Activations wrap from {report.min_wrap_tokens:,} tokens "

@@ -10,14 +10,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from rich.console import Console, RenderableType
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from qmoe_doctor.cli.output import print_table
 from qmoe_doctor.core.bench import BLOCK_OPS, DENSE, OP_LABEL, OURS, BenchReport, BenchRow
-
-#: Widest a table is printed to a pipe (a log line longer than this is a table gone wrong).
-PIPE_MAX_WIDTH = 400
 
 
 def _fmt_tflops(r: BenchRow | None, timed: bool) -> Text:
@@ -73,21 +71,6 @@ def _number_column(table: Table, header: str) -> None:
     """A right-aligned number column: rich narrows the wrappable text columns first, and a
     number that still does not fit folds onto a second line rather than turning into "…"."""
     table.add_column(header, justify="right", no_wrap=True, overflow="fold")
-
-
-def print_table(console: Console, table: RenderableType) -> None:
-    """``console.print(table)``, at the table's natural width when the console is not a
-    terminal (rich's 80-column default for a pipe turned every number into "…")."""
-    if console.is_terminal:
-        console.print(table)
-        return
-    natural = console.measure(table, options=console.options.update(width=PIPE_MAX_WIDTH)).maximum
-    before = console.width  # print(width=) cannot go past the console's own width
-    console.width = max(before, natural)
-    try:
-        console.print(table, crop=False)
-    finally:
-        console.width = before
 
 
 def gemm_table(report: BenchReport) -> Table:

@@ -9,6 +9,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from qmoe_doctor.cli.output import print_table
 from qmoe_doctor.machine.inventory import GpuInfo, GpuPair, Inventory, LinkKind, P2PStatus
 
 _GIB = 1024**3
@@ -26,12 +27,12 @@ def render_inventory(console: Console, inv: Inventory) -> None:
         )
         _render_warnings(console, inv.warnings)
         return
-    console.print(_gpu_table(inv.gpus))
+    print_table(console, _gpu_table(inv.gpus))
     if len(inv.gpus) > 1:
         console.print(Text("Links (as nvidia-smi topo -m)", style="italic"))
-        console.print(_pair_grid(inv, _link_cell))
+        print_table(console, _pair_grid(inv, _link_cell))
         console.print(Text("P2P support, read/write/NVLink (row GPU accessing column GPU)", style="italic"))
-        console.print(_pair_grid(inv, _p2p_cell))
+        print_table(console, _pair_grid(inv, _p2p_cell))
         console.print(
             Text(
                 "NV# = # NVLinks (direct or via NVSwitch); PIX/PXB = PCIe switch(es); PHB = host "

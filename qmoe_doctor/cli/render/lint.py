@@ -6,7 +6,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from qmoe_doctor.cli.output import print_table
 from qmoe_doctor.workflows.lint import LintReport
+
+#: Widest a finding's table is printed to a pipe: its message wraps, its fix's code lines (folded
+#: past the column, never cut) fit whole at this width.
+PROSE_WIDTH = 140
 
 
 def _summary(report: LintReport) -> str:
@@ -30,7 +35,7 @@ def render_table(out: Console, report: LintReport) -> None:
         table = Table(title=Text(path, style="bold"), title_justify="left", show_lines=True, expand=False)
         table.add_column("Line", justify="right", no_wrap=True)
         table.add_column("Rule / cause", no_wrap=True)
-        table.add_column("Finding and fix")
+        table.add_column("Finding and fix", overflow="fold")  # code of a fix, never cut to "…"
         for f in findings:
             rule = Text(f.rule.value, style="bold yellow")
             rule.append(f"\n{f.cause}", style="dim")
@@ -38,7 +43,7 @@ def render_table(out: Console, report: LintReport) -> None:
             body.append("\nfix: ", style="bold green")
             body.append(f.fix, style="green")
             table.add_row(f"{f.line}:{f.col}", rule, body)
-        out.print(table)
+        print_table(out, table, max_width=PROSE_WIDTH)
     if report.findings:
         docs = sorted({f"docs/causes/{f.cause}.md" for f in report.findings})
         out.print(Text("More on each cause: " + ", ".join(docs), style="dim"), soft_wrap=True)

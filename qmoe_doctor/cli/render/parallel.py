@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from qmoe_doctor.cli.output import print_table
 from qmoe_doctor.cli.render.scan import STYLE, diagnosis_panel
 from qmoe_doctor.core.modes import MODE_OF
 from qmoe_doctor.core.records import Status
@@ -77,7 +78,7 @@ def render_parallel(console: Console, report: ParallelReport) -> None:
             "-" if m.speedup is None else f"{m.speedup:.2f}x",
             "-" if m.efficiency is None else f"{100 * m.efficiency:.0f}%",
         )
-    console.print(modes)
+    print_table(console, modes)
     ranks = Table(title="Ranks", title_justify="left")
     for col in ("rank", "mode", "device", "result", "detail"):
         ranks.add_column(col)
@@ -93,7 +94,7 @@ def render_parallel(console: Console, report: ParallelReport) -> None:
             _label(o.status, o.error_kind),
             detail,
         )
-    console.print(ranks)
+    print_table(console, ranks)
     for d in report.diagnoses:
         console.print(diagnosis_panel(d))
     for note in report.explanations:

@@ -8,6 +8,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from qmoe_doctor.cli.output import print_table
 from qmoe_doctor.core.causes import get_cause
 from qmoe_doctor.core.conditions import PAIR_ORDER, SINGLE_ORDER, SWEEP_CONDITIONS
 from qmoe_doctor.core.records import Condition, Diagnosis, Phase, Status
@@ -171,7 +172,7 @@ def render_report(console: Console, report: ScanReport) -> None:
             mapping = ", ".join(f"GPU {g} -> cuda:{o}" for o, g in sorted(s.gpu_of_ordinal.items()))
             console.print(Text(f"  {s.label}: probes saw {mapping}", style="dim"))
     for table in matrix_tables(report):
-        console.print(table)
+        print_table(console, table)
     for audit in report.audit:
         wraps = [r for r in audit.rows if r.wraps]
         if wraps:

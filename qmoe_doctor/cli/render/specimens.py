@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from qmoe_doctor.cli.output import print_table
 from qmoe_doctor.core.specimens import SpecimenInfo
 
 
@@ -24,7 +25,7 @@ def render_specimens(console: Console, specimens: Sequence[SpecimenInfo]) -> Non
             what.append(f"\nfound by: qmoe-doctor lint (rule {spec.lint_rule})", style="dim")
         cause = Text(spec.cause) if spec.cause is not None else Text("none (correct)", style="green")
         table.add_row(spec.kernel_option, cause, what)
-    console.print(table)
+    print_table(console, table)
     console.print(
         "Each is qmoe_doctor.kernels.specimens.<name>:moe_grouped_gemm; docs: docs/causes/<cause>.md; "
         "a correct one must get no diagnosis"
