@@ -551,6 +551,27 @@ def test_tuner_merge_keeps_what_was_not_measured_and_says_where_it_came_from() -
     ]
 
 
+@pytest.mark.parametrize("pinned", ["", "128x128x64-w4-s3-p2-tma-t32,128x256x64-w8-s4-tma-t32"])
+def test_tuner_measures_each_point_s_incumbent_with_a_pinned_list_too(pinned: str) -> None:
+    """The table a tune writes is never slower than today's where it measured: today's pick (the
+    incumbent) is a candidate with the per-card set and with ``--configs`` alike."""
+    import argparse
+    import importlib.util
+
+    repo = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("tune_kernels", repo / "benchmarks" / "tune_kernels.py")
+    assert spec and spec.loader
+    tk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tk)
+    today = "128x128x128-w8-s3-tma-flat"
+    tk.incumbent = lambda *a, **k: today  # the device's table, as on a GPU
+    args = argparse.Namespace(configs=pinned, tiny=False, set="card", top_k=8)
+    names = tk.candidates(args, "forward", ("30b-down", 128, 2048, 768, 2048), None, None)
+    assert names.count(today) == 1
+    if pinned:
+        assert names == [*pinned.split(","), today]
+
+
 @pytest.mark.parametrize(
     "tool", ["kernel_regs.py", "ncu_target.py", "block_profile.py", "host_overhead.py", "routing_probe.py"]
 )
