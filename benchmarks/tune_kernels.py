@@ -163,7 +163,15 @@ ROWS_FIRST_CONFIGS = [
 ]
 # An expert's tail rows in its last full row tile (-tN: one pass of that weight tile through L2,
 # not two): about half the experts of a 2048-token batch end with at most 32 rows past a tile.
-TAIL_CONFIGS = ["128x256x64-w8-s3-tma-t32", "128x256x64-w8-s4-tma-t32"]
+# The 128-wide ones led an H100's 2048-token forward where the weight is widest (235B gate_up
+# and down, 480B gate_up; 2026-12-06), 1-2% ahead of the flattened kernels' best.
+TAIL_CONFIGS = [
+    "128x256x64-w8-s3-tma-t32",
+    "128x256x64-w8-s4-tma-t32",
+    "128x128x128-w8-s3-tma-t16",
+    "128x128x128-w8-s3-tma-t32",
+    "128x128x64-w4-s3-p2-tma-t32",
+]
 FWD_CONFIGS += [
     *TAIL_CONFIGS,
     "128x256x64-w8-s4",
