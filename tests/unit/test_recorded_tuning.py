@@ -18,7 +18,11 @@
   weight bytes in flight); its best table is the packaged table's forward and dx there;
 * ``tuning/2026-12-06-h100-4f3513c/tune.json.gz``: dw at the eight 128- and 512-token points on
   one H100 (``--ops dw --shapes ... --merge``, the ws candidates with the deepest ring shared
-  memory allows); its best table is the packaged table's dw there.
+  memory allows); its best table is the packaged table's dw there;
+* ``tuning/2026-12-06-h100-c5ee87c/tune.json.gz``: forward and dx at the six 2048-token points on
+  one H100 (``--configs`` five tail-kernel configs, each point's incumbent measured with them,
+  ``--merge``); its best table is the packaged table's forward and dx there (the tail kernel at
+  three forwards).
 
 ``tests/fixtures/MANIFEST.md`` gives the machines, versions and commands.
 """
@@ -48,6 +52,7 @@ SWEEPS = {
         TUNING / "2026-12-06-h100-521bdcd" / "tune.json.gz",
         TUNING / "2026-12-06-h100-245e545" / "tune.json.gz",
         TUNING / "2026-12-06-h100-4f3513c" / "tune.json.gz",
+        TUNING / "2026-12-06-h100-c5ee87c" / "tune.json.gz",
     ],
 }
 MAX_REL_DIFF = 2e-2  # tune_kernels.py's check against torch._grouped_mm before a config is timed
