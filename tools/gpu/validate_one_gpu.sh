@@ -46,7 +46,7 @@ if has tests; then
     limit=$(cap "${TEST_TIMEOUT:-300}")
     for ((i = 0; i < SHARDS; i++)); do
       t "pytest-gpu-$i" "$limit" python3 -m pytest tests/gpu -m "gpu or multigpu" -q -p no:cacheprovider -rfE \
-        "--shard=$i/$SHARDS" &
+        --durations=10 "--shard=$i/$SHARDS" &
     done
     wait
     for ((i = 0; i < SHARDS; i++)); do say "   shard $i/$SHARDS: $(tail -1 "$R/pytest-gpu-$i.log")"; done
