@@ -7,6 +7,7 @@ The bench table's numbers have their own tests (test_bench_render.py)."""
 from __future__ import annotations
 
 import io
+import re
 
 from rich.console import Console
 from typer.testing import CliRunner
@@ -70,3 +71,12 @@ def test_specimens_piped_keeps_each_summary_on_its_line() -> None:
     assert "…" not in out
     for spec in SPECIMENS:
         assert any(spec.summary in line for line in out.splitlines()), spec.name
+
+
+def test_audit_piped_keeps_the_role_column() -> None:
+    """On a terminal narrower than 130 columns the audit leaves the role column out; a pipe gets
+    it, every row whole, at the table's natural width."""
+    out = _stdout(["audit", "--preset", "qwen3-coder-480b-a35b"])
+    assert "…" not in out
+    assert "role" in out and "fused gate_up weight stack" in out
+    assert re.search(r"gate_up\.w\s+│\s+160 x 5120 x 6144\s+│\s+5,033,164,799\s+│\s+WRAPS\s+│\s+expert 69", out)

@@ -9,7 +9,8 @@ from rich.text import Text
 from qmoe_doctor.cli.output import print_table
 from qmoe_doctor.core.audit import DOCS_PAGE, FIX, AuditReport, AuditRow, OperandKind
 
-#: Below this terminal width the role column is left out (the JSON always has it).
+#: Below this terminal width the role column is left out (the JSON always has it; a pipe or a CI
+#: log gets it, the table printed at its natural width).
 _ROLE_MIN_WIDTH = 130
 
 
@@ -24,7 +25,7 @@ def render_audit(console: Console, report: AuditReport) -> None:
         f": {s.num_experts} experts, top-{s.top_k}, hidden {s.hidden}, intermediate {s.intermediate}; "
         f"{report.tokens:,} tokens = {report.sorted_rows:,} sorted rows",
     )
-    with_role = console.width >= _ROLE_MIN_WIDTH
+    with_role = not console.is_terminal or console.width >= _ROLE_MIN_WIDTH  # piped: the natural width
     table = Table(title=title, title_justify="left")
     table.add_column("operand", no_wrap=True)
     table.add_column("shape", no_wrap=True)
