@@ -171,6 +171,11 @@ TAIL_CONFIGS = [
     "128x128x128-w8-s3-tma-t16",
     "128x128x128-w8-s3-tma-t32",
     "128x128x64-w4-s3-p2-tma-t32",
+    # the flattened loop with the tail (the shapes whose shared memory holds the tail's ring)
+    "128x256x64-w8-s3-tma-flat-t32",
+    "128x256x64-w8-s3-tma-flat-mf-t32",
+    "128x128x128-w8-s2-tma-flat-t32",
+    "128x128x64-w8-s4-tma-flat-t32",
 ]
 FWD_CONFIGS += [
     *TAIL_CONFIGS,

@@ -384,6 +384,7 @@ def _flat_args(
 ) -> dict[str, Any]:
     args = _pointer_args(sizes, xs, ws, ys, cfg, programs)
     args.update(W_ROWS=w_rows, E_POW2=triton.next_power_of_2(sizes[3] + 1), USE_TMA=use_tma, W_KN=w_kn)
+    args["TAIL"] = cfg.tail if use_tma else 0  # without TMA a tail config takes the pointer kernel's tiles
     return args
 
 
@@ -509,7 +510,8 @@ def launch_grouped_gemm_flat(
     # launches on the current device by contract (callers hold the guard): our calls go through
     # the guarded launch plans; the specimens call this unguarded to plant their fault
     _grouped_gemm_flat_kernel[(num_programs,)](  # qmoe-doctor: ignore[unguarded-launch]
-        x_ptr=x, w_ptr=w, y_ptr=y, m_sizes_ptr=m_sizes, x_desc=x_desc, w_desc=w_desc, **args, **_options(cfg)
+        x_ptr=x, w_ptr=w, y_ptr=y, m_sizes_ptr=m_sizes, x_desc=x_desc, w_desc=w_desc, xt_desc=None, **args,
+        **_options(cfg),
     )
 
 
@@ -531,8 +533,8 @@ def kernel_path(
 ) -> str:
     """Which kernel ``moe_grouped_gemm`` (``moe_grouped_gemm_dx`` with ``transposed``: x is dy,
     w the forward's weight) takes for these operands and ``config`` (for reports): the path of
-    the launch plan the call itself uses ("tma+flat", "tma+tail", "tma", "pointer+flat",
-    "pointer"; "" where nothing launches: M, N or K == 0). Without a TMA plan a tail config takes
+    the launch plan the call itself uses ("tma+flat+tail", "tma+flat", "tma+tail", "tma",
+    "pointer+flat", "pointer"; "" where nothing launches: M, N or K == 0). Without a TMA plan a tail config takes
     the pointer kernel of the same tiles. Made (and kept) once per call shape like the call's own
     plan; launches nothing."""
     return _gemm_plan(x, w, m_sizes, out_dtype, config, transposed).path
@@ -682,11 +684,16 @@ def _make_gemm_plan(
         if plan is not None:
             names += ["x_desc", "w_desc"]
             descriptors = {"x_desc": _template(x_desc), "w_desc": _template(w_desc)}
+            if args["TAIL"]:
+                names.append("xt_desc")
+                descriptors["xt_desc"] = _template(tail_descriptor(x, cfg))
+            else:
+                args["xt_desc"] = None
         else:
-            args.update(x_desc=None, w_desc=None)
+            args.update(x_desc=None, w_desc=None, xt_desc=None)
         launch = Launch(_grouped_gemm_flat_kernel, programs, args, names, opts, device_index=guard, descriptors=descriptors)
-        path = "tma+flat" if plan is not None else "pointer+flat"
-        return base(zero_only=False, launch=launch, sources=(0, 1, 2, 3, 0, 1)[: len(names)], config=cfg, path=path)
+        path = ("tma+flat+tail" if args["TAIL"] else "tma+flat") if plan is not None else "pointer+flat"
+        return base(zero_only=False, launch=launch, sources=(0, 1, 2, 3, 0, 1, 0)[: len(names)], config=cfg, path=path)
     if plan is not None and cfg.tail:
         x_desc, w_desc, _, w_rows, w_kn = plan
         args = _tail_args(sizes, ys, w_rows, w_kn, cfg, programs)

@@ -132,9 +132,10 @@ def config_from_name(text: str) -> GemmConfig:
         raise ValueError(f"launch config {text!r}: -ovCHUNKS takes 1 to 12 row chunks, without -r/-rx")
     if rows_first and (resident or overlap):
         raise ValueError(f"launch config {text!r}: -mf orders the forward's tiles; a dw config (-r/-rx/-ov) cannot take it")
-    if tail and (not tma or flat or resident or overlap):
+    if tail and (not tma or resident or overlap):
         raise ValueError(
-            f"launch config {text!r}: -tTAIL is a form of the forward's TMA kernel: it takes -tma, not -flat, -r/-rx or -ov"
+            f"launch config {text!r}: -tTAIL is a form of the forward's TMA kernels: it takes -tma (and -flat or "
+            "not), not -r/-rx or -ov"
         )
     if ws and (not tma or flat or resident or overlap or rows_first or tail or warps != 4 or programs > 2):
         raise ValueError(

@@ -321,6 +321,7 @@ def _grouped_gemm_flat_kernel(
     m_sizes_ptr,
     x_desc,  # USE_TMA: as in _grouped_gemm_tma_kernel; otherwise unused
     w_desc,
+    xt_desc,  # TAIL: x with blocks of (TAIL, BLOCK_K), as in _grouped_gemm_tail_kernel; else None
     M,
     N,
     K,
@@ -341,12 +342,20 @@ def _grouped_gemm_flat_kernel(
     USE_TMA: tl.constexpr,
     W_KN: tl.constexpr,
     ROWS_FIRST: tl.constexpr = False,
+    TAIL: tl.constexpr = 0,
 ):
     """The same tiles as ``_grouped_gemm_kernel`` (expert-major, round-robin over programs), walked
     as ONE loop over this program's (tile, k-step) pairs. Expert row bounds come from a
     vector prefix sum of the clamped counts (negative counts are 0, nothing passes M: the
     bounds of the sequential walk); slot E holds the rows no expert covers, written as zeros
-    (its w loads are masked off, or past the last expert where the descriptor reads zeros)."""
+    whatever x holds there (its w loads are masked off, or past the last expert where the
+    descriptor reads zeros, and its product is replaced by zeros before the store: a NaN or inf
+    in an unrouted row of x would otherwise reach y).
+
+    With TAIL (USE_TMA only) an expert's last 1..TAIL rows past a full row tile ride with that
+    tile, as in ``_grouped_gemm_tail_kernel``: every k-step also multiplies the TAIL rows after
+    the tile (a TAIL-wide MMA, w tile times x tail, transposed), so the loop stays one pipelined
+    loop; only the expert's last full tile stores them."""
     pid = tl.program_id(0)
     num_n_tiles = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -364,7 +373,13 @@ def _grouped_gemm_flat_kernel(
     starts = tl.where(offs_e == E, covered, starts)
     ends = tl.where(offs_e == E, M, ends)
     rows = tl.where(offs_e <= E, ends - starts, 0)
-    tiles = tl.cdiv(rows, BLOCK_M) * num_n_tiles
+    if TAIL > 0:
+        full = rows // BLOCK_M
+        rest = rows - full * BLOCK_M
+        fused = (offs_e < E) & (full > 0) & (rest > 0) & (rest <= TAIL)
+        tiles = tl.where(fused, full, tl.cdiv(rows, BLOCK_M)) * num_n_tiles
+    else:
+        tiles = tl.cdiv(rows, BLOCK_M) * num_n_tiles
     tile_incl = tl.cumsum(tiles, 0)
     tile_excl = tile_incl - tiles
     total_tiles = tl.sum(tiles, 0)
@@ -377,6 +392,9 @@ def _grouped_gemm_flat_kernel(
     row_end = 0
     n0 = 0
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if TAIL > 0:
+        acc_t = tl.zeros((BLOCK_N, TAIL), dtype=tl.float32)  # the tail's y, transposed
+        with_tail = 0
     for _ in range(0, my_tiles * k_tiles):
         ki = tl.where(ki == k_tiles - 1, 0, ki + 1)
         if ki == 0:
@@ -389,15 +407,21 @@ def _grouped_gemm_flat_kernel(
             first_row = tl.sum(tl.where(here, starts, 0), 0) + tile_m * BLOCK_M
             row_end = tl.sum(tl.where(here, ends, 0), 0)
             n0 = tile_n * BLOCK_N
+            if TAIL > 0:
+                with_tail = tl.sum(tl.where(here & fused, 1, 0), 0) * (tile_m == num_m_tiles - 1).to(tl.int32)
         k0 = ki * BLOCK_K
         if USE_TMA:
             a = x_desc.load([first_row, k0])
             if W_KN:
                 b = w_desc.load([expert * W_ROWS + k0, n0])
                 acc = tl.dot(a, b, acc)
+                if TAIL > 0:
+                    acc_t = tl.dot(b.T, xt_desc.load([first_row + BLOCK_M, k0]).T, acc_t)
             else:
                 b = w_desc.load([expert * W_ROWS + n0, k0])
                 acc = tl.dot(a, b.T, acc)
+                if TAIL > 0:
+                    acc_t = tl.dot(b, xt_desc.load([first_row + BLOCK_M, k0]).T, acc_t)
         else:
             ks = k0 + offs_k
             k_mask = ks < K
@@ -419,6 +443,13 @@ def _grouped_gemm_flat_kernel(
             b = tl.load(w_ptrs, mask=k_mask[:, None] & col_ok[None, :], other=0.0)
             acc = tl.dot(a, b, acc)
         if ki == k_tiles - 1:
+            # slot E's rows are no expert's: zeros, whatever x holds there (0 * NaN is NaN)
+            acc = tl.where(expert < E, acc, 0.0)
+            if TAIL > 0:
+                if with_tail != 0:
+                    tail = acc_t.T.to(y_ptr.dtype.element_ty)
+                    _store_rows(y_ptr, tail, first_row + BLOCK_M, n0, row_end, N, stride_ym, stride_yn, TAIL, BLOCK_N)
+                acc_t = tl.zeros((BLOCK_N, TAIL), dtype=tl.float32)
             _store_rows(
                 y_ptr,
                 acc.to(y_ptr.dtype.element_ty),

@@ -373,6 +373,9 @@ HOPPER_CONFIGS = [
     # the H100 table's tail picks (2048-token forwards of 235B gate_up and down, 480B gate_up)
     "128x128x128-w8-s3-tma-t32",
     "128x128x64-w4-s3-p2-tma-t32",
+    # the flattened loop with the tail
+    "128x256x64-w8-s3-tma-flat-t32",
+    "128x128x128-w8-s2-tma-flat-mf-t16",
 ]
 
 

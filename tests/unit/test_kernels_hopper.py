@@ -92,6 +92,7 @@ def test_forward_and_dx_paths(cfg: GemmConfig, case: tuple[int, list[int], int, 
         ("32x32x32-w4-s1-tma", "tma"),
         ("32x32x32-w4-s1-tma-flat", "tma+flat"),
         ("32x32x32-w4-s1-tma-t16", "tma+tail"),
+        ("32x32x32-w4-s1-tma-flat-t16", "tma+flat+tail"),
     ],
 )
 def test_kernel_path_names_the_kernel_the_call_runs(name: str, path: str, transposed: bool) -> None:
@@ -149,9 +150,37 @@ def test_dw_partial_chunks_never_read_the_rows_after_the_expert(cfg: GemmConfig)
     assert rel_err(moe_grouped_gemm_dw_torch(dy[:35].double(), x[:35].double(), m_sizes), dw) < TOL
 
 
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        GemmConfig(32, 32, 32, 4, 1, flat=True),
+        GemmConfig(32, 32, 32, 4, 1, tma=True, flat=True),
+        GemmConfig(16, 32, 16, 4, 1, programs_per_sm=2, tma=True, flat=True, rows_first=True),
+    ],
+    ids=lambda c: c.name,
+)
+def test_flat_kernels_write_zeros_where_no_expert_covers_whatever_x_holds(cfg: GemmConfig) -> None:
+    """Rows past the routed ones (a padded buffer: uninitialised memory, here inf and NaN) are
+    zeros in y and dx, as in every other kernel: the flattened loop's zero tiles multiply those
+    rows by zero weights, and 0 * NaN is NaN, so their product is dropped before the store."""
+    x, w, dy, _ = _ops(100, [30, 0, 40], 40, 48)
+    m_sizes = torch.tensor([30, 0, 40], dtype=torch.int32)
+    x[70:85], x[85:] = float("nan"), float("inf")
+    dy[70:85], dy[85:] = float("nan"), float("-inf")
+    y = moe_grouped_gemm(x, w, m_sizes, config=cfg)
+    assert torch.isfinite(y).all() and not y[70:].any()
+    assert rel_err(moe_grouped_gemm_torch(x[:70].double(), w.double(), m_sizes), y[:70]) < TOL
+    dx = moe_grouped_gemm_dx(dy, w, m_sizes, config=cfg)
+    assert torch.isfinite(dx).all() and not dx[70:].any()
+    assert rel_err(moe_grouped_gemm_dx_torch(dy[:70].double(), w.double(), m_sizes), dx[:70]) < TOL
+
+
 TAIL_CONFIGS = [
     GemmConfig(32, 32, 32, 4, 1, tma=True, tail=16),
     GemmConfig(32, 16, 16, 4, 2, tma=True, rows_first=True, tail=16),
+    # the flattened loop with the tail (every k-step multiplies the tail rows; one tile stores them)
+    GemmConfig(32, 32, 32, 4, 1, tma=True, flat=True, tail=16),
+    GemmConfig(32, 16, 16, 4, 2, programs_per_sm=2, tma=True, flat=True, rows_first=True, tail=16),
 ]
 # (M, m_sizes, N, K) for 32-row tiles with 16 tail rows: 36 = 32 + 4 and 33 = 32 + 1 end with a
 # tail, 48 = 32 + 16 exactly at the bound, 49 = 32 + 17 past it (two row tiles), 64 two full
@@ -175,7 +204,7 @@ def test_tail_rows_ride_with_the_expert_s_last_full_tile(cfg: GemmConfig, case: 
     covered = min(m, sum(max(v, 0) for v in sizes))
     x[covered:] = float("nan")
     dy[covered:] = float("nan")
-    assert kernel_path(x, w, m_sizes, config=cfg) == "tma+tail"
+    assert kernel_path(x, w, m_sizes, config=cfg) == ("tma+flat+tail" if cfg.flat else "tma+tail")
     y = moe_grouped_gemm(x, w, m_sizes, config=cfg)
     assert torch.isfinite(y).all() and not y[covered:].any()
     assert rel_err(moe_grouped_gemm_torch(x.double(), w.double(), m_sizes), y) < TOL
@@ -231,8 +260,11 @@ def test_config_names_round_trip() -> None:
     with pytest.raises(ValueError, match="-mf orders the forward's tiles"):
         tuning.config_from_name("32x256x128-w8-s2-tma-ov5-mf")
     assert tuning.config_from_name("128x256x64-w8-s3-tma-t32") == GemmConfig(128, 256, 64, 8, 3, tma=True, tail=32)
-    for name in ("128x256x64-w8-s3-t32", "128x256x64-w8-s3-tma-flat-t32", "32x256x128-w8-s2-tma-ov5-t16"):
-        with pytest.raises(ValueError, match="takes -tma, not -flat"):
+    flat_tail = GemmConfig(128, 128, 128, 8, 3, tma=True, flat=True, tail=32)
+    assert tuning.config_from_name("128x128x128-w8-s3-tma-flat-t32") == flat_tail
+    assert flat_tail.name == "128x128x128-w8-s3-tma-flat-t32"
+    for name in ("128x256x64-w8-s3-t32", "128x256x64-w8-s3-flat-t32", "32x256x128-w8-s2-tma-ov5-t16"):
+        with pytest.raises(ValueError, match="it takes -tma"):
             tuning.config_from_name(name)
     for name in ("128x256x64-w8-s3-tma-t8", "128x256x64-w8-s3-tma-t48", "128x256x64-w8-s3-tma-t128"):
         with pytest.raises(ValueError, match="a power of two from 16 to below the tile's rows"):
