@@ -22,7 +22,10 @@
 * ``tuning/2026-12-06-h100-c5ee87c/tune.json.gz``: forward and dx at the six 2048-token points on
   one H100 (``--configs`` five tail-kernel configs, each point's incumbent measured with them,
   ``--merge``); its best table is the packaged table's forward and dx there (the tail kernel at
-  three forwards).
+  three forwards) but for the one entry the next sweep changed;
+* ``tuning/2026-12-06-h100-00cb738/tune.json.gz``: the same six points with six configs of the
+  flattened kernel with the tail (``-tma-flat-tN``), each point's incumbent measured with them;
+  its best table is the packaged table's forward and dx there (one entry changed, dx 30B down).
 
 ``tests/fixtures/MANIFEST.md`` gives the machines, versions and commands.
 """
@@ -53,6 +56,7 @@ SWEEPS = {
         TUNING / "2026-12-06-h100-245e545" / "tune.json.gz",
         TUNING / "2026-12-06-h100-4f3513c" / "tune.json.gz",
         TUNING / "2026-12-06-h100-c5ee87c" / "tune.json.gz",
+        TUNING / "2026-12-06-h100-00cb738" / "tune.json.gz",
     ],
 }
 MAX_REL_DIFF = 2e-2  # tune_kernels.py's check against torch._grouped_mm before a config is timed
