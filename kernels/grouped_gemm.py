@@ -470,51 +470,6 @@ def tma_plan(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor | None, cfg: Gemm
     return x_desc, w_desc, y_desc, w_rows, w_kn
 
 
-def launch_grouped_gemm_tma(
-    plan: TmaPlan,
-    y: torch.Tensor,
-    m_sizes: torch.Tensor,
-    m: int,
-    n: int,
-    k: int,
-    e: int,
-    cfg: GemmConfig,
-    num_programs: int,
-) -> None:
-    """Launch the TMA kernel on the current device and stream. Callers hold the device guard."""
-    x_desc, w_desc, y_desc, w_rows, w_kn = plan
-    args = _tma_args((m, n, k, e), y.stride(), w_rows, w_kn, y_desc is not None, cfg, num_programs)
-    # launches on the current device by contract (callers hold the guard): our calls go through
-    # the guarded launch plans; the specimens call this unguarded to plant their fault
-    _grouped_gemm_tma_kernel[(num_programs,)](  # qmoe-doctor: ignore[unguarded-launch]
-        x_desc=x_desc, w_desc=w_desc, y_ptr=y, y_desc=y_desc, m_sizes_ptr=m_sizes, **args, **_options(cfg)
-    )
-
-
-def launch_grouped_gemm_flat(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    y: torch.Tensor,
-    m_sizes: torch.Tensor,
-    cfg: GemmConfig,
-    num_programs: int,
-    plan: TmaPlan | None,
-) -> None:
-    """Launch the flattened kernel (TMA loads when ``plan`` is given). Callers hold the guard."""
-    m, k = x.shape
-    e, n, _ = w.shape
-    x_desc, w_desc, _, w_rows, w_kn = plan if plan is not None else (None, None, None, 0, False)
-    args = _flat_args(
-        (m, n, k, e), x.stride(), w.stride(), y.stride(), w_rows, w_kn, plan is not None, cfg, num_programs
-    )
-    # launches on the current device by contract (callers hold the guard): our calls go through
-    # the guarded launch plans; the specimens call this unguarded to plant their fault
-    _grouped_gemm_flat_kernel[(num_programs,)](  # qmoe-doctor: ignore[unguarded-launch]
-        x_ptr=x, w_ptr=w, y_ptr=y, m_sizes_ptr=m_sizes, x_desc=x_desc, w_desc=w_desc, xt_desc=None, **args,
-        **_options(cfg),
-    )
-
-
 def tail_descriptor(x: torch.Tensor, cfg: GemmConfig) -> Any:
     """x's descriptor for the tail kernel's tail rows: blocks of (tail, BLOCK_K). Only where
     ``tma_plan`` gave a plan (so the class is there and x is aligned for it)."""
