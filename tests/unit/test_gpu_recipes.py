@@ -77,3 +77,15 @@ def test_expect_check_judges_recorded_checks_by_the_specimen_s_own_cause(xml: Pa
 def test_expect_check_says_when_there_is_no_report(tmp_path: Path) -> None:
     line = _expect_check(tmp_path / "missing.xml", "-", tmp_path)
     assert line.startswith("NOT AS EXPECTED: no report")
+
+
+def test_expect_check_counts_an_untyped_error_against_the_verdict(tmp_path: Path) -> None:
+    """A report whose only fault is an <error> without a type (a child that crashed) is not "ok"
+    for a correct kernel, and the line names it by its tag."""
+    xml = tmp_path / "check.xml"
+    xml.write_text(
+        '<testsuites><testsuite name="k"><properties><property name="exit_code" value="1" /></properties>'
+        '<testcase name="single"><error message="worker crashed" /></testcase></testsuite></testsuites>'
+    )
+    line = _expect_check(xml, "-", tmp_path)
+    assert line.startswith("NOT AS EXPECTED: ") and "['error']" in line
