@@ -14,7 +14,9 @@
 #              pair on H200s, so 8 GPUs need more than one call)
 #   specimens  qmoe-doctor scan --gpus GPUS of every specimen the scan can show (one GPU or a
 #              pair; from `qmoe-doctor specimens`): its own cause and nothing else
-#   check      qmoe-doctor check --require-gpus 2: built-in exit 0, each specimen exit 1
+#   check      qmoe-doctor check --require-gpus 2: built-in and control exit 0, each faulty
+#              specimen exit 1 naming its own cause only (the lint's, where no cell can see it), a
+#              correct specimen exit 0 (expect_check)
 #   repro      qmoe-doctor repro --gpus GPUS on specimen:unguarded (a verdict and a script that
 #              fails alone) and on the built-in kernel (exit 0, no script)
 #   run        qmoe-doctor run on examples/qwen3_moe_device_map.py split with device_map over GPUS:
