@@ -400,9 +400,8 @@ def incumbent(op: str, label: str, e: int, n: int, k: int, tokens: int, top_k: i
 
 def candidates(args: argparse.Namespace, op: str, point: tuple[str, int, int, int, int], device: Any, dtype: Any) -> list[str]:
     """This point's candidates for ``op``: the set's (or ``--configs``), then the incumbent, with
-    ``--configs`` too: a pinned list that leaves it out could write a table slower than today's
-    (it did once: 128x128x128-w8-s3-tma-flat, 183 us at 30b down 2048 on an H100, gave way to the
-    pinned list's best, 195 us)."""
+    ``--configs`` too: a pinned list without it would write its own best even where today's pick
+    is faster, and the table must never be slower where it measured."""
     names = configs_for(args, op)
     if args.tiny:
         return names

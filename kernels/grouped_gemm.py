@@ -156,10 +156,14 @@ def capability(device_index: int) -> tuple[int, int]:
     return int(major), int(minor)
 
 
+#: The most shared memory one block may ask for on an H100 or H200 (shared_memory_per_block_optin).
+HOPPER_BLOCK_SMEM = 232448
+
+
 @functools.cache
 def smem_limit(device_index: int) -> int:
     props = torch.cuda.get_device_properties(device_index)
-    return int(getattr(props, "shared_memory_per_block_optin", 0) or 232448)
+    return int(getattr(props, "shared_memory_per_block_optin", 0) or HOPPER_BLOCK_SMEM)
 
 
 # SMs the persistent grids leave free (``reserved_sms``): a collective running on another stream

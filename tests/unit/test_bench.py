@@ -573,7 +573,8 @@ def test_tuner_measures_each_point_s_incumbent_with_a_pinned_list_too(pinned: st
 
 
 @pytest.mark.parametrize(
-    "tool", ["kernel_regs.py", "ncu_target.py", "block_profile.py", "host_overhead.py", "routing_probe.py"]
+    "tool",
+    ["kernel_regs.py", "ncu_target.py", "block_profile.py", "host_overhead.py", "routing_probe.py", "dw_store_rate.py"],
 )
 def test_gpu_diagnostic_tools_explain_themselves_without_a_gpu(tool: str) -> None:
     """The GPU tools (run on the device machine) import torch only in main():

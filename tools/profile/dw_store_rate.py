@@ -59,12 +59,17 @@ def main() -> int:
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--points", default="30b-gate_up:512,30b-down:512,480b-gate_up:2048")
+    ap.add_argument(
+        "--points", default="30b-gate_up:512,30b-down:512,480b-gate_up:2048", help="GEMM:TOKENS,... (preset points)"
+    )
     ap.add_argument(
         "--configs",
         default="32x128x128-w4-s4-p2-tma-ws,64x128x128-w4-s4-tma-ws,32x128x128-w4-s8-tma-ws,64x128x128-w8-s2-tma-ov3",
+        help="our dw configs timed beside the table's pick, routed and with one routed row",
     )
-    ap.add_argument("--tiles", default="64x128,128x128,128x256,32x256")
+    ap.add_argument(
+        "--tiles", default="64x128,128x128,128x256,32x256", help="BNxBK tiles of the store-only kernels"
+    )
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("dw_store_rate: no CUDA GPU here (it times kernels on one)", file=sys.stderr)
