@@ -34,6 +34,7 @@ from qmoe_doctor.probes.context import ProbeContext
 from qmoe_doctor.probes.kernel_call import watch
 from qmoe_doctor.probes.loader import KernelFn, load_kernel
 from qmoe_doctor.probes.output_guard import OutputGuard
+from qmoe_doctor.probes.stream_hold import hold_stream
 
 # Peer access torch has enabled in this process, as (accessor, owner) ordinal pairs. Peer
 # access is enabled per direction by the first copy and never disabled, so it is tracked.
@@ -43,7 +44,7 @@ _PEER_ENABLED: set[tuple[int, int]] = set()
 _CALLED: set[str] = set()
 _CALLED_SHAPES: set[tuple[Any, ...]] = set()
 
-SLEEP_CYCLES = 400_000_000  # ~0.2 s at 1.98 GHz: the producer is still queued at the launch
+HOLD_S = 0.2  # the stream held before the producer (stream_hold): still queued at the launch
 STALE_SIZE = 1 << 20  # stale m_sizes value in a recycled block: far past any M
 POISON_BYTE = 0xFF  # all-ones is NaN in bf16, fp16 and fp32
 CANARY_BYTE = 0xA5
@@ -377,14 +378,14 @@ def _side_stream(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
     x_src, w, m_sizes = make_operands(spec, dev)
     ref = reference(x_src, w, m_sizes)
     ctx.crumb(Phase.COMPILE)
-    kernel(x_src, w, m_sizes)  # warm-up: compile before the race, or the sleep runs out
+    kernel(x_src, w, m_sizes)  # warm-up: compile before the race, or the hold runs out
     sync_all()
     side = torch.cuda.Stream(dev)
     with torch.cuda.stream(side):
         x = torch.full_like(x_src, float("nan"))  # stale contents: NaN
         _register(ctx, x, w, m_sizes)
-        torch.cuda._sleep(SLEEP_CYCLES)
-        x.copy_(x_src)  # the producer, still queued behind the sleep at the launch
+        hold_stream(HOLD_S)
+        x.copy_(x_src)  # the producer, still queued behind the hold at the launch
         produced = _recorded_event()
         ctx.fact("producer_stream", "side stream of operand device")
         fields = _call_and_check(ctx, kernel, x, w, m_sizes, ref, after_call=_pending(ctx, produced))
@@ -401,7 +402,7 @@ def _recorded_event() -> Any:
 def _pending(ctx: ProbeContext, produced: Any) -> Callable[[], None]:
     """Records whether the producer was still queued when the kernel call returned. When it was
     not, the race window had closed: either the wrapper waited for it (ordered: right) or the
-    call took longer than the sleep on the host (the order was not tested). docs/cells.md."""
+    call took longer than the hold on the host (the order was not tested). docs/cells.md."""
 
     def check() -> None:
         pending = not produced.query()
@@ -737,7 +738,7 @@ def _producer_race(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
     with torch.cuda.device(b):
         x = torch.full_like(x_src, float("nan"))
         sync_all()
-        torch.cuda._sleep(SLEEP_CYCLES)  # b's current stream is busy ...
+        hold_stream(HOLD_S)  # b's current stream is busy ...
         x.copy_(x_src)  # ... and x's producer is queued behind it
         produced = _recorded_event()
     _register(ctx, x, w, m_sizes)
@@ -763,8 +764,8 @@ def _sizes_race(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
         # depend on which free block the allocator picks.
         m_sizes = torch.full_like(m_src, STALE_SIZE)
         sync_all()
-        torch.cuda._sleep(SLEEP_CYCLES)
-        m_sizes.copy_(m_src)  # the producer, queued behind the sleep
+        hold_stream(HOLD_S)
+        m_sizes.copy_(m_src)  # the producer, queued behind the hold
         produced = _recorded_event()
     ctx.fact("stale_m_size", STALE_SIZE)
     _register(ctx, x, w, m_sizes)

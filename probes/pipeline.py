@@ -9,7 +9,7 @@ What it does, as a device_map user's process does it:
   per layer: each layer's input is moved to the layer's device with ``.to()`` (the first copy
   a -> b is what turns peer access a -> b on), and the kernel under test is called with the
   first GPU current, exactly as in a real pipeline;
-* each layer first queues ``busy_cycles`` of work on its device's stream (``torch.cuda._sleep``).
+* each layer first holds its device's stream for ``busy_s`` seconds (``probes/stream_hold.py``).
   It stands for the attention and norms a real layer queues there, and keeps that GPU behind the
   host as it always is in a real run (the host races ahead; only a synchronize waits);
 * forward and backward, ``steps`` times, with an SGD update after each step. Weights come from
@@ -23,7 +23,7 @@ Compared: the layer's output, its input gradient and its parameter gradients, ea
 ``||out - ref|| / ||ref||`` against the block tolerance of ``core.tolerances``.
 
 ``params``: ``layers``, ``steps``, ``devices`` (CUDA ordinals in pipeline order; ``None`` entries
-mean the CPU, for tests under the Triton interpreter), ``preset``, ``tokens``, ``busy_cycles``,
+mean the CPU, for tests under the Triton interpreter), ``preset``, ``tokens``, ``busy_s``,
 ``lr``. Facts written (``Outcome.facts``):
 
 * ``pipeline.placement``: the index into ``devices`` of each layer; ``pipeline.layer_devices``:
@@ -52,10 +52,11 @@ from qmoe_doctor.kernels.backward import GroupedGemm
 from qmoe_doctor.kernels.moe_block import MoEBlock, MoEBlockTorch
 from qmoe_doctor.probes.context import ProbeContext
 from qmoe_doctor.probes.loader import load_kernel
+from qmoe_doctor.probes.stream_hold import hold_stream
 
-#: ~10 ms of queued work per layer at 1.98 GHz (H200): far longer than the launch latency of
-#: the routing ops behind it, far shorter than a probe's budget (layers x steps of it).
-BUSY_CYCLES = 20_000_000
+#: 10 ms of queued work per layer: far longer than the launch latency of the routing ops
+#: behind it, far shorter than a probe's budget (layers x steps of it).
+BUSY_S = 0.01
 DEFAULT_TOKENS = 128
 DEFAULT_LR = 1e-2
 #: Salt of the input generator, so inputs and weights never share a seed.
@@ -89,7 +90,7 @@ class PipelineParams:
     devices: tuple[int | None, ...]
     preset: str
     tokens: int = DEFAULT_TOKENS
-    busy_cycles: int = BUSY_CYCLES
+    busy_s: float = BUSY_S
     lr: float = DEFAULT_LR
 
     @classmethod
@@ -106,11 +107,11 @@ class PipelineParams:
             devices=tuple(devices),
             preset=str(params.get("preset", "tiny")),
             tokens=int(params.get("tokens", DEFAULT_TOKENS)),
-            busy_cycles=int(params.get("busy_cycles", BUSY_CYCLES)),
+            busy_s=float(params.get("busy_s", BUSY_S)),
             lr=float(params.get("lr", DEFAULT_LR)),
         )
-        if out.layers < 1 or out.steps < 1 or out.tokens < 1 or out.busy_cycles < 0:
-            raise ValueError(f"layers, steps and tokens must be positive, busy_cycles >= 0: {out}")
+        if out.layers < 1 or out.steps < 1 or out.tokens < 1 or not out.busy_s >= 0:
+            raise ValueError(f"layers, steps and tokens must be positive, busy_s >= 0: {out}")
         if out.preset not in PRESETS:
             raise ValueError(f"unknown preset {out.preset!r}; known: {', '.join(PRESETS)}")
         return out
@@ -223,13 +224,13 @@ def make_block(shape: MoEShape, kernel: GroupedGemm, device: torch.device, dtype
     return block
 
 
-def _busy(device: torch.device, cycles: int) -> None:
-    """Queue ``cycles`` of work on ``device``'s current stream. The guard restores the current
-    device on exit (aten ops do the same internally): the process's current device is unchanged."""
-    if device.type != "cuda" or cycles <= 0:
+def _busy(device: torch.device, seconds: float) -> None:
+    """Hold ``device``'s current stream for ``seconds``. The guard restores the current device on
+    exit (aten ops do the same internally): the process's current device is unchanged."""
+    if device.type != "cuda" or seconds <= 0:
         return
     with torch.cuda.device(device):
-        torch.cuda._sleep(cycles)
+        hold_stream(seconds)
 
 
 class _Where:
@@ -282,7 +283,7 @@ def run_probe(ctx: ProbeContext) -> dict[str, Any]:
             where(step, i, "forward", layer_devs[i])
             h_in = h.to(layer_devs[i])  # what accelerate's pre-forward hook does
             h_in.retain_grad()  # a no-op on the leaf input of layer 0
-            _busy(layer_devs[i], p.busy_cycles)
+            _busy(layer_devs[i], p.busy_s)
             if first.type == "cuda" and torch.cuda.current_device() != first.index:
                 current_kept = False
             out, _logits = block(h_in)
@@ -369,7 +370,7 @@ def _check_layer(
 
 
 __all__ = [
-    "BUSY_CYCLES",
+    "BUSY_S",
     "LayerCheck",
     "PipelineParams",
     "block_tolerance",

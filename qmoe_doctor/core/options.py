@@ -124,7 +124,7 @@ class ReproOptions:
     layers: int | None = None  # default: two per GPU
     steps: int = 2
     tokens: int = 128
-    busy_cycles: int = 20_000_000  # queued work per layer (probes/pipeline.py BUSY_CYCLES)
+    busy_s: float = 0.01  # the stream held per layer (probes/pipeline.py BUSY_S)
     shrink_preset: str | None = None  # default: the pipeline's preset, or plan.repro.SHRINK_PRESET for "tiny"
     rows: int = 4096  # M of the shrink probes (the scan's main cells)
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"

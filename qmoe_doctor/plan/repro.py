@@ -128,7 +128,7 @@ def pipeline_spec(kernel: str, n_gpus: int, opts: ReproOptions) -> ProbeSpec:
             "devices": list(range(n_gpus)),
             "preset": opts.preset,
             "tokens": opts.tokens,
-            "busy_cycles": opts.busy_cycles,
+            "busy_s": opts.busy_s,
         },
         timeout_s=opts.timeout_s,
     )

@@ -62,6 +62,7 @@ from qmoe_doctor.kernels.testing import (
     rel_err,
     twin_of,
 )
+from qmoe_doctor.probes.stream_hold import hold_stream
 
 pytestmark = pytest.mark.gpu
 
@@ -301,7 +302,7 @@ def test_operands_on_cuda1_with_cuda0_current() -> None:
 
 @pytest.mark.multigpu
 def test_cuda1_kernel_ordered_after_producer_on_cuda1_stream() -> None:
-    """x is still being written on cuda:1's stream (behind a long sleep) when we are called
+    """x is still being written on cuda:1's stream (behind a 1 s hold) when we are called
     with cuda:0 current and peer access 0->1 enabled: launched on cuda:1's current stream, our
     kernel runs after the producer. An unguarded launch here reads half-written x
     (FINDINGS: relative error 0.50, no exception)."""
@@ -312,8 +313,8 @@ def test_cuda1_kernel_ordered_after_producer_on_cuda1_stream() -> None:
     src = torch.randn(case.m, case.k, device=dev).to(BF16)
     x = torch.zeros_like(src)
     with torch.cuda.device(dev):
-        torch.cuda._sleep(2_000_000_000)  # ~1 s on cuda:1's current stream
-        x.copy_(src)  # the producer, queued behind the sleep
+        hold_stream(1.0)  # cuda:1's current stream
+        x.copy_(src)  # the producer, queued behind the hold
     with torch.cuda.device(0):
         y = moe_grouped_gemm(x, w, m_sizes)
     assert_close(moe_grouped_gemm_torch(src.double(), w.double(), m_sizes), y, BF16)

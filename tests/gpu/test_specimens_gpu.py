@@ -32,10 +32,11 @@ _CHILD = r"""
 import importlib, json, math, sys, time
 import torch
 from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm_torch
+from qmoe_doctor.probes.stream_hold import hold_stream
 
 SCENARIO = sys.argv[1]
 KERNELS = json.loads(sys.argv[2])  # [[label, "module:function"], ...]
-CYCLES = 2_000_000_000  # torch.cuda._sleep: about 1 s on an H100/H200, a kernel here takes < 10 ms
+HOLD_S = 1.0  # the producer's wait (probes/stream_hold.py); a kernel here takes < 10 ms
 
 
 def load(ref):
@@ -128,7 +129,7 @@ elif SCENARIO == "producer-race":  # x still being written on cuda:1's stream
         x.fill_(float("nan"))  # stale contents: what an unordered reader sees
         sync(1)
         with torch.cuda.device(1):  # the producer, on cuda:1's current stream
-            torch.cuda._sleep(CYCLES)
+            hold_stream(HOLD_S)
             x.copy_(src)
         call(label, load(ref), x, w, m_sizes, (0, 1))
 
@@ -138,15 +139,15 @@ elif SCENARIO == "side-stream":  # one device: the caller's current stream is a 
     x, w, m_sizes = operands(f"cuda:{dev}")
     src = x.clone()
     side = torch.cuda.Stream(device=dev)
-    for label, ref in KERNELS:  # compile first: a compile longer than the sleep ends the race
+    for label, ref in KERNELS:  # compile first: a compile longer than the hold ends the race
         load(ref)(src, w, m_sizes)
     torch.cuda.synchronize(dev)
     for label, ref in KERNELS:
         x.fill_(float("nan"))
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):
-            torch.cuda._sleep(CYCLES)
-            x.copy_(src)  # the producer, still queued behind the sleep
+            hold_stream(HOLD_S)
+            x.copy_(src)  # the producer, still queued behind the hold
             call(label, load(ref), x, w, m_sizes, (dev,))
 
 elif SCENARIO.startswith("int32:"):  # "int32:E:FIRST_HOT": rows on experts FIRST_HOT.. E-1

@@ -1,0 +1,55 @@
+"""Hold the current CUDA stream for a wall-clock time (child side; imports torch): the stream-order
+probes queue a producer behind the hold, so it is still pending when the kernel under test is
+called, and the pipeline probe stands a layer's other work for it.
+
+``torch.cuda._sleep(cycles)`` spins on ``clock64``, a counter of the SM the spin runs on, and
+the counters of different SMs are unrelated. When another process shares the GPU, the
+time-slicing scheduler can stop the spin and resume it on another SM: then it ends whenever that
+SM's counter reaches the first one's start plus the cycles, much later or at once. Measured on
+one H100 (2026-12-06, torch 2.11): a test's two 1 s sleeps took 43-107 s beside three other
+pytest processes and 7 s of test in all alone. Here one thread spins on ``%globaltimer``, the
+GPU's nanosecond clock, which every SM reads alike.
+
+Without Triton's ``globaltimer``, the hold is ``torch.cuda._sleep`` at ``FALLBACK_HZ``
+(``hold_kind()`` says which one holds).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["FALLBACK_HZ", "hold_kind", "hold_stream"]
+
+#: cycles a second for the ``torch.cuda._sleep`` fallback: an H100's and H200's top SM clock
+FALLBACK_HZ = 1.98e9
+
+try:
+    import triton
+    from triton.language.extra.cuda import globaltimer
+except ImportError:  # no Triton, or one without the register
+    _hold = None
+else:
+
+    @triton.jit
+    def _hold(ns):  # type: ignore[no-untyped-def]
+        """One thread: spin until the GPU's clock has moved ``ns`` nanoseconds."""
+        start = globaltimer()
+        now = start
+        while now - start < ns:
+            now = globaltimer()
+
+
+def hold_kind() -> str:
+    """What holds the stream here: ``"globaltimer"`` or ``"torch.cuda._sleep"``."""
+    return "globaltimer" if _hold is not None else "torch.cuda._sleep"
+
+
+def hold_stream(seconds: float) -> None:
+    """Queue ``seconds`` of waiting on the current stream of the current CUDA device (nothing for
+    ``seconds <= 0``). Returns at once: the host does not wait for the hold."""
+    if seconds <= 0:
+        return
+    if _hold is None:
+        torch.cuda._sleep(int(seconds * FALLBACK_HZ))
+        return
+    _hold[(1,)](int(seconds * 1e9), num_warps=1)
