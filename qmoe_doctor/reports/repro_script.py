@@ -2,7 +2,7 @@
 
 A script imports only torch, triton and the kernel under test, sets up exactly the condition the
 minimal failing probe set up (operands on GPU B, GPU A touched, peer access A -> B enabled by one
-copy, a producer queued behind ``torch.cuda._sleep`` on B's stream, the kernel called with A
+copy, a producer queued behind a 0.2 s hold of B's stream, the kernel called with A
 current, ...), synchronizes, compares with a float32 loop over experts, prints ``PASS`` or
 ``FAIL`` and exits 0 (pass), 1 (fail: reproduced) or 2 (cannot run here: too few GPUs).
 
@@ -32,7 +32,7 @@ SINGLE_SCRIPT_CONDITIONS = frozenset(
 SCRIPT_CONDITIONS = PAIR_SCRIPT_CONDITIONS | SINGLE_SCRIPT_CONDITIONS
 
 # Values the probes use (probes/conditions.py), restated so the script stands alone.
-SLEEP_CYCLES = 400_000_000  # ~0.2 s at 1.98 GHz: the producer is still queued at the call
+HOLD_S = 0.2  # the producer's wait (probes/conditions.py HOLD_S): still queued at the call
 STALE_SIZE = 1 << 20  # what a recycled m_sizes block holds before its producer runs
 TOLERANCES = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 2e-3}  # qmoe_doctor.core.tolerances
 
@@ -117,7 +117,7 @@ def render_script(
         "from pathlib import Path",
         "",
         "import torch",
-        "import triton  # noqa: F401  the kernel's runtime: a missing triton fails here, not mid-run",
+        "import triton  # the kernel's runtime (a missing triton fails here, not mid-run) and the stream hold",
         "",
         f"KERNEL = {ref!r}  # module:function or path/to/file.py:function",
         f"USE_QMOE_LOADER = {needs_loader!r}",
@@ -135,7 +135,7 @@ def render_script(
         f"ROUTING = {s.routing!r}  # how the M rows spread over the E experts",
         f"SEED = {spec.seed!r}",
         f"TOLERANCE = {TOLERANCES[s.dtype]!r}  # ||y - ref|| / ||ref|| against a float32 loop",
-        f"SLEEP_CYCLES = {SLEEP_CYCLES:_}  # ~0.2 s at 2 GHz: the producer is still queued at the call",
+        f"HOLD_S = {HOLD_S!r}  # seconds the stream waits before the producer: still queued at the call",
         f"STALE_SIZE = {STALE_SIZE!r}  # what a recycled m_sizes block holds before its producer runs",
         f"EXTRA_ROWS = {int(spec.params.get('extra_rows', 64))!r}  # over-routed: rows m_sizes claims past M",
         "",
@@ -240,6 +240,31 @@ def sync_all():
     for i in range(torch.cuda.device_count()):
         if has_context is None or has_context(i):
             torch.cuda.synchronize(i)
+
+
+try:
+    from triton.language.extra.cuda import globaltimer
+except ImportError:  # a Triton without it: torch.cuda._sleep below
+    _hold = None
+else:
+
+    @triton.jit
+    def _hold(ns):
+        """One thread spins until the GPU's nanosecond clock has moved ``ns``."""
+        start = globaltimer()
+        now = start
+        while now - start < ns:
+            now = globaltimer()
+
+
+def hold_stream(seconds):
+    """Queue ``seconds`` of waiting on the current stream. A spin on the GPU's global clock: the
+    cycle counter torch.cuda._sleep spins on belongs to one SM, and a spin moved to another SM by
+    a card shared with other processes ends much later or at once."""
+    if _hold is None:
+        torch.cuda._sleep(int(seconds * 1.98e9))  # cycles at an H100's and H200's top clock
+    else:
+        _hold[(1,)](int(seconds * 1e9), num_warps=1)
 
 
 def touch(device):
@@ -373,12 +398,12 @@ def run(kernel):
     ref = reference(x_src, w, SIZES)
     touch(a)
     enable_peer(a, b)
-    kernel(x_src, w, m_sizes)  # warm-up: compile before the race, or the sleep runs out
+    kernel(x_src, w, m_sizes)  # warm-up: compile before the race, or the hold runs out
     sync_all()
     with torch.cuda.device(b):
         x = torch.full_like(x_src, float("nan"))  # what x holds before its producer runs
         sync_all()
-        torch.cuda._sleep(SLEEP_CYCLES)  # B's current stream is busy ...
+        hold_stream(HOLD_S)  # B's current stream is busy ...
         x.copy_(x_src)  # ... and x's producer is queued behind it
     y = kernel(x, w, m_sizes)  # A current: a launch on A's stream is not ordered after the copy
     sync_all()
@@ -391,12 +416,12 @@ def run(kernel):
     ref = reference(x, w, SIZES)
     touch(a)
     enable_peer(a, b)
-    kernel(x, w, m_src)  # warm-up: compile before the race, or the sleep runs out
+    kernel(x, w, m_src)  # warm-up: compile before the race, or the hold runs out
     sync_all()
     with torch.cuda.device(b):
         m_sizes = torch.full_like(m_src, STALE_SIZE)  # a recycled block's stale counts
         sync_all()
-        torch.cuda._sleep(SLEEP_CYCLES)  # B's current stream is busy ...
+        hold_stream(HOLD_S)  # B's current stream is busy ...
         m_sizes.copy_(m_src)  # ... and m_sizes' producer is queued behind it
     y = kernel(x, w, m_sizes)  # A current: may read the stale counts (an illegal access)
     sync_all()
@@ -436,13 +461,13 @@ def run(kernel):
     x_src, w, m_sizes = make_operands(d)
     ref = reference(x_src, w, SIZES)
     with torch.cuda.device(d):
-        kernel(x_src, w, m_sizes)  # warm-up: compile before the race, or the sleep runs out
+        kernel(x_src, w, m_sizes)  # warm-up: compile before the race, or the hold runs out
         sync_all()
         side = torch.cuda.Stream(d)
         with torch.cuda.stream(side):  # the caller's current stream is a side stream
             x = torch.full_like(x_src, float("nan"))
-            torch.cuda._sleep(SLEEP_CYCLES)
-            x.copy_(x_src)  # x's producer, queued on the side stream behind the sleep
+            hold_stream(HOLD_S)
+            x.copy_(x_src)  # x's producer, queued on the side stream behind the hold
             y = kernel(x, w, m_sizes)  # must launch on the caller's current stream
     sync_all()
     return judge(y, ref, d)

@@ -624,6 +624,11 @@ def test_script_renders_compiles_and_its_cpu_parts_run(cond: Condition, tmp_path
     assert torch.allclose(ref, moe_grouped_gemm_torch(x, w, m_sizes, out_dtype=torch.float32))
     kernel = namespace["load_kernel"](namespace["KERNEL"])
     assert callable(kernel)
+    # the producer waits as long as in the probe, behind the same global-timer spin
+    from qmoe_doctor.probes import conditions, stream_hold
+
+    assert namespace["HOLD_S"] == conditions.HOLD_S
+    assert (namespace["_hold"] is None) == (stream_hold._hold is None)
     if not torch.cuda.is_available():
         assert namespace["main"]() == 2  # SKIP: no GPU here, said plainly
 
