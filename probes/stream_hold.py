@@ -2,13 +2,14 @@
 probes queue a producer behind the hold, so it is still pending when the kernel under test is
 called, and the pipeline probe stands a layer's other work for it.
 
-``torch.cuda._sleep(cycles)`` spins on ``clock64``, a counter of the SM the spin runs on, and
-the counters of different SMs are unrelated. When another process shares the GPU, the
-time-slicing scheduler can stop the spin and resume it on another SM: then it ends whenever that
-SM's counter reaches the first one's start plus the cycles, much later or at once. Measured on
-one H100 (2026-12-06, torch 2.11): a test's two 1 s sleeps took 43-107 s beside three other
-pytest processes and 7 s of test in all alone. Here one thread spins on ``%globaltimer``, the
-GPU's nanosecond clock, which every SM reads alike.
+``torch.cuda._sleep(cycles)`` spins on ``clock64``, a counter of the SM the spin runs on; the
+counters of different SMs bear no relation, and a block that preemption moves to another SM
+reads the new SM's counter (CUDA C++ Programming Guide, ``clock64``). On a card other processes
+share, such a spin can end much later than asked, or at once. Measured on one H100 (2026-12-06,
+torch 2.11) with four pytest processes sharing the card: the side-stream specimen test, whose
+producer waits behind two 1 s holds, took 107 s (the whole GPU suite) and 43 s (the specimen tests
+alone) with ``torch.cuda._sleep``, 7.2 s with this hold, and 7-9 s alone with either. Here one
+thread spins on ``%globaltimer``, the GPU's nanosecond clock, which every SM reads alike.
 
 Without Triton's ``globaltimer``, the hold is ``torch.cuda._sleep`` at ``FALLBACK_HZ``
 (``hold_kind()`` says which one holds).
