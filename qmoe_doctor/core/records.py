@@ -36,7 +36,7 @@ class Condition(StrEnum):
     # --- single device (each GPU alone, or the CPU tier under TRITON_INTERPRET=1) ---
     SINGLE = "single"  # operands and current device on one device: correctness baseline
     SIDE_STREAM = "side-stream"  # caller's current stream is a side stream of the operand
-    # device, with the producer of x still queued on it (behind a sleep)
+    # device, with the producer of x still queued on it (behind a hold of the stream)
     OVER_ROUTED = "over-routed"  # m_sizes sums past M (invalid routing); canaries around x and y
     NEGATIVE_SIZES = "negative-sizes"  # a -1 sentinel count in m_sizes (invalid routing)
     REPEAT_CALL = "repeat-call"  # first and second call of a fresh process on identical inputs
