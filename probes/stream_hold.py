@@ -33,7 +33,7 @@ else:
 
     @triton.jit
     def _hold(ns):  # type: ignore[no-untyped-def]
-        """One thread: spin until the GPU's clock has moved ``ns`` nanoseconds."""
+        """One thread spins until the GPU's nanosecond clock has moved ``ns``."""
         start = globaltimer()
         now = start
         while now - start < ns:

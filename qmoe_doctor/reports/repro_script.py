@@ -33,6 +33,7 @@ SCRIPT_CONDITIONS = PAIR_SCRIPT_CONDITIONS | SINGLE_SCRIPT_CONDITIONS
 
 # Values the probes use (probes/conditions.py), restated so the script stands alone.
 HOLD_S = 0.2  # the producer's wait (probes/conditions.py HOLD_S): still queued at the call
+FALLBACK_HZ = 1.98e9  # the hold's torch.cuda._sleep cycles a second (probes/stream_hold.py)
 STALE_SIZE = 1 << 20  # what a recycled m_sizes block holds before its producer runs
 TOLERANCES = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 2e-3}  # qmoe_doctor.core.tolerances
 
@@ -136,6 +137,7 @@ def render_script(
         f"SEED = {spec.seed!r}",
         f"TOLERANCE = {TOLERANCES[s.dtype]!r}  # ||y - ref|| / ||ref|| against a float32 loop",
         f"HOLD_S = {HOLD_S!r}  # seconds the stream waits before the producer: still queued at the call",
+        f"FALLBACK_HZ = {FALLBACK_HZ!r}  # a Triton without globaltimer: torch.cuda._sleep cycles a second",
         f"STALE_SIZE = {STALE_SIZE!r}  # what a recycled m_sizes block holds before its producer runs",
         f"EXTRA_ROWS = {int(spec.params.get('extra_rows', 64))!r}  # over-routed: rows m_sizes claims past M",
         "",
@@ -262,7 +264,7 @@ def hold_stream(seconds):
     cycle counter torch.cuda._sleep spins on belongs to one SM, and a spin moved to another SM by
     a card shared with other processes ends much later or at once."""
     if _hold is None:
-        torch.cuda._sleep(int(seconds * 1.98e9))  # cycles at an H100's and H200's top clock
+        torch.cuda._sleep(int(seconds * FALLBACK_HZ))
     else:
         _hold[(1,)](int(seconds * 1e9), num_warps=1)
 

@@ -6,6 +6,7 @@ the pipeline probe's helpers (and the probe itself under the Triton interpreter)
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import py_compile
 import sys
@@ -628,7 +629,15 @@ def test_script_renders_compiles_and_its_cpu_parts_run(cond: Condition, tmp_path
     from qmoe_doctor.probes import conditions, stream_hold
 
     assert namespace["HOLD_S"] == conditions.HOLD_S
+    assert namespace["FALLBACK_HZ"] == stream_hold.FALLBACK_HZ
     assert (namespace["_hold"] is None) == (stream_hold._hold is None)
+    if stream_hold._hold is not None:  # the same spin, restated so the script stands alone
+
+        def body(kernel: Any) -> list[str]:  # the lines after the def line
+            lines = [line.strip() for line in inspect.getsource(kernel.fn).splitlines()]
+            return lines[next(i for i, line in enumerate(lines) if line.startswith("def ")) + 1 :]
+
+        assert body(namespace["_hold"]) == body(stream_hold._hold)
     if not torch.cuda.is_available():
         assert namespace["main"]() == 2  # SKIP: no GPU here, said plainly
 
