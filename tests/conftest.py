@@ -6,13 +6,23 @@ marked ``gpu`` / ``multigpu`` and skipped without the devices (run them on a GPU
 record the run in docs/validation/gpu-tests.md). ``--shard I/N`` keeps every N-th test of the
 selection from the I-th (0-based): N processes with I = 0..N-1 share one run, as the GPU recipe
 does on one card (tools/gpu/validate_one_gpu.sh, SHARDS=N), where compiling is the slow part.
+
+No test leaves a process behind: every test runs with a token of its own in the environment
+(``QMOE_TEST_REAP``), which every process it starts inherits; a process that still carries it
+once the test is over (after a grace of a few seconds) is killed, and the test fails naming it.
+Signal dispositions are the tests' own business: ``signal_dispositions.py`` sets what a signal
+test needs, whatever the suite inherited (``nohup`` ignores SIGHUP, a background job SIGINT).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
+import time
+import uuid
+from collections.abc import Iterator
 
 import pytest
 
@@ -81,3 +91,61 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_multi)
         elif "gpu" in item.keywords and CUDA_DEVICES < 1:
             item.add_marker(skip_gpu)
+
+
+#: The variable whose per-test token marks every process a test starts (see the module docstring).
+REAP_VARIABLE = "QMOE_TEST_REAP"
+#: How long a test's processes may take to finish on their own once the test is over.
+REAP_GRACE_S = 5.0
+
+
+def _pids() -> set[int]:
+    try:
+        return {int(e) for e in os.listdir("/proc") if e.isdigit()}
+    except OSError:  # no /proc (not Linux): nothing to reap by
+        return set()
+
+
+def _marked(needle: bytes, pids: set[int]) -> dict[int, str]:
+    """Live (not zombie) processes among ``pids`` whose environment holds ``needle``."""
+    found: dict[int, str] = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                if needle not in fh.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/stat") as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, IndexError):
+            continue  # gone meanwhile, or not ours to read
+        if state not in ("Z", "X"):
+            found[pid] = cmdline
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _reap_processes(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    token = uuid.uuid4().hex
+    monkeypatch.setenv(REAP_VARIABLE, token)
+    before = _pids()
+    yield
+    needle = f"{REAP_VARIABLE}={token}".encode()
+    new = _pids() - before
+    left = _marked(needle, new)
+    deadline = time.monotonic() + REAP_GRACE_S
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = _marked(needle, set(left))
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    if left:
+        pytest.fail(
+            f"the test left {len(left)} process(es) running (killed now): "
+            + "; ".join(f"{pid}: {cmd[:200]}" for pid, cmd in sorted(left.items())),
+            pytrace=False,
+        )

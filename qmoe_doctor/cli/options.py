@@ -85,6 +85,10 @@ AUTOTUNE_HELP = (
     "Kernels without an autotuner run the same under all three."
 )
 SAVE_HELP = "Also write the versioned JSON document to FILE (checked before the run starts)."
+SARIF_HELP = (
+    "Also write a SARIF 2.1.0 log to FILE (GitHub code scanning and other CI systems read it): each "
+    "finding with its rule id, cause id, file, line and column, the fix, and its docs page."
+)
 
 KernelOpt = Annotated[str, typer.Option("--kernel", "-k", help=KERNEL_HELP)]
 KernelsOpt = Annotated[
@@ -104,6 +108,7 @@ TimeoutOpt = Annotated[float, typer.Option("--timeout", min=1.0, max=MAX_TIMEOUT
 LogDirOpt = Annotated[Path | None, typer.Option("--log-dir", help=LOG_DIR_HELP)]
 JsonOpt = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
 SaveOpt = Annotated[Path | None, typer.Option("--save", metavar="FILE", help=SAVE_HELP)]
+SarifOpt = Annotated[Path | None, typer.Option("--sarif", metavar="FILE", help=SARIF_HELP)]
 AutotuneOpt = Annotated[AutotunePolicy, typer.Option("--autotune", case_sensitive=False, help=AUTOTUNE_HELP)]
 
 DEFAULT_PRESET = "qwen3-30b-a3b"
@@ -165,6 +170,7 @@ __all__ = [
     "OnlyOpt",
     "PresetOpt",
     "RowsOpt",
+    "SarifOpt",
     "SaveOpt",
     "TimeoutOpt",
     "conditions",

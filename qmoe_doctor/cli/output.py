@@ -153,10 +153,15 @@ def check_outputs(
     *, files: Mapping[str, Path | None] | None = None, dirs: Mapping[str, Path | None] | None = None
 ) -> None:
     """Every output path a command was given, option -> path (None: not given), checked before
-    any work starts: ``files`` are written at the end, ``dirs`` are folders the run writes in."""
+    any work starts: ``files`` are written at the end, ``dirs`` are folders the run writes in.
+    Two file options naming one file are refused: the second report would overwrite the first."""
+    seen: dict[str, str] = {}
     for option, path in (files or {}).items():
         if path is not None:
             check_output_file(path, option=option)
+            same = seen.setdefault(os.path.realpath(path), option)
+            if same != option:
+                raise OutputPathError(f"{same} and {option} name the same file {path}; give each its own")
     for option, path in (dirs or {}).items():
         if path is not None:
             check_output_dir(path, option=option)

@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: The project's home and its docs, as pyproject.toml's [project.urls] give them (a test checks
+#: they agree): reports that leave the terminal (SARIF's helpUri) link a cause's page here.
+PROJECT_URL = "https://github.com/qmoe-doctor/qmoe-doctor"
+DOCS_URL = PROJECT_URL + "/blob/main/docs/"
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Cause:

@@ -35,6 +35,7 @@ Stdlib only; imports nothing of ours outside ``core``.
 
 from __future__ import annotations
 
+import ast
 import importlib.machinery
 import importlib.metadata
 import importlib.util
@@ -48,7 +49,7 @@ from pathlib import Path
 
 from qmoe_doctor.core import knobs
 from qmoe_doctor.core.compat import StrEnum
-from qmoe_doctor.core.inputs import InputError, check_regular_file
+from qmoe_doctor.core.inputs import InputError, check_regular_file, read_bytes
 from qmoe_doctor.core.specimens import SPECIMEN_PACKAGE, get_specimen
 
 #: Entry-point group a kernel library registers its adapter under (its pyproject.toml):
@@ -257,6 +258,40 @@ class KernelRef:
                 return self.target.source_path() if self.target is not None else None
             case _:
                 return None
+
+    def source_site(self) -> tuple[Path, int] | None:
+        """The kernel's source file and the 1-based line of its ``def`` (1 when the function is
+        not defined at the top of that file, e.g. assigned or imported there), found by parsing,
+        never importing; None when :meth:`source_path` finds no file. Where a report (SARIF)
+        puts a diagnosis of the kernel."""
+        path = self.source_path()
+        if path is None:
+            return None
+        name = self._function_name()
+        try:
+            tree = ast.parse(read_bytes(path, gunzip=False))
+        except (InputError, OSError, SyntaxError, ValueError, RecursionError):
+            return path, 1
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+                return path, node.lineno
+        return path, 1
+
+    def _function_name(self) -> str:
+        match self.kind:
+            case RefKind.BUILTIN:
+                return BUILTIN_FUNCTION
+            case RefKind.SPECIMEN:
+                try:
+                    return KernelRef.parse(get_specimen(self.name).ref).attr
+                except (KeyError, KernelRefError):
+                    return ""
+            case RefKind.ADAPTER:
+                return self.target._function_name() if self.target is not None else ""
+            case RefKind.TORCH:
+                return ""
+            case _:
+                return self.attr
 
     def standalone(self) -> KernelRef | None:
         """The plain ``module:function`` or absolute ``file.py:function`` a script imports

@@ -3,8 +3,9 @@
     Rule --RULES--> RuleInfo (cause, summary, generic fix)
     LintReport(findings=(LintFinding, ...), errors=(LintError, ...), skipped=(LintSkip, ...))
 
-The rule ids and the finding, error and skip records live in ``core.lint_findings`` (reports
-hold them, and the report writers import only core); they are re-exported here. A *finding* is
+The rule ids, their fixed text and the finding, error and skip records live in
+``core.lint_findings`` (reports hold them, and the report writers import only core); they are
+re-exported here. A *finding* is
 a fault in a source that was linted, an *error* a path the user asked for that could not be
 linted (exit 2), a *skip* an entry of a walked folder that is not a source at all.
 """
@@ -14,60 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from qmoe_doctor.core.lint_findings import LintError, LintFinding, LintSkip, Rule
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RuleInfo:
-    """What is fixed about a rule: the cause it points at and the generic fix."""
-
-    rule: Rule
-    cause: str  # a key of qmoe_doctor.core.causes.CAUSES
-    summary: str
-    fix: str
-
-
-RULES: dict[Rule, RuleInfo] = {
-    info.rule: info
-    for info in (
-        RuleInfo(
-            rule=Rule.UNGUARDED_LAUNCH,
-            cause="missing-device-guard",
-            summary="Triton launch outside torch.cuda.device(...): runs on the current device",
-            fix="with torch.cuda.device(x.device):\n    kernel[grid](x, ...)",
-        ),
-        RuleInfo(
-            rule=Rule.INT32_OFFSET,
-            cause="int32-offset-overflow",
-            summary="global index x stride formed in int32 inside a @triton.jit kernel",
-            fix="offset = index.to(tl.int64) * stride  # cast the index where the product is formed",
-        ),
-        RuleInfo(
-            rule=Rule.CACHED_DEVICE_PROPERTY,
-            cause="per-device-state-cached",
-            summary="properties of the current device cached once for every device",
-            fix="@functools.cache\ndef num_sms(device_index: int) -> int: ...  # keyed by device",
-        ),
-        RuleInfo(
-            rule=Rule.STREAM_WITHOUT_DEVICE,
-            cause="wrong-device-stream",
-            summary="stream taken without the tensors' device",
-            fix="with torch.cuda.device(x.device):\n    stream = torch.cuda.current_stream(x.device)",
-        ),
-        RuleInfo(
-            rule=Rule.DEFAULT_DEVICE_ALLOC,
-            cause="default-device-buffer",
-            summary='buffer allocated with device="cuda" in a kernel wrapper',
-            fix="buf = torch.empty(n, dtype=torch.int32, device=x.device)",
-        ),
-        RuleInfo(
-            rule=Rule.AUTOTUNE_INPLACE,
-            cause="autotune-inplace-rerun",
-            summary="autotuned in-place/accumulating kernel without restore_value/reset_to_zero",
-            fix='@triton.autotune(configs=..., key=[...], restore_value=["y_ptr"])',
-        ),
-    )
-}
+from qmoe_doctor.core.lint_findings import RULES, LintError, LintFinding, LintSkip, Rule, RuleInfo
 
 
 def parse_rules(names: Iterable[str | Rule] | None) -> tuple[Rule, ...] | None:

@@ -196,8 +196,9 @@ class Project:
     def add(self, m: Module, node: ast.AST, rule: Rule, message: str, fix: str) -> None:
         """Record a finding at ``node`` unless its line carries an ignore comment for ``rule``."""
         line = getattr(node, "lineno", 1)
-        col = getattr(node, "col_offset", 0) + 1
         text = m.lines[line - 1] if 0 < line <= len(m.lines) else ""
+        # ast counts UTF-8 bytes; editors and SARIF count characters
+        col = len(text.encode()[: getattr(node, "col_offset", 0)].decode(errors="ignore")) + 1
         hit = _IGNORE_COMMENT.search(text)
         if hit and (hit.group(1) is None or rule.value in {s.strip() for s in hit.group(1).split(",")}):
             return

@@ -38,6 +38,7 @@ from typing import Any
 import pytest
 from fake_nvml import two_h200_nvswitch
 from made_reports import one_probe_scan
+from signal_dispositions import restore_defaults
 from test_signals import WORKER_MODULE, marked, wait_for
 from typer.testing import CliRunner, Result
 
@@ -580,6 +581,7 @@ def hung_doctor(tmp_path: Path) -> Iterator[Callable[..., tuple[subprocess.Popen
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=restore_defaults,  # the signals the test sends act, even under nohup
         )
         pids = tmp_path / "hung.pids"
         if not wait_for(lambda: pids.is_file() and pids.read_text().endswith("\n"), 90):

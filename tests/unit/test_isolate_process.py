@@ -9,9 +9,11 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from signal_dispositions import default_dispositions
 
 from qmoe_doctor.core import knobs, lifeline
 from qmoe_doctor.core.events import Interrupted
@@ -217,6 +219,15 @@ def test_every_way_a_child_ends_is_an_outcome(
 # --- signals ---
 
 
+@pytest.fixture
+def terminal_signals() -> Iterator[None]:
+    """SIGINT and SIGHUP act as in a terminal while the test runs, even when the suite inherited
+    them ignored (a background job, nohup)."""
+    with default_dispositions():
+        yield
+
+
+@pytest.mark.usefixtures("terminal_signals")
 def test_sigterm_within_a_guard_is_an_interruption_and_kills_the_children(tmp_path: Path) -> None:
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(Interrupted) as caught, interruptible():
@@ -233,6 +244,7 @@ def test_sigterm_within_a_guard_is_an_interruption_and_kills_the_children(tmp_pa
     assert signal.getsignal(signal.SIGTERM) == before
 
 
+@pytest.mark.usefixtures("terminal_signals")
 def test_a_second_signal_while_the_first_unwinds_is_not_raised() -> None:
     with pytest.raises(Interrupted) as caught, interruptible():
         try:
@@ -242,6 +254,7 @@ def test_a_second_signal_while_the_first_unwinds_is_not_raised() -> None:
     assert caught.value.signum == signal.SIGINT and caught.value.exit_code == 130
 
 
+@pytest.mark.usefixtures("terminal_signals")
 def test_guards_nest_and_ignored_signals_stay_ignored() -> None:
     term = signal.getsignal(signal.SIGTERM)
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup

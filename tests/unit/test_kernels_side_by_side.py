@@ -475,9 +475,10 @@ def test_the_recorded_direct_launch_run_is_judged_as_it_was() -> None:
     rows = report["rows"]
     copy, write, read = report["copy_bandwidth"], report["write_bandwidth"], report["read_bandwidth"]
     assert write < read < copy
-    shares = [(r["share"], r["write_share"], r["direction_share"]) for r in rows]
+    keys = ("share", "write_share", "direction_share")
+    shares = [r[k] for r in rows for k in keys]
     add_roofline(rows, copy, write, read)
-    assert [(r["share"], r["write_share"], r["direction_share"]) for r in rows] == pytest.approx(shares)
+    assert [r[k] for r in rows for k in keys] == pytest.approx(shares)  # approx takes flat sequences only
     got = verdicts(rows, report["block"], report["host"], [], block_tokens=report["targets"]["block_tokens"])
     assert [list(v) for v in got] == report["verdicts"]
     judged = {t: (v, d) for t, v, d in got}

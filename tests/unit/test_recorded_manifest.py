@@ -19,7 +19,7 @@ UNIT = Path(__file__).resolve().parent
 #: ``2026-11-22-2xh200-7ada31c``: date, machine (``h100``, ``h200``, ``<N>xh200``), short commit.
 RECORDING = re.compile(r"^\d{4}-\d{2}-\d{2}-(?:\d+x)?h[0-9]{3}-[0-9a-f]{7,40}$")
 CONTENT = ("sanitizer", "tracebacks", "profiles", "tuning", "monitor-records")
-HAND_WRITTEN = ("configs", "lint", "kernels")
+HAND_WRITTEN = ("configs", "lint", "kernels", "schemas")
 ENTRY = re.compile(r"^### `([^`]+)/`\s*$", re.M)
 #: Names that tell work history instead of content: sessions, numbered runs.
 HISTORY = re.compile(r"session\d|(?<![a-z])runs?\d|run-?\d+[-_.]|h200x\d-run", re.I)

@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from signal_dispositions import default_dispositions
 
 from qmoe_doctor.core import knobs
 from qmoe_doctor.core.launches import EndKind
@@ -207,8 +208,11 @@ def test_sigint_to_the_doctor_is_passed_to_the_command_which_writes_its_record(t
             threading.Event().wait(0.1)
         os.kill(os.getpid(), signal.SIGINT)
 
-    threading.Thread(target=interrupt, daemon=True).start()
-    report = run_program([sys.executable, str(prog)], RunOptions(log_dir=tmp_path / "r", blocking=True), environ=env)
+    with default_dispositions():  # SIGINT is Ctrl-C's, even when the suite runs as a background job
+        threading.Thread(target=interrupt, daemon=True).start()
+        report = run_program(
+            [sys.executable, str(prog)], RunOptions(log_dir=tmp_path / "r", blocking=True), environ=env
+        )
     (first,) = report.passes  # no rerun after an interruption
     assert report.exit_code == 130 and "SIGINT passed on" in first.end
     (record,) = first.processes

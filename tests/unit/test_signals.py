@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from signal_dispositions import restore_defaults
 from test_isolate_hangs import import_hang_env
 
 from qmoe_doctor.core import lifeline
@@ -77,6 +78,7 @@ def start_hung_scan(tmp_path: Path, mark: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=restore_defaults,  # the signals the test sends act, even under nohup
     )
     pids = tmp_path / "hung.pids"
     if not wait_for(lambda: pids.is_file() and pids.read_text().endswith("\n"), 60):

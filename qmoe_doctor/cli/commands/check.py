@@ -32,7 +32,9 @@ from qmoe_doctor.core.exitcodes import ExitCode
 from qmoe_doctor.core.options import CheckOptions
 from qmoe_doctor.core.records import to_jsonable
 from qmoe_doctor.core.reports import CheckReport, Tier
+from qmoe_doctor.reports.json import dumps
 from qmoe_doctor.reports.junit import junit_text
+from qmoe_doctor.reports.sarif import check_sarif
 from qmoe_doctor.workflows.check import check_json, run_check
 
 CPU_ONLY = (
@@ -71,6 +73,7 @@ def check_command(
     ] = None,
     json_out: opt.JsonOpt = False,
     save: opt.SaveOpt = None,
+    sarif: opt.SarifOpt = None,
     only: opt.OnlyOpt = None,
     preset: opt.PresetOpt = opt.DEFAULT_PRESET,
     timeout: opt.TimeoutOpt = opt.DEFAULT_TIMEOUT_S,
@@ -98,7 +101,7 @@ def check_command(
     opt.preset(preset)
     if cpu and require_gpus:
         raise CliError("--require-gpus: --cpu runs no GPU probe; drop --require-gpus or --cpu")
-    check_outputs(files={"--save": save, "--junit": junit}, dirs={"--log-dir": log_dir})
+    check_outputs(files={"--save": save, "--junit": junit, "--sarif": sarif}, dirs={"--log-dir": log_dir})
     need = Need(count=require_gpus, code=ExitCode.TOO_FEW_GPUS, why=f"--require-gpus {require_gpus}")
     devices = select_devices(gpus, cpu=cpu, cpu_fallback=CPU_ONLY, need=need if require_gpus else None)
     err = stderr_console()
@@ -138,7 +141,7 @@ def check_command(
         if k.exit_code == ExitCode.USAGE and k.problem:
             error(f"{k.kernel!r}: {k.problem}")
             note(KERNEL_PARAGRAPH, style="")
-    write_reports(report, save=save, junit=junit, fallback_dir=_logs(report))
+    write_reports(report, save=save, junit=junit, sarif=sarif, fallback_dir=_logs(report))
     if json_out:
         emit_document(check_json(report))
     else:
@@ -147,10 +150,17 @@ def check_command(
 
 
 def write_reports(
-    report: CheckReport, *, save: Path | None, junit: Path | None, fallback_dir: Path | None
+    report: CheckReport,
+    *,
+    save: Path | None,
+    junit: Path | None,
+    sarif: Path | None = None,
+    fallback_dir: Path | None,
 ) -> None:
     if junit is not None:
         save_text(junit, junit_text(report), what="the JUnit report", fallback_dir=fallback_dir)
+    if sarif is not None:
+        save_text(sarif, dumps(check_sarif(report)), what="the SARIF log", fallback_dir=fallback_dir)
     if save is not None:
         save_document(save, check_json(report), fallback_dir=fallback_dir)
 

@@ -14,10 +14,12 @@ from rich.text import Text
 
 from qmoe_doctor.cli import options as opt
 from qmoe_doctor.cli.errors import CliError
-from qmoe_doctor.cli.output import check_outputs, deliver, stderr_console
+from qmoe_doctor.cli.output import check_outputs, deliver, save_text, stderr_console
 from qmoe_doctor.cli.render.lint import render_plain, render_table
 from qmoe_doctor.core.exitcodes import ExitCode
-from qmoe_doctor.reports.json import json_document
+from qmoe_doctor.reports.json import dumps, json_document
+from qmoe_doctor.reports.sarif import lint_sarif
+from qmoe_doctor.workflows.check import lint_result
 from qmoe_doctor.workflows.lint import RULE_NAMES, run_lint
 
 
@@ -38,6 +40,7 @@ def lint_command(
     ignore: Annotated[str | None, typer.Option("--ignore", help="Comma-separated rules to skip.")] = None,
     json_out: opt.JsonOpt = False,
     save: opt.SaveOpt = None,
+    sarif: opt.SarifOpt = None,
     plain: Annotated[
         bool,
         typer.Option(
@@ -51,10 +54,13 @@ def lint_command(
     Exit status: 0 clean, 1 findings, 2 a path that does not exist or a file that does not parse.
     Silence one finding with a `# qmoe-doctor: ignore[RULE]` comment on its line.
     """
-    check_outputs(files={"--save": save})
+    check_outputs(files={"--save": save, "--sarif": sarif})
     report = run_lint(paths, select=select, ignore=ignore)  # an unknown rule: ValueError, exit 2
     if not report.rules:
         raise CliError("--select/--ignore leave no rule to run")
+    code = ExitCode.USAGE if report.errors else ExitCode.FAULT if report.findings else ExitCode.HEALTHY
+    if sarif is not None:
+        save_text(sarif, dumps(lint_sarif(lint_result(report), exit_code=code)), what="the SARIF log")
     deliver(
         json_document("lint", report),
         lambda out: (render_plain if plain else render_table)(out, report),
@@ -66,6 +72,4 @@ def lint_command(
         err.print(Text(f"error: {error.as_line()}", style="red"), soft_wrap=True)
         if error.source:
             err.print(Text(f"    {error.source}", style="dim"), soft_wrap=True)
-    if report.errors:
-        raise typer.Exit(ExitCode.USAGE)
-    raise typer.Exit(ExitCode.FAULT if report.findings else ExitCode.HEALTHY)
+    raise typer.Exit(code)
