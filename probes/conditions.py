@@ -157,8 +157,13 @@ def compare(ctx: ProbeContext, y: Any, ref: torch.Tensor, operand_device: torch.
         return {**fields, "status": Status.WRONG}
     out = y.detach().to(ref.device, torch.float32)
     finite_ref = torch.isfinite(ref)
-    unwritten = int((torch.isnan(out) & finite_ref).sum())
+    nan_out = torch.isnan(out) & finite_ref
+    # Never written: still the poison, all-ones bits (POISON_BYTE), which no arithmetic makes
+    # (a computed NaN is 0x7fff... on a GPU, 0xffc0... on an x86 CPU). Any other NaN was written.
+    poison = _poison_bits(y)
+    unwritten = int((nan_out & poison.to(ref.device)).sum()) if poison is not None else 0
     fields["unwritten"] = unwritten
+    fields["nan_written"] = int(nan_out.sum()) - unwritten
     diff = torch.nan_to_num(out - ref, nan=float("inf"))
     ref_norm = float(ref.norm())
     err = float(diff.norm()) / ref_norm if ref_norm > 0 else float(diff.norm())
@@ -167,6 +172,21 @@ def compare(ctx: ProbeContext, y: Any, ref: torch.Tensor, operand_device: torch.
         wrong = True
     fields["status"] = Status.WRONG if wrong else Status.PASS
     return fields
+
+
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _poison_bits(y: torch.Tensor) -> torch.Tensor | None:
+    """Where ``y`` holds the poison pattern (every byte POISON_BYTE: -1 as a signed integer of
+    its width); None when its dtype cannot be viewed so."""
+    as_int = _BITS.get(y.element_size())
+    if as_int is None or not y.dtype.is_floating_point:
+        return None
+    try:
+        return y.detach().contiguous().view(as_int) == -1
+    except RuntimeError:
+        return None
 
 
 def _returned(y: Any) -> str:

@@ -10,6 +10,8 @@ does on one card (tools/gpu/validate_one_gpu.sh, SHARDS=N), where compiling is t
 No test leaves a process behind: every test runs with a token of its own in the environment
 (``QMOE_TEST_REAP``), which every process it starts inherits; a process that still carries it
 once the test is over (after a grace of a few seconds) is killed, and the test fails naming it.
+Each test also gets a temp folder of its own (TMPDIR, ``tempfile.tempdir``) under pytest's
+basetemp, so that what a run keeps in the temp folder is not left in the machine's.
 Signal dispositions are the tests' own business: ``signal_dispositions.py`` sets what a signal
 test needs, whatever the suite inherited (``nohup`` ignores SIGHUP, a background job SIGINT).
 """
@@ -20,6 +22,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -126,9 +129,15 @@ def _marked(needle: bytes, pids: set[int]) -> dict[int, str]:
 
 
 @pytest.fixture(autouse=True)
-def _reap_processes(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _reap_processes(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     token = uuid.uuid4().hex
     monkeypatch.setenv(REAP_VARIABLE, token)
+    # the temp folder of the test and of every process it starts: what a run keeps there (a
+    # failing scan's logs, torchrun's files) stays under pytest's own basetemp, not in /tmp
+    tmp = tmp_path_factory.mktemp("tmpdir")
+    for name in ("TMPDIR", "TMP", "TEMP"):
+        monkeypatch.setenv(name, str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     before = _pids()
     yield
     needle = f"{REAP_VARIABLE}={token}".encode()

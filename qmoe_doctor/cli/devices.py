@@ -3,7 +3,9 @@ CUDA context), the GPUs picked, and every way that fails said once with its exit
 
 Rules, the same for every command:
 
-* ``--gpus ''`` names no GPU and ``--gpus`` with ``--cpu`` contradicts itself: exit 2.
+* ``--gpus ''`` names no GPU, ``--gpus a`` / ``-1`` / ``0-1`` is no list of indices, and ``--gpus``
+  with ``--cpu`` contradicts itself: exit 2, whatever the machine has.
+* ``--gpus all`` is the default spelt out: the same as leaving it out, GPUs or not.
 * ``--gpus`` given on a machine where NVML sees no GPU: exit 2 (the GPUs named do not exist).
 * No GPU and no ``--gpus``: the command's CPU fallback runs with a note on stderr, or, for a
   command that needs GPUs, its shortage code (2, or 3 where the README says "too few GPUs").
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from qmoe_doctor.cli.errors import CliError
 from qmoe_doctor.cli.output import note
 from qmoe_doctor.core.exitcodes import ExitCode
-from qmoe_doctor.machine.inventory import GpuInfo, Inventory, collect_inventory, select_gpus
+from qmoe_doctor.machine.inventory import GpuInfo, Inventory, collect_inventory, parse_gpu_spec, select_gpus
 
 # NVML errors that mean "no NVIDIA driver on this machine" (so: zero GPUs, a shortage) rather
 # than "the driver is there and NVML is broken" (exit 4: the GPUs could not be counted).
@@ -57,13 +59,15 @@ def _shown(gpus: str, limit: int = 60) -> str:
 
 
 def check_gpus_option(gpus: str | None, *, cpu: bool = False) -> None:
-    """What is wrong with ``--gpus`` whatever the machine has."""
+    """What is wrong with ``--gpus`` whatever the machine has: its syntax too (``a``, ``-1``,
+    ``0-1``, ``0.5`` are refused before NVML is asked)."""
     if gpus is not None and not gpus.strip():
         raise CliError(
             f"--gpus {_shown(gpus)} names no GPU; give NVML indices such as 0,1 or 'all', or leave --gpus out"
         )
     if gpus is not None and cpu:
         raise CliError(f"--gpus {_shown(gpus)} selects GPUs and --cpu runs on none: give one of them")
+    parse_gpu_spec(gpus)  # GpuSelectionError: exit 2 (cli.errors)
 
 
 def select_devices(
@@ -81,6 +85,8 @@ def select_devices(
     check_gpus_option(gpus, cpu=cpu)
     if cpu:
         return Devices(gpus=(), inventory=None)
+    if parse_gpu_spec(gpus) is None:  # "all" is the default, and means the same without GPUs
+        gpus = None
     inv = collect_inventory()
     why = inv.nvml_error or "NVML lists none"
     needs_gpus = need is not None and (need.count > 0 or cpu_fallback is None)

@@ -21,7 +21,7 @@ import typer
 
 from qmoe_doctor.cli.output import OutputPathError, error, note
 from qmoe_doctor.core.audit import ConfigError
-from qmoe_doctor.core.events import Interrupted
+from qmoe_doctor.core.events import Interrupted, kept_logs
 from qmoe_doctor.core.exitcodes import ExitCode
 from qmoe_doctor.core.inputs import InputError
 from qmoe_doctor.core.kernel_ref import KernelRefError
@@ -125,6 +125,12 @@ def _save_traceback(exc: BaseException) -> str:
         return ""
 
 
+def say_kept_logs(exc: BaseException) -> None:
+    """Name the log folders the run that ``exc`` ended kept (nothing is left behind unsaid)."""
+    for folder in kept_logs(exc):
+        note(f"the run's logs are kept in {folder}")
+
+
 def guarded(command: Callable[P, R]) -> Callable[P, R]:
     """Run ``command`` with every exception mapped through :data:`ERRORS` to a one-line message
     on stderr and its exit code (``typer.Exit``)."""
@@ -139,9 +145,11 @@ def guarded(command: Callable[P, R]) -> Callable[P, R]:
             error(exc.message)
             if exc.hint:
                 note(exc.hint, style="")
+            say_kept_logs(exc)
             raise typer.Exit(exc.code) from None
         except KeyboardInterrupt as exc:
             error(str(exc) if isinstance(exc, Interrupted) else "interrupted")
+            say_kept_logs(exc)
             raise typer.Exit(interrupt_code(exc)) from None
         except Exception as exc:
             rule = rule_for(exc)
@@ -155,9 +163,19 @@ def guarded(command: Callable[P, R]) -> Callable[P, R]:
             error(rule.prefix + _one_line(exc))
             if rule.hint:
                 note(rule.hint, style="")
+            say_kept_logs(exc)
             raise typer.Exit(rule.code) from None
 
     return run
 
 
-__all__ = ["ERRORS", "KERNEL_PARAGRAPH", "CliError", "ErrorRule", "guarded", "interrupt_code", "rule_for"]
+__all__ = [
+    "ERRORS",
+    "KERNEL_PARAGRAPH",
+    "CliError",
+    "ErrorRule",
+    "guarded",
+    "interrupt_code",
+    "rule_for",
+    "say_kept_logs",
+]

@@ -19,12 +19,14 @@ The parsers beside the aliases (:func:`conditions`, :func:`preset`) raise ``CliE
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from qmoe_doctor.cli.errors import CliError
+from qmoe_doctor.cli.output import quoted
 from qmoe_doctor.core import knobs
 from qmoe_doctor.core.autotune import DEFAULT_AUTOTUNE, AutotunePolicy
 from qmoe_doctor.core.conditions import (
@@ -104,7 +106,25 @@ RowsOpt = Annotated[int, typer.Option("--rows", min=1, help=ROWS_HELP)]
 OnlyOpt = Annotated[str | None, typer.Option("--only", help=ONLY_HELP)]
 #: The longest --timeout taken: a week. 1e400 reads as infinity, which no child would ever reach.
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
-TimeoutOpt = Annotated[float, typer.Option("--timeout", min=1.0, max=MAX_TIMEOUT_S, help=TIMEOUT_HELP)]
+MIN_TIMEOUT_S = 1.0
+
+
+def timeout_seconds(value: float) -> float:
+    """``--timeout``'s check: a finite number of seconds from 1 to a week. (click's own range check
+    read ``nan`` as "should be <= 604800".)"""
+    if not (math.isfinite(value) and MIN_TIMEOUT_S <= value <= MAX_TIMEOUT_S):
+        raise typer.BadParameter(
+            f"{value} is not a number of seconds from {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g} (a week)"
+        )
+    return value
+
+
+TimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--timeout", callback=timeout_seconds, help=TIMEOUT_HELP + f" From 1 to {MAX_TIMEOUT_S:g} (a week)."
+    ),
+]
 LogDirOpt = Annotated[Path | None, typer.Option("--log-dir", help=LOG_DIR_HELP)]
 JsonOpt = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
 SaveOpt = Annotated[Path | None, typer.Option("--save", metavar="FILE", help=SAVE_HELP)]
@@ -122,7 +142,7 @@ def kernel_ref(text: str) -> KernelRef:
 
 def preset(name: str, *, option: str = "--preset") -> str:
     if name not in PRESETS:
-        raise CliError(f"{option}: unknown preset {name!r}; known: {PRESET_NAMES}")
+        raise CliError(f"{option}: unknown preset {quoted(name)}; known: {PRESET_NAMES}")
     return name
 
 
@@ -137,12 +157,12 @@ def conditions(text: str | None) -> frozenset[Condition]:
         condition = next((c for c in DEFAULT_CONDITIONS if c.value == part), None)
         if condition is None:
             raise CliError(
-                f"--only {text!r}: unknown condition {part!r}; known: {', '.join(CONDITION_NAMES)}"
+                f"--only {quoted(text)}: unknown condition {quoted(part)}; known: {', '.join(CONDITION_NAMES)}"
             )
         chosen.add(condition)
     if not chosen:
         raise CliError(
-            f"--only {text!r} names no condition; give one or more of {', '.join(CONDITION_NAMES)}"
+            f"--only {quoted(text)} names no condition; give one or more of {', '.join(CONDITION_NAMES)}"
         )
     return frozenset(chosen)
 
@@ -167,6 +187,7 @@ __all__ = [
     "KernelsOpt",
     "LogDirOpt",
     "MAX_TIMEOUT_S",
+    "MIN_TIMEOUT_S",
     "OnlyOpt",
     "PresetOpt",
     "RowsOpt",
@@ -177,4 +198,5 @@ __all__ = [
     "given",
     "kernel_ref",
     "preset",
+    "timeout_seconds",
 ]

@@ -3,7 +3,10 @@
 Markup is off on both consoles. Every string that did not come from our own code (a ``--gpus``
 value, a kernel path or module name, an exception's message, a child's output) may hold text rich
 would read as markup, and ``[/]`` in it raised ``rich.errors.MarkupError`` mid-report. Our own
-styling goes through ``Text`` and ``style=``, never markup in a string.
+styling goes through ``Text`` and ``style=``, never markup in a string. The same strings may hold
+terminal control sequences (a sanitizer log with ``\x1b]0;...\x07`` sets the terminal's title,
+``\x1b[2J`` clears it): both consoles print every control character of the text they are given
+escaped (``\x1b``), newlines and tabs kept; rich's own styling is not text and is untouched.
 
 ``--json`` writes the versioned document (``qmoe_doctor.reports.json``) to stdout; ``--save FILE``
 writes the same document to a file. Every output path is checked before any work starts
@@ -14,27 +17,71 @@ full disk) lands in a fallback file whose path is said (:func:`save_text`): noth
 from __future__ import annotations
 
 import os
+import re
 import stat
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console, RenderableType
+from rich.segment import Segment
 from rich.text import Text
 
+from qmoe_doctor.core.inputs import os_problem, shown_path
 from qmoe_doctor.reports.json import dumps, json_document, write_atomic
+
+#: Control characters a terminal acts on (C0 but newline and tab, DEL, C1): printed escaped.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character a terminal would act on written as ``\\xNN``."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+class SafeConsole(Console):
+    """A console that never lets text it prints drive the terminal: control characters in the
+    text (not in rich's own styling, which it emits apart as styles and control segments) are
+    escaped where the buffer is rendered, so every renderer is covered, tables and panels too."""
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(
+            Segment(escape_controls(text), style, control)
+            if control is None and _CONTROL.search(text)
+            else Segment(text, style, control)
+            for text, style, control in buffer
+        )
 
 
 def stdout_console() -> Console:
     """Results. Created per call so tests (CliRunner) capture the swapped sys.stdout."""
-    return Console(file=sys.stdout, highlight=False, soft_wrap=False, markup=False, emoji=False)
+    return SafeConsole(file=sys.stdout, highlight=False, soft_wrap=False, markup=False, emoji=False)
 
 
 def stderr_console() -> Console:
     """Progress, warnings and logs."""
-    return Console(file=sys.stderr, highlight=False, markup=False, emoji=False)
+    return SafeConsole(file=sys.stderr, highlight=False, markup=False, emoji=False)
+
+
+#: How much of a value the user gave a message quotes back (a 100 kB --preset is not echoed).
+QUOTE_CHARS = 80
+#: The longest one-line message (an exception's text can be a whole log).
+MESSAGE_CHARS = 2000
+
+
+def quoted(value: object, limit: int = QUOTE_CHARS) -> str:
+    """``repr(value)`` for a message, clipped to about ``limit`` characters with the length said."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(str(value))} characters)"
+
+
+def _one_line(message: str) -> str:
+    flat = " ".join(message.split())
+    return flat if len(flat) <= MESSAGE_CHARS else f"{flat[:MESSAGE_CHARS]}... ({len(flat)} characters)"
 
 
 #: Widest a table is printed to a pipe (a log line longer than this is a table gone wrong).
@@ -60,8 +107,8 @@ def print_table(console: Console, table: RenderableType, *, max_width: int = PIP
 
 
 def error(message: str) -> None:
-    """One line on stderr: ``error: MESSAGE``."""
-    stderr_console().print(Text.assemble(("error: ", "bold red"), (message, "red")), soft_wrap=True)
+    """One line on stderr: ``error: MESSAGE`` (folded to one line, clipped, controls escaped)."""
+    stderr_console().print(Text.assemble(("error: ", "bold red"), (_one_line(message), "red")), soft_wrap=True)
 
 
 def warning(message: str) -> None:
@@ -99,7 +146,9 @@ def _probe_write(folder: Path, option: str, path: Path) -> None:
     try:
         fd, probe = tempfile.mkstemp(prefix=".qmoe-doctor-", suffix=".probe", dir=folder)
     except OSError as exc:
-        raise OutputPathError(f"{option} {path}: cannot write in {folder} ({exc.strerror or exc})") from None
+        raise OutputPathError(
+            f"{option} {shown_path(path)}: cannot write in {shown_path(folder)} ({os_problem(exc)})"
+        ) from None
     os.close(fd)
     Path(probe).unlink(missing_ok=True)
 
@@ -111,24 +160,24 @@ def check_output_file(path: Path, *, option: str) -> Path:
         st = path.stat()
     except FileNotFoundError:
         st = None
-    except OSError as exc:
-        raise OutputPathError(f"{option} {path}: cannot use it ({exc.strerror or exc})") from None
+    except OSError as exc:  # a name too long, a symbolic link loop, no permission on the way
+        raise OutputPathError(f"{option} {shown_path(path)}: cannot use it ({os_problem(exc)})") from None
     if st is not None:
         if stat.S_ISDIR(st.st_mode):
             raise OutputPathError(
-                f"{option} {path}: is a folder; give a file name, e.g. {path / 'report.json'}"
+                f"{option} {shown_path(path)}: is a folder; give a file name, e.g. {shown_path(path / 'report.json')}"
             )
         if not stat.S_ISREG(st.st_mode):
             raise OutputPathError(
-                f"{option} {path}: is not a regular file (a device, FIFO or socket); give a file name"
+                f"{option} {shown_path(path)}: is not a regular file (a device, FIFO or socket); give a file name"
             )
         if not os.access(path, os.W_OK):
-            raise OutputPathError(f"{option} {path}: the file is not writable")
+            raise OutputPathError(f"{option} {shown_path(path)}: the file is not writable")
     folder = path.parent
     if not folder.exists():
-        raise OutputPathError(f"{option} {path}: the folder {folder} does not exist")
+        raise OutputPathError(f"{option} {shown_path(path)}: the folder {shown_path(folder)} does not exist")
     if not folder.is_dir():
-        raise OutputPathError(f"{option} {path}: {folder} is not a folder")
+        raise OutputPathError(f"{option} {shown_path(path)}: {shown_path(folder)} is not a folder")
     # the report is written beside it first (path.tmp) and renamed: the folder must take a file
     _probe_write(folder, option, path)
     return path
@@ -138,13 +187,17 @@ def check_output_dir(path: Path, *, option: str) -> Path:
     """Refuse, before any work starts, a folder the run could not create or write in: an
     existing file, a file on the way, a read-only parent. Creates nothing. Returns ``path``."""
     existing = path
-    while not existing.exists():
-        if existing.parent == existing:
-            break
-        existing = existing.parent
-    if existing.exists() and not existing.is_dir():
-        where = "" if existing == path else f" ({existing} is a file)"
-        raise OutputPathError(f"{option} {path}: is a file, not a folder{where}")
+    try:
+        while not existing.exists():
+            if existing.parent == existing:
+                break
+            existing = existing.parent
+        is_file = existing.exists() and not existing.is_dir()
+    except OSError as exc:  # a name too long, a symbolic link loop
+        raise OutputPathError(f"{option} {shown_path(path)}: cannot use it ({os_problem(exc)})") from None
+    if is_file:
+        where = "" if existing == path else f" ({shown_path(existing)} is a file)"
+        raise OutputPathError(f"{option} {shown_path(path)}: is a file, not a folder{where}")
     _probe_write(existing, option, path)
     return path
 
@@ -217,7 +270,10 @@ def deliver(
 
 
 __all__ = [
+    "MESSAGE_CHARS",
+    "QUOTE_CHARS",
     "OutputPathError",
+    "SafeConsole",
     "check_output_dir",
     "check_output_file",
     "check_outputs",
@@ -225,7 +281,9 @@ __all__ = [
     "emit_document",
     "emit_json",
     "error",
+    "escape_controls",
     "note",
+    "quoted",
     "save_document",
     "save_text",
     "stderr_console",

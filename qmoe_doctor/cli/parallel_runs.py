@@ -21,8 +21,10 @@ from qmoe_doctor.cli.options import kernel_ref
 from qmoe_doctor.cli.output import deliver
 from qmoe_doctor.cli.render.parallel import render_parallel
 from qmoe_doctor.cli.render.progress import parallel_lines
+from qmoe_doctor.core import knobs
 from qmoe_doctor.core.events import Interrupted
 from qmoe_doctor.core.exitcodes import ExitCode
+from qmoe_doctor.core.modes import Mode
 from qmoe_doctor.core.options import ParallelOptions
 from qmoe_doctor.core.reports import ParallelReport
 from qmoe_doctor.reports.json import json_document
@@ -45,6 +47,8 @@ def plan_runs(
     """The launches, after every option was checked (a usage error raises before any start)."""
     ref = kernel_ref(kernel)
     chosen = parse_modes(modes)  # ParallelPlanError: exit 2
+    if Mode.EP in chosen:  # the ep block's variables, read before any rank starts (ValueError: exit 2)
+        knobs.ep_dispatch(), knobs.ep_transport(), knobs.ep_micro_batches()
     devices = select_devices(gpus, cpu=cpu, cpu_fallback=CPU_RANKS)
     return plan_parallel(str(ref), devices.gpus, replace(options, modes=chosen), cpu=cpu or not devices.gpus)
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from qmoe_doctor.core.compat import StrEnum
-from qmoe_doctor.core.inputs import InputError, read_bytes
+from qmoe_doctor.core.inputs import InputError, os_problem, read_bytes, shown_path
 from qmoe_doctor.core.records import SCHEMA_VERSION
 from qmoe_doctor.core.shapes import MoEShape
 
@@ -234,8 +234,6 @@ def audit_shape(
 
 # --------------------------------------------------------------------------- HF configs
 
-#: A model config.json is a few KiB; a file far larger is not one.
-MAX_CONFIG_BYTES = 16 * 2**20
 #: Larger than any expert count or width (2**31 elements of offset is the audit's own subject);
 #: a value past it is a corrupt config, and printing it would pass Python's int-to-str limit.
 MAX_CONFIG_INT = 2**40
@@ -247,6 +245,19 @@ _INT_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("num_experts_per_tok", ("num_experts_per_tok",)),
     ("hidden_size", ("hidden_size",)),
     ("moe_intermediate_size", ("moe_intermediate_size",)),
+)
+#: Architectures whose experts are ``intermediate_size`` wide: they have no separate MoE width
+#: (Mixtral, OLMoE, PhiMoE, GraniteMoE, as their Transformers configs define it). Qwen2/3-MoE and
+#: DeepSeek configs carry both keys, ``intermediate_size`` being their dense layers' width, so it
+#: is read as the experts' width only for these.
+EXPERT_WIDTH_IS_INTERMEDIATE = frozenset(
+    {"MixtralForCausalLM", "OlmoeForCausalLM", "PhimoeForCausalLM", "GraniteMoeForCausalLM"}
+)
+#: What a config must be, said when a key is missing.
+SUPPORTED = (
+    "Qwen2-MoE / Qwen3-MoE and DeepSeek configs (moe_intermediate_size), and "
+    + ", ".join(sorted(EXPERT_WIDTH_IS_INTERMEDIATE))
+    + " (intermediate_size)"
 )
 
 
@@ -262,8 +273,8 @@ def _read_int(cfg: Mapping[str, Any], key: str, aliases: tuple[str, ...], where:
     if not present:
         also = f" (also accepted: {', '.join(repr(a) for a in aliases[1:])})" if len(aliases) > 1 else ""
         raise ConfigError(
-            f"{path}: missing key {where + key!r}{also}. A Mixture-of-Experts config needs "
-            "num_experts, num_experts_per_tok, hidden_size and moe_intermediate_size."
+            f"{shown_path(path)}: missing key {where + key!r}{also}. A Mixture-of-Experts config needs "
+            f"num_experts, num_experts_per_tok, hidden_size and the experts' width; read: {SUPPORTED}."
         )
     name = present[0]
     value = cfg[name]
@@ -290,15 +301,18 @@ def load_hf_config(path: str | Path) -> MoEShape:
     a positive integer.
     """
     p = Path(path)
-    if p.is_dir():
-        raise ConfigError(f"{p}: is a directory; pass the config.json inside it.")
+    try:
+        if p.is_dir():
+            raise ConfigError(f"{shown_path(p)}: is a directory; pass the config.json inside it.")
+    except OSError as exc:  # a name too long, a symbolic link loop
+        raise ConfigError(f"{shown_path(p)}: cannot read ({os_problem(exc)}).") from None
     try:
         # bounded, special files (/dev/zero, a FIFO) refused before a byte is read
-        raw = read_bytes(p, limit=MAX_CONFIG_BYTES, gunzip=False)
+        raw = read_bytes(p)  # the one bounded reader: 64 MiB, a gzip's content too
     except InputError as exc:
         raise ConfigError(f"{exc}.") from None
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte-order mark, as some editors save JSON, is no error
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{p}: cannot be read: not UTF-8 text (byte {exc.start}).") from None
     try:
@@ -322,8 +336,12 @@ def load_hf_config(path: str | Path) -> MoEShape:
     if isinstance(nested, dict) and any(a in nested for _, aliases in _INT_KEYS for a in aliases):
         cfg, where = nested, "text_config."
 
+    archs = data.get("architectures")
+    keys = _INT_KEYS
+    if isinstance(archs, list) and EXPERT_WIDTH_IS_INTERMEDIATE.intersection(a for a in archs if isinstance(a, str)):
+        keys = (*_INT_KEYS[:3], ("moe_intermediate_size", ("moe_intermediate_size", "intermediate_size")))
     num_experts, top_k, hidden, intermediate = (
-        _read_int(cfg, key, aliases, where, p) for key, aliases in _INT_KEYS
+        _read_int(cfg, key, aliases, where, p) for key, aliases in keys
     )
     if top_k > num_experts:
         raise ConfigError(

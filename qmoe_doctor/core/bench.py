@@ -236,18 +236,27 @@ class BenchReport:
 # --------------------------------------------------------------------------------------------
 
 
+#: The largest token count bench takes: 2**20 tokens of the largest preset is already ~50 GiB of
+#: activations; a 20-digit count is a typo, refused before any child starts.
+MAX_TOKENS = 2**20
+
+
 def parse_tokens(text: str) -> tuple[int, ...]:
-    """``"128,512,2048"`` -> (128, 512, 2048), sorted, no repeats. Raises ValueError."""
+    """``"128,512,2048"`` -> (128, 512, 2048), sorted, no repeats (a trailing comma is allowed).
+    Raises ValueError for an empty list or item (``''``, ``'1,,2'``), anything but ASCII digits,
+    0, or more than MAX_TOKENS."""
+    parts = [part.strip() for part in text.split(",")]
+    if len(parts) > 1 and not parts[-1]:
+        parts.pop()  # a trailing comma, as in "64,"
+    if not any(parts):
+        raise ValueError(f"{text[:80]!r} names no token count; give e.g. 128,512,2048")
     values: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
+    for part in parts:
         if not part:
-            continue
-        if not part.isdigit() or int(part) <= 0:
-            raise ValueError(f"{part!r} is not a positive whole number of tokens")
+            raise ValueError(f"{text[:80]!r} has an empty item; give e.g. 128,512,2048")
+        if not (part.isascii() and part.isdigit()) or len(part) > 7 or not 0 < int(part) <= MAX_TOKENS:
+            raise ValueError(f"{part[:80]!r} is not a positive whole number of tokens (at most {MAX_TOKENS})")
         values.append(int(part))
-    if not values:
-        raise ValueError(f"{text!r} names no token count; give e.g. 128,512,2048")
     return tuple(sorted(set(values)))
 
 

@@ -78,4 +78,22 @@ class Interrupted(KeyboardInterrupt):
         return f"interrupted by {self.signal_name}"
 
 
-__all__ = ["Event", "EventKind", "Interrupted", "OnEvent"]
+#: How a kept log folder is named on the exception that ended the run (a PEP 678 note).
+_KEPT_NOTE = "qmoe-doctor logs kept in "
+
+
+def note_kept_logs(exc: BaseException, folder: object) -> None:
+    """Say on ``exc`` that the run it ended kept its logs in ``folder``."""
+    notes = getattr(exc, "__notes__", None)
+    if notes is None:
+        notes = []
+        exc.__notes__ = notes  # what BaseException.add_note (3.11+) does
+    notes.append(f"{_KEPT_NOTE}{folder}")
+
+
+def kept_logs(exc: BaseException) -> list[str]:
+    """The log folders kept because ``exc`` ended the run (:func:`note_kept_logs`)."""
+    return [n.removeprefix(_KEPT_NOTE) for n in getattr(exc, "__notes__", ()) if n.startswith(_KEPT_NOTE)]
+
+
+__all__ = ["Event", "EventKind", "Interrupted", "OnEvent", "kept_logs", "note_kept_logs"]

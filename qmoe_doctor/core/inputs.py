@@ -32,28 +32,48 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:g} MiB"
 
 
+#: How much of a path a message quotes (a 100,000-character path is not echoed whole).
+PATH_CHARS = 200
+
+
+def shown_path(path: str | os.PathLike[str]) -> str:
+    """``path`` as a message shows it: whole up to PATH_CHARS characters, else its start, an
+    ellipsis and its length."""
+    text = os.fspath(path)
+    if len(text) <= PATH_CHARS:
+        return str(text)
+    return f"{str(text)[:PATH_CHARS]}... ({len(text)} characters)"
+
+
+def os_problem(exc: OSError) -> str:
+    """What an OSError on a path means, in words: ``File name too long``, ``Too many levels of
+    symbolic links`` (a loop), ``Read-only file system``."""
+    return exc.strerror or type(exc).__name__
+
+
 def check_regular_file(path: str | os.PathLike[str]) -> os.stat_result:
-    """Stat ``path`` and refuse anything but a regular file (never opens it, so never blocks)."""
+    """Stat ``path`` and refuse anything but a regular file (never opens it, so never blocks).
+    A symbolic link loop or a name too long is said as such, never as a missing file."""
     p = Path(path)
     try:
         st = p.stat()
     except FileNotFoundError:
-        raise InputError(f"{p}: no such file") from None
+        raise InputError(f"{shown_path(p)}: no such file") from None
     except PermissionError:
-        raise InputError(f"{p}: permission denied") from None
+        raise InputError(f"{shown_path(p)}: permission denied") from None
     except OSError as exc:
-        raise InputError(f"{p}: cannot read ({exc.strerror or exc})") from None
+        raise InputError(f"{shown_path(p)}: cannot read ({os_problem(exc)})") from None
     mode = st.st_mode
     if stat.S_ISDIR(mode):
-        raise InputError(f"{p}: is a directory, not a file")
+        raise InputError(f"{shown_path(p)}: is a directory, not a file")
     if stat.S_ISFIFO(mode):
-        raise InputError(f"{p}: is a FIFO (named pipe); save its content to a file first")
+        raise InputError(f"{shown_path(p)}: is a FIFO (named pipe); save its content to a file first")
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        raise InputError(f"{p}: is a device file, not a saved log or source")
+        raise InputError(f"{shown_path(p)}: is a device file, not a saved log or source")
     if stat.S_ISSOCK(mode):
-        raise InputError(f"{p}: is a socket, not a file")
+        raise InputError(f"{shown_path(p)}: is a socket, not a file")
     if not stat.S_ISREG(mode):
-        raise InputError(f"{p}: is not a regular file")
+        raise InputError(f"{shown_path(p)}: is not a regular file")
     return st
 
 
@@ -103,7 +123,7 @@ def _gunzip_capped(data: bytes, limit: int, name: str) -> bytes:
 def read_bytes(path: str | os.PathLike[str], *, limit: int = MAX_INPUT_BYTES, gunzip: bool = True) -> bytes:
     """The bytes of a regular file or of stdin (``-``), at most ``limit`` (after decompression
     when the content is a gzip and ``gunzip``). Raises InputError."""
-    name = str(path)
+    name = shown_path(path)
     if name == "-":
         data = _read_capped(sys.stdin.buffer, limit, "standard input")
         name = "standard input"

@@ -49,7 +49,7 @@ from pathlib import Path
 
 from qmoe_doctor.core import knobs
 from qmoe_doctor.core.compat import StrEnum
-from qmoe_doctor.core.inputs import InputError, check_regular_file, read_bytes
+from qmoe_doctor.core.inputs import InputError, check_regular_file, read_bytes, shown_path
 from qmoe_doctor.core.specimens import SPECIMEN_PACKAGE, get_specimen
 
 #: Entry-point group a kernel library registers its adapter under (its pyproject.toml):
@@ -86,7 +86,8 @@ class KernelRefError(ValueError):
     """A kernel reference that is malformed or names nothing: one line, naming the reference."""
 
     def __init__(self, text: str, problem: str) -> None:
-        super().__init__(f"--kernel {text!r}: {problem}")
+        shown = repr(text) if len(text) <= 200 else f"{text[:200]!r}... ({len(text)} characters)"
+        super().__init__(f"--kernel {shown}: {problem}")
         self.text = text
         self.problem = problem
 
@@ -206,11 +207,11 @@ class KernelRef:
                 except KeyError as exc:
                     raise KernelRefError(text, str(exc.args[0])) from None
             case RefKind.FILE:
-                if not self.path.exists():
-                    raise KernelRefError(text, f"kernel file {self.name!r} does not exist")
                 try:
                     check_regular_file(self.path)
                 except InputError as exc:
+                    if str(exc).endswith(": no such file"):
+                        raise KernelRefError(text, f"kernel file {shown_path(self.name)!r} does not exist") from None
                     raise KernelRefError(text, f"kernel file {exc}") from None
             case RefKind.MODULE:
                 _check_findable(text, self.name, what="module")

@@ -269,6 +269,7 @@ class Outcome:
     rel_error: float | None = None  # ||out - ref|| / ||ref|| against the torch twin
     tolerance: float | None = None  # the tolerance rel_error was judged against
     unwritten: int | None = None  # output elements still holding the poison value
+    nan_written: int | None = None  # output elements the kernel wrote as NaN (where the twin is finite)
     canary_hits: tuple[str, ...] = ()  # guard regions written that must not be ("after y", ...)
     out_device: str | None = None  # device the kernel returned its output on
     kernel_ms: float | None = None  # median time of the kernel call (device events)

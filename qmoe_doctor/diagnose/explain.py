@@ -756,7 +756,7 @@ def _headline(
             return f"shared-memory race hazards{in_kernel}"
         if "uninitialized" in cats:
             return f"reads of uninitialized global memory{in_kernel}"
-        return f"compute-sanitizer reported {len(report.errors)} record(s){in_kernel}"
+        return f"compute-sanitizer reported {report.records} record(s){in_kernel}"
     if tb is not None and tb.exception is not None:
         return f"{tb.exception.type}{in_kernel}"
     if report is not None:

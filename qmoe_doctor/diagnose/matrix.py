@@ -161,6 +161,8 @@ def describe(cell: Cell) -> str:
             )
         if o.unwritten:
             parts.append(f"{o.unwritten} output elements never written")
+        if o.nan_written:
+            parts.append(f"{o.nan_written} output elements written as NaN")
         if o.canary_hits:
             parts.append("wrote past the output (" + ", ".join(o.canary_hits) + ")")
         if o.out_device and o.spec.device is not None and not o.out_device.endswith(f":{o.spec.device}"):

@@ -276,7 +276,7 @@ def confirmation_from_log(
     """What memcheck's log says of the re-run probe: clean, or confirmed with the first error and
     every reported address attributed to the tensors of the sanitized run (``common``: the
     fields of the confirmation that do not depend on the log)."""
-    errors = report.error_summary if report.error_summary is not None else len(report.errors)
+    errors = report.error_summary if report.error_summary is not None else report.records
     status_word = str(sanitized.status) if sanitized else None
     failure = report.tool_failures[0] if report.tool_failures else None
     if failure is not None and not any(e.category == "invalid-access" for e in report.errors):
@@ -335,7 +335,7 @@ def confirmation_from_log(
             )
     reason = f"memcheck confirms the access fault: {errors:,} error{'s' if errors != 1 else ''}"
     if report.errors_not_printed:
-        reason += f" ({len(report.errors)} printed)"
+        reason += f" ({report.records} printed)"
     if not tables:
         reason += "; no tensor table came back from the sanitized run, so the addresses stay unattributed"
     if failure is not None:

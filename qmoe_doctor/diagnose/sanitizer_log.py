@@ -178,7 +178,10 @@ class SanitizerReport:
     tool: ToolName | None = None  # inferred from the records
     legacy_cuda_memcheck: bool = False  # the pre-2021 "CUDA-MEMCHECK" tool wrote it
     version: str | None = None  # when the log carries a version banner
+    # the records kept whole: each group's first, and one per distinct address it keeps; the
+    # others are counted in their group (``groups[].count``) and in ``errors_folded``
     errors: tuple[SanitizerError, ...] = ()
+    errors_folded: int = 0
     groups: tuple[ErrorGroup, ...] = ()
     error_summary: int | None = None  # "ERROR SUMMARY: N errors"
     errors_not_printed: int = 0  # errors counted but not printed (--print-limit reached)
@@ -190,6 +193,11 @@ class SanitizerReport:
     starts_mid_record: bool = False  # the first sanitizer lines continue a record cut off above
     truncated: bool = False  # no summary line: the run was cut, killed, or the paste incomplete
     partial_last_line: str | None = None  # a final line without newline, not trusted as data
+
+    @property
+    def records(self) -> int:
+        """Every record the log holds, kept whole or folded."""
+        return len(self.errors) + self.errors_folded
 
     @property
     def has_findings(self) -> bool:
@@ -611,57 +619,106 @@ def _infer_tool(errors: Sequence[SanitizerError], saw_race_summary: bool) -> Too
     return None
 
 
-def group_errors(errors: Iterable[SanitizerError], *, max_addresses: int = 64) -> tuple[ErrorGroup, ...]:
+#: Distinct faulting addresses a group keeps (and records kept per group, one per address).
+MAX_GROUP_ADDRESSES = 64
+
+
+def _group_key(e: SanitizerError) -> tuple[object, ...]:
+    loc = e.location
+    return (
+        e.category,
+        e.kernel,
+        e.space,
+        e.access,
+        e.size,
+        loc.pc if loc else None,
+        loc.function if loc else None,
+        e.cuda_error,
+        e.api_call,
+        tuple((a.access, a.location.function, a.location.pc) for a in e.race_accesses),
+    )
+
+
+class _Group:
+    """One group being folded: counts of every member, the first member, and the members that
+    brought a new address (at most ``max_addresses``)."""
+
+    __slots__ = ("addresses", "complete", "count", "first", "kept", "seen", "threads")
+
+    def __init__(self, first: SanitizerError) -> None:
+        self.first = first
+        self.count = 0
+        self.addresses: list[int] = []
+        self.seen: set[int] = set()
+        self.threads: set[tuple[object, object]] = set()
+        self.complete = True
+        self.kept: list[SanitizerError] = []
+
+    def add(self, e: SanitizerError, max_addresses: int) -> bool:
+        """Count ``e``; True when it is worth keeping whole (the first, or a new address kept)."""
+        self.count += 1
+        self.complete = self.complete and e.complete
+        if e.thread is not None:
+            self.threads.add((e.block, e.thread))
+        keep = self.count == 1
+        if e.address is not None and e.address not in self.seen:
+            self.seen.add(e.address)
+            if len(self.addresses) < max_addresses:
+                self.addresses.append(e.address)
+                keep = True
+        return keep
+
+    def build(self) -> ErrorGroup:
+        first = self.first
+        return ErrorGroup(
+            category=first.category,
+            kernel=first.kernel,
+            space=first.space,
+            access=first.access,
+            size=first.size,
+            location=first.location,
+            count=self.count,
+            addresses=tuple(self.addresses),
+            distinct_addresses=len(self.seen),
+            threads=len(self.threads),
+            first=first,
+            complete=self.complete,
+        )
+
+
+class ErrorFolder:
+    """Folds records as they are read, keeping memory bounded by what is distinct: each group's
+    counts, its first record and one record per kept address. A 59 MiB log of 330,000 identical
+    faults keeps a few dozen records, not 330,000 (``explain --json`` of it ran out of memory)."""
+
+    def __init__(self, *, max_addresses: int = MAX_GROUP_ADDRESSES) -> None:
+        self.max_addresses = max_addresses
+        self.groups: dict[tuple[object, ...], _Group] = {}
+        self.kept: list[SanitizerError] = []  # in log order
+        self.folded = 0  # records counted in their group but not kept
+
+    def add(self, e: SanitizerError) -> None:
+        key = _group_key(e)
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = _Group(e)
+        if group.add(e, self.max_addresses):
+            self.kept.append(e)
+        else:
+            self.folded += 1
+
+    def result(self) -> tuple[tuple[SanitizerError, ...], tuple[ErrorGroup, ...]]:
+        return tuple(self.kept), tuple(g.build() for g in self.groups.values())
+
+
+def group_errors(
+    errors: Iterable[SanitizerError], *, max_addresses: int = MAX_GROUP_ADDRESSES
+) -> tuple[ErrorGroup, ...]:
     """Fold identical errors: same category, kernel, memory space, access, size and pc."""
-    order: list[tuple[object, ...]] = []
-    members: dict[tuple[object, ...], list[SanitizerError]] = {}
+    folder = ErrorFolder(max_addresses=max_addresses)
     for e in errors:
-        loc = e.location
-        key: tuple[object, ...] = (
-            e.category,
-            e.kernel,
-            e.space,
-            e.access,
-            e.size,
-            loc.pc if loc else None,
-            loc.function if loc else None,
-            e.cuda_error,
-            e.api_call,
-            tuple((a.access, a.location.function, a.location.pc) for a in e.race_accesses),
-        )
-        if key not in members:
-            members[key] = []
-            order.append(key)
-        members[key].append(e)
-    groups: list[ErrorGroup] = []
-    for key in order:
-        ms = members[key]
-        addrs: list[int] = []
-        seen: set[int] = set()
-        for e in ms:
-            if e.address is not None and e.address not in seen:
-                seen.add(e.address)
-                if len(addrs) < max_addresses:
-                    addrs.append(e.address)
-        threads = {(e.block, e.thread) for e in ms if e.thread is not None}
-        first = ms[0]
-        groups.append(
-            ErrorGroup(
-                category=first.category,
-                kernel=first.kernel,
-                space=first.space,
-                access=first.access,
-                size=first.size,
-                location=first.location,
-                count=len(ms),
-                addresses=tuple(addrs),
-                distinct_addresses=len(seen),
-                threads=len(threads),
-                first=first,
-                complete=all(e.complete for e in ms),
-            )
-        )
-    return tuple(groups)
+        folder.add(e)
+    return folder.result()[1]
 
 
 def is_top_level_line(body: str) -> bool:
@@ -698,7 +755,7 @@ def parse_sanitizer_log(text: str) -> SanitizerReport:
             lines.append(partial)  # a summary without its newline is still whole (its count is)
             partial = None
     open_records: dict[str, _Builder] = {}
-    done: list[SanitizerError] = []
+    done = ErrorFolder()
     streams: list[str] = []
     notes: list[str] = []
     error_summary: int | None = None
@@ -715,7 +772,7 @@ def parse_sanitizer_log(text: str) -> SanitizerReport:
     def close(stream: str) -> None:
         b = open_records.pop(stream, None)
         if b is not None:
-            done.append(b.build())
+            done.add(b.build())
 
     for line in lines:
         m = _LINE_RE.match(line)
@@ -802,13 +859,14 @@ def parse_sanitizer_log(text: str) -> SanitizerReport:
         if stream not in summarized or partial is not None:
             open_records[stream].complete = False  # the log ended inside this record
         close(stream)
-    errors = tuple(done)
+    errors, groups = done.result()
     return SanitizerReport(
         tool=_infer_tool(errors, race_summary is not None),
         legacy_cuda_memcheck=legacy,
         version=version,
         errors=errors,
-        groups=group_errors(errors),
+        errors_folded=done.folded,
+        groups=groups,
         error_summary=error_summary,
         errors_not_printed=errors_not_printed,
         racecheck_summary=race_summary,
@@ -823,7 +881,9 @@ def parse_sanitizer_log(text: str) -> SanitizerReport:
 
 
 __all__ = [
+    "MAX_GROUP_ADDRESSES",
     "Category",
+    "ErrorFolder",
     "CodeLocation",
     "ErrorGroup",
     "HostFrame",

@@ -3,8 +3,13 @@
 A folder the user asked for (``--log-dir``) is created if needed and always kept. Otherwise the
 logs go to a new ``qmoe-doctor-*`` folder in the temp dir, which is kept when the run found
 something (``keep``), ended by an exception or a signal, and removed when it ended healthy, so
-a healthy run leaves nothing behind. ``reported`` is what a report should print as its log
-folder: the path while it will exist, "" once it is gone::
+a healthy run leaves nothing behind. A folder kept because the run ended by an exception (a
+kernel that does not import, Ctrl-C) is named on that exception (``core.events.kept_logs`` reads
+it back), so that the message that ends the run can say where the logs are. The children's own temp files
+(torchrun's ``torchelastic_*``, torch's ``torchinductor_*``) go to a ``child-tmp`` folder inside it
+(``isolate.process.spawn`` points TMPDIR there), removed at the end whatever happened.
+``reported`` is what a report should print as its log folder: the path while it will exist, ""
+once it is gone::
 
     with LogDir.open(log_dir, prefix="qmoe-doctor-") as logs:
         report = run(..., log_dir=logs.path)
@@ -19,6 +24,11 @@ import shutil
 import tempfile
 from pathlib import Path
 from types import TracebackType
+
+from qmoe_doctor.core.events import note_kept_logs
+
+#: The children's temp folder inside a run's log folder (their TMPDIR), removed at the end.
+CHILD_TMP = "child-tmp"
 
 
 class LogDir:
@@ -49,7 +59,9 @@ class LogDir:
         return str(self.path) if self.kept else ""
 
     def close(self) -> None:
-        """Remove the folder unless it was asked for or kept."""
+        """Remove the children's temp folders, and the folder unless it was asked for or kept."""
+        for tmp in self.path.glob(f"**/{CHILD_TMP}"):
+            shutil.rmtree(tmp, ignore_errors=True)
         if not self.kept and not self.removed:
             shutil.rmtree(self.path, ignore_errors=True)
             self.removed = True
@@ -65,7 +77,9 @@ class LogDir:
     ) -> None:
         if exc_type is not None:
             self.keep()  # an error or a signal: what ran so far may be needed
+            if exc is not None and not self.asked:  # the user knows where --log-dir is
+                note_kept_logs(exc, self.path)
         self.close()
 
 
-__all__ = ["LogDir"]
+__all__ = ["CHILD_TMP", "LogDir"]

@@ -107,6 +107,9 @@ def find_sources(paths: Sequence[str]) -> tuple[list[tuple[Path, bool]], list[Li
     skipped: list[LintSkip] = []
     for raw in paths:
         top = Path(raw)
+        if raw == "-":  # standard input, through the same bounded reader as every input
+            files.append((top, True))
+            continue
         try:
             is_dir = stat.S_ISDIR(top.stat().st_mode)
         except OSError:
@@ -164,7 +167,9 @@ def read_source(path: Path, *, named: bool) -> Source | LintError | LintSkip:
     """Read and parse one file. An entry met while walking a folder that is not a regular file
     (``named`` false) is a skip; everything else that cannot be linted is an error."""
     name = path.as_posix()
-    odd = _not_a_source(path)
+    if name == "-":
+        name = "<stdin>"
+    odd = _not_a_source(path) if name != "<stdin>" else None
     if odd is not None:
         kind, reason = odd
         if not named:

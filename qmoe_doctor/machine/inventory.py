@@ -693,15 +693,13 @@ def _shown(text: str, limit: int = 60) -> str:
     return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
 
 
-def select_gpus(inv: Inventory, spec: str | None) -> tuple[GpuInfo, ...]:
-    """The GPUs ``--gpus`` names, in the order given. ``spec`` is NVML indices as nvidia-smi
-    prints them ("0,1"), "all", or None (all GPUs). Raises GpuSelectionError."""
+def parse_gpu_spec(spec: str | None) -> tuple[int, ...] | None:
+    """The NVML indices ``--gpus`` names, in the order given; None for every GPU (``all``, or
+    not given). Checked whatever the machine has: ``a``, ``-1``, ``0-1``, ``0.5`` and ``0,,1``
+    are refused on a machine without GPUs too. Raises GpuSelectionError."""
     if spec is None or spec.strip().lower() == "all":
-        return inv.gpus
+        return None
     text = spec.strip()
-    if not inv.gpus:
-        why = f" ({inv.nvml_error})" if inv.nvml_error else ""
-        raise GpuSelectionError(f"--gpus {_shown(spec)}: this machine has no GPU that NVML can see{why}")
     parts = [p.strip() for p in text.split(",")]
     if not text or any(not p for p in parts):
         raise GpuSelectionError(
@@ -720,13 +718,25 @@ def select_gpus(inv: Inventory, spec: str | None) -> tuple[GpuInfo, ...]:
         if value in indices:
             raise GpuSelectionError(f"--gpus {_shown(spec)} names GPU {value} twice")
         indices.append(value)
+    return tuple(indices)
+
+
+def select_gpus(inv: Inventory, spec: str | None) -> tuple[GpuInfo, ...]:
+    """The GPUs ``--gpus`` names, in the order given. ``spec`` is NVML indices as nvidia-smi
+    prints them ("0,1"), "all", or None (all GPUs). Raises GpuSelectionError."""
+    indices = parse_gpu_spec(spec)
+    if indices is None:
+        return inv.gpus
+    if not inv.gpus:
+        why = f" ({inv.nvml_error})" if inv.nvml_error else ""
+        raise GpuSelectionError(f"--gpus {_shown(str(spec))}: this machine has no GPU that NVML can see{why}")
     known = {g.index: g for g in inv.gpus}
     missing = [i for i in indices if i not in known]
     if missing:
         listing = "; ".join(g.describe() for g in inv.gpus)
         names = ", ".join(str(i) for i in missing)
         raise GpuSelectionError(
-            f"--gpus {_shown(spec)}: no GPU {names}. This machine has {len(inv.gpus)}: {listing}"
+            f"--gpus {_shown(str(spec))}: no GPU {names}. This machine has {len(inv.gpus)}: {listing}"
         )
     return tuple(known[i] for i in indices)
 

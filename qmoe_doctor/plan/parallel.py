@@ -10,6 +10,8 @@ Sizes that do not split over the ranks are refused here, before anything starts.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast, get_args
@@ -73,6 +75,28 @@ class ParallelPlan:
     skipped: tuple[str, ...] = ()
 
 
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,253})?")
+
+
+def check_endpoint(endpoint: str) -> None:
+    """``--rdzv-endpoint`` is ``HOST:PORT``: a host name, an IPv4 address or a ``[IPv6]``
+    address, and a port from 1 to 65535; anything else is refused before a rank starts (torchrun
+    would spend its rendezvous timeout on it)."""
+    shown = repr(endpoint) if len(endpoint) <= 80 else repr(endpoint[:80]) + "..."
+    host, colon, port = endpoint.rpartition(":")
+    if not colon or not (port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536):
+        raise ParallelPlanError(f"--rdzv-endpoint {shown}: give HOST:PORT with a port from 1 to 65535")
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+            return
+        except ValueError:
+            pass
+    elif _HOST.fullmatch(host):
+        return
+    raise ParallelPlanError(f"--rdzv-endpoint {shown}: {host[:80]!r} is not a host name or address")
+
+
 def plan_parallel(
     kernel: str, gpus: Sequence[PlannedGpu], opts: ParallelOptions | None = None, *, cpu: bool = False
 ) -> ParallelPlan:
@@ -89,6 +113,10 @@ def plan_parallel(
         raise ParallelPlanError("--nnodes, processes per node and --tokens must be positive")
     if o.nnodes > 1 and not o.rdzv_endpoint:
         raise ParallelPlanError("--nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)")
+    if o.rdzv_endpoint:
+        check_endpoint(o.rdzv_endpoint)
+    if cpu and o.backend == "nccl":
+        raise ParallelPlanError("--backend nccl needs GPUs: CPU ranks talk through gloo (leave --backend out)")
     if not cpu and o.nproc_per_node > len(gpus):
         raise ParallelPlanError(f"{o.nproc_per_node} processes per node but {len(gpus)} GPU(s) selected")
     if o.dtype not in get_args(DType):

@@ -85,6 +85,7 @@ def run_bench(
     placement the second is cuda:1). The child's output goes to ``workdir/bench.log``.
     Raises BenchError when the child fails or writes no report, KernelUnusable when the
     request's --kernel does not resolve in the child (its import or signature)."""
+    created = not workdir.exists()
     workdir.mkdir(parents=True, exist_ok=True)
     result = workdir / ".bench-child.json"
     with contextlib.suppress(FileNotFoundError):
@@ -103,7 +104,11 @@ def run_bench(
     if run.returncode is None:
         raise BenchError(f"the benchmark child did not finish in {timeout_s:.0f} s (killed)", tail=run.tail)
     unusable = _kernel_unusable(run) if run.returncode == KERNEL_UNUSABLE_EXIT else None
-    if unusable is not None:
+    if unusable is not None:  # a usage error, said whole on the way out: nothing is left behind
+        with contextlib.suppress(OSError):
+            (workdir / BENCH_FILES["log"]).unlink()
+            if created:
+                workdir.rmdir()
         raise KernelUnusable(unusable)
     if run.returncode != 0:
         raise BenchError(

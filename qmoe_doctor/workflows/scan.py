@@ -131,10 +131,14 @@ def _scan(
             with one_at_a_time:
                 on_event(event)
         out = event.outcome
-        if event.kind is EventKind.OUTCOME and out is not None and out.error_kind is ErrorKind.KERNEL_IMPORT:
-            raise KernelUnusable(out.error_message or "the kernel could not be resolved")
+        if event.kind is EventKind.OUTCOME and out is not None:
+            with one_at_a_time:
+                finished.append(out)
+            if out.error_kind is ErrorKind.KERNEL_IMPORT:
+                raise KernelUnusable(out.error_message or "the kernel could not be resolved")
 
     outcomes: list[Outcome] = []
+    finished: list[Outcome] = []  # every probe's outcome as it came, the sessions still running too
     names = group_names(plan)
 
     def report(complete: bool, not_run: tuple[str, ...] = ()) -> ScanReport:
@@ -179,11 +183,23 @@ def _scan(
         return _run_one(session, env=env, log_dir=log_dir, watch=watch, sanitizer=sanitizer, stop=stop)
 
     rounds = plan.rounds
-    for done, sessions in enumerate(rounds, start=1):
-        for got in _at_once(sessions, session_outcomes, stop):
-            outcomes.extend(got)  # in plan order, whichever session finished first
-        if on_progress is not None and done < len(rounds):
-            on_progress(report(False, tuple(s.label for later in rounds[done:] for s in later)))
+    ended: list[str] = []  # the sessions whose outcomes are in ``outcomes``
+    try:
+        for done, sessions in enumerate(rounds, start=1):
+            for got in _at_once(sessions, session_outcomes, stop):
+                outcomes.extend(got)  # in plan order, whichever session finished first
+            ended.extend(s.label for s in sessions)
+            if on_progress is not None and done < len(rounds):
+                on_progress(report(False, tuple(s.label for later in rounds[done:] for s in later)))
+    except KeyboardInterrupt:
+        # Ctrl-C or SIGTERM: the probes that finished are saved too, those of the sessions cut
+        # short included (a CPU scan is one session: without this nothing at all was kept)
+        if on_progress is not None:
+            have = {id(o) for o in outcomes}
+            with one_at_a_time:
+                outcomes.extend(o for o in finished if id(o) not in have)
+            on_progress(report(False, tuple(s.label for r in rounds for s in r if s.label not in ended)))
+        raise
     return report(True)
 
 

@@ -245,8 +245,8 @@ def test_fuzz_gpus_selection(
         return
     if cpu:
         assert spec is None and chosen.gpus == ()
-    elif not known:
-        assert spec is None and chosen.gpus == () and chosen.fallback
+    elif not known:  # --gpus all is the default spelt out: the CPU fallback too
+        assert (spec is None or spec.strip().lower() == "all") and chosen.gpus == () and chosen.fallback
     else:
         assert chosen.indices == _expected_gpus(spec, known), spec
 

@@ -97,14 +97,16 @@ def test_every_recorded_log_parses_and_its_summary_counts_its_records(path: Path
     assert r.error_summary is not None or r.racecheck_summary is not None
     if r.error_summary is not None:
         # --print-limit prints the first N and counts the rest in a second summary line
-        assert len(r.errors) == r.error_summary - r.errors_not_printed
+        assert r.records == r.error_summary - r.errors_not_printed
     if r.racecheck_summary is not None and not r.errors_not_printed:
         rs = r.racecheck_summary
         races = [e for e in r.errors if e.category == "race"]
         assert len(races) == rs.displayed == rs.errors + rs.warnings
         assert len([e for e in races if e.severity == "error"]) == rs.errors
     assert r.clean == (not r.errors and not r.error_summary and not r.has_findings)
-    assert sum(g.count for g in r.groups) == len(r.errors)
+    assert sum(g.count for g in r.groups) == r.records
+    # folded as read: each group's first record and one per kept address stay whole
+    assert len(r.errors) == sum(len(g.addresses) + (g.first.address is None) for g in r.groups)
     for e in r.errors:
         # compute-sanitizer's convention: an access at base + size is "1 bytes after"
         if e.address is not None and e.nearest is not None and e.nearest.relation == "after":
@@ -357,7 +359,7 @@ def test_worker_tags_in_parentheses_and_indentation() -> None:
         [f"(Worker rank=0 pid=101) {ln}" for ln in lines], [f"(Worker rank=1 pid=202) {ln}" for ln in lines]
     )
     r = parse_sanitizer_log("\n".join(tagged) + "\n")
-    assert len(r.streams) == 2 and len(r.errors) == 4
+    assert len(r.streams) == 2 and r.records == 4 and sum(g.count for g in r.groups) == 4
     r = parse_sanitizer_log("".join("  " + ln + "\n" for ln in lines))
     assert _records(r) == _records(parse_sanitizer_log(text))
 

@@ -62,7 +62,7 @@ def audit_command(
         try:
             shapes.append((load_hf_config(path), str(path)))
         except ConfigError as exc:
-            raise CliError(f"{exc}", hint=CONFIG_KEYS) from None
+            raise CliError(f"--config {exc}", hint=CONFIG_KEYS) from None
     if not shapes:
         shapes = [(s, "preset") for s in PRESETS.values()]
     reports = [audit_shape(shape, tokens, source=source) for shape, source in shapes]

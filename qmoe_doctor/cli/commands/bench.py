@@ -15,7 +15,7 @@ from typing import Annotated, Literal, cast
 import typer
 
 from qmoe_doctor.cli import options as opt
-from qmoe_doctor.cli.devices import Need, select_devices
+from qmoe_doctor.cli.devices import Need, check_gpus_option, select_devices
 from qmoe_doctor.cli.errors import CliError
 from qmoe_doctor.cli.output import (
     OutputPathError,
@@ -112,7 +112,9 @@ def bench_command(
     timeout: Annotated[
         float,
         typer.Option(
-            "--timeout", min=1.0, max=opt.MAX_TIMEOUT_S, help="Seconds the measuring child may take."
+            "--timeout",
+            callback=opt.timeout_seconds,
+            help=f"Seconds the measuring child may take, from 1 to {opt.MAX_TIMEOUT_S:g} (a week).",
         ),
     ] = DEFAULT_TIMEOUT_S,
 ) -> None:
@@ -128,13 +130,14 @@ def bench_command(
     no report), 130 interrupted.
     """
     opt.preset(preset)
+    check_gpus_option(gpus)
     ref = str(opt.kernel_ref(kernel)) if kernel is not None else ""  # KernelRefError: exit 2, no child
     if dtype not in ("bf16", "fp16", "fp32"):
         raise CliError(f"--dtype {dtype!r}: choose bf16, fp16 or fp32")
     if routing not in ROUTINGS:
         raise CliError(f"--routing {routing!r}: choose {' or '.join(ROUTINGS)}")
     try:
-        counts = parse_tokens(tokens) if tokens else default_tokens(preset, tiny=tiny)
+        counts = parse_tokens(tokens) if tokens is not None else default_tokens(preset, tiny=tiny)
     except ValueError as exc:
         raise CliError(f"--tokens: {exc}") from None
     if tiny and (gpus is not None or placement):

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from qmoe_doctor.cli import options as opt
 from qmoe_doctor.cli.devices import Need, select_devices
-from qmoe_doctor.cli.errors import KERNEL_PARAGRAPH, CliError, interrupt_code
+from qmoe_doctor.cli.errors import KERNEL_PARAGRAPH, CliError, interrupt_code, say_kept_logs
 from qmoe_doctor.cli.output import (
     check_outputs,
     emit_document,
@@ -136,6 +136,7 @@ def check_command(
             note(f"interrupted: the report so far ({done} probes, complete: false) is in {save}")
         else:
             note("interrupted: nothing was saved (--save keeps the report of every finished tier)")
+        say_kept_logs(exc)
         raise typer.Exit(interrupt_code(exc)) from None
     for k in report.kernels:
         if k.exit_code == ExitCode.USAGE and k.problem:

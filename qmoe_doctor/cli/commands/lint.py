@@ -17,6 +17,7 @@ from qmoe_doctor.cli.errors import CliError
 from qmoe_doctor.cli.output import check_outputs, deliver, save_text, stderr_console
 from qmoe_doctor.cli.render.lint import render_plain, render_table
 from qmoe_doctor.core.exitcodes import ExitCode
+from qmoe_doctor.core.inputs import shown_path
 from qmoe_doctor.reports.json import dumps, json_document
 from qmoe_doctor.reports.sarif import lint_sarif
 from qmoe_doctor.workflows.check import lint_result
@@ -27,7 +28,7 @@ def lint_command(
     paths: Annotated[
         list[Path],
         typer.Argument(
-            help="Python files or directories (walked for *.py). Read with ast, never imported.",
+            help="Python files or directories (walked for *.py), or - for standard input. Read with ast, never imported.",
             show_default=False,
         ),
     ],
@@ -51,13 +52,24 @@ def lint_command(
     """Lint kernel sources for launches without a device guard, int32 offsets, per-device state
     cached from one GPU, streams and buffers of the current device, and autotuned in-place kernels.
 
-    Exit status: 0 clean, 1 findings, 2 a path that does not exist or a file that does not parse.
-    Silence one finding with a `# qmoe-doctor: ignore[RULE]` comment on its line.
+    Exit status: 0 clean, 1 findings, 2 a path that does not exist, a file that does not parse,
+    or nothing to lint (a folder with no Python source: what was skipped is said). `-` reads one
+    source from standard input. Silence one finding with a `# qmoe-doctor: ignore[RULE]` comment
+    on its line.
     """
     check_outputs(files={"--save": save, "--sarif": sarif})
     report = run_lint(paths, select=select, ignore=ignore)  # an unknown rule: ValueError, exit 2
     if not report.rules:
         raise CliError("--select/--ignore leave no rule to run")
+    err = stderr_console()
+    for skip in report.skipped:
+        err.print(Text(f"note: {skip.as_line()}", style="yellow"), soft_wrap=True)
+    if not report.files and not report.errors:
+        # a check that checked nothing does not pass: an empty folder, only FIFOs or devices
+        raise CliError(
+            f"nothing was linted: {', '.join(shown_path(p) for p in paths[:5])} held no Python source"
+            + (f" ({len(report.skipped)} entries skipped)" if report.skipped else "")
+        )
     code = ExitCode.USAGE if report.errors else ExitCode.FAULT if report.findings else ExitCode.HEALTHY
     if sarif is not None:
         save_text(sarif, dumps(lint_sarif(lint_result(report), exit_code=code)), what="the SARIF log")
@@ -67,7 +79,6 @@ def lint_command(
         json_out=json_out,
         save=save,
     )
-    err = stderr_console()
     for error in report.errors:
         err.print(Text(f"error: {error.as_line()}", style="red"), soft_wrap=True)
         if error.source:

@@ -9,7 +9,7 @@ import typer
 
 from qmoe_doctor.cli import options as opt
 from qmoe_doctor.cli.devices import select_devices
-from qmoe_doctor.cli.errors import CliError, interrupt_code
+from qmoe_doctor.cli.errors import CliError, interrupt_code, say_kept_logs
 from qmoe_doctor.cli.output import (
     check_outputs,
     deliver,
@@ -154,6 +154,7 @@ def scan_command(
             )
         else:
             note("interrupted: nothing was saved (--save keeps the report of every finished session)")
+        say_kept_logs(exc)
         raise typer.Exit(interrupt_code(exc)) from None
     deliver(
         json_document("scan", report_json(report)),

@@ -49,9 +49,10 @@ def _versions_line(inv: Inventory) -> Text:
     def field(label: str, value: str | None) -> str:
         return f"{label} {value if value is not None else '-'}"
 
+    no_driver = inv.driver_version is None and inv.cuda_driver_version is None
     parts = [
-        field("driver", inv.driver_version),
-        field("CUDA (driver)", inv.cuda_driver_version),
+        "NVIDIA driver: none found" if no_driver else field("driver", inv.driver_version),
+        *([] if no_driver else [field("CUDA (driver)", inv.cuda_driver_version)]),
         field("torch", inv.torch_version),
         field("triton", inv.triton_version),
         field("Python", inv.python_version or None),

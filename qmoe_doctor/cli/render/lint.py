@@ -17,11 +17,13 @@ PROSE_WIDTH = 140
 def _summary(report: LintReport) -> str:
     n_files = len(report.files)
     files = f"{n_files} file{'s' if n_files != 1 else ''}"
+    n_skipped = len(report.skipped)
+    skipped = f"; {n_skipped} entr{'ies' if n_skipped != 1 else 'y'} skipped (not sources)" if n_skipped else ""
     if not report.findings:
-        return f"No findings in {files} ({len(report.rules)} rules)."
+        return f"No findings in {files} ({len(report.rules)} rules){skipped}."
     per_rule = ", ".join(f"{rule} {n}" for rule, n in report.counts().items())
     n = len(report.findings)
-    return f"{n} finding{'s' if n != 1 else ''} in {len(report.by_file())} of {files} ({per_rule})."
+    return f"{n} finding{'s' if n != 1 else ''} in {len(report.by_file())} of {files} ({per_rule}){skipped}."
 
 
 def render_plain(out: Console, report: LintReport) -> None:
