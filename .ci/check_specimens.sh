@@ -10,6 +10,13 @@
 #   contiguous_only          must pass (strided cells rejected)      probes: a contract, not a fault
 #   autotuned                must pass                               probes (first config; repeat-call
 #                                                                    autotunes for real)
+#   tma_persistent           must pass                               probes (the interpreter runs
+#                                                                    device-side TMA descriptors)
+#   tma_unmasked_rows        must fail: invalid-routing              probes (over-routed: TMA stores
+#                                                                    past its y)
+#   tma_misaligned           must fail: the storage-offset-1 cell    probes (the interpreter's descriptor
+#                            only, explained by nothing but          check refuses the misaligned x)
+#                            misaligned-operand
 #   unguarded, default_buffer, wrong_stream, int32_offsets           lint only: their probes need GPUs
 #   cached_sms                                                       lint only: no probe can see it
 #
@@ -67,16 +74,30 @@ expect builtin 0 -- --cpu --kernel builtin "${LINT_OURS[@]}"
 
 # Specimens the CPU tier's probes can see: exit 1 and the planted cause.
 for pair in unmasked_rows:invalid-routing running_row_mask:invalid-routing \
-            autotune_inplace:autotune-inplace-rerun; do
+            autotune_inplace:autotune-inplace-rerun tma_unmasked_rows:invalid-routing; do
   name=${pair%%:*} cause=${pair#*:}
   expect "specimen-$name" 1 -- --cpu --kernel "specimen:$name" && causes "specimen-$name" diagnoses "$cause"
 done
 
 # Correct specimens in the public kernels' style: healthy on the CPU tier, lint included (a kernel
 # refusing strided inputs by contract is not a fault; a large autotune space is no fault either).
-for name in contiguous_only autotuned; do
+for name in contiguous_only autotuned tma_persistent; do
   expect "specimen-$name" 0 -- --cpu --kernel "specimen:$name"
 done
+
+# A misaligned x handed to a TMA descriptor: on a GPU `misaligned address`; under the interpreter its
+# descriptor check refuses the view. The one failing cell must be storage-offset-1, and nothing but
+# misaligned-operand may explain it (a scan rule that does not read the interpreter's check leaves
+# it unexplained: still exit 1, never healthy).
+expect specimen-tma_misaligned 1 -- --cpu --kernel specimen:tma_misaligned --only single,offsets &&
+  python3 - "$OUT/specimen-tma_misaligned.json" <<'EOF_PY' || bad "specimen-tma_misaligned: expected the storage-offset-1 cell alone, misaligned-operand or unexplained"
+import json, sys
+(kernel,) = json.load(open(sys.argv[1]))["kernels"]
+failing = sorted(c["name"] for c in kernel["cells"] if c["verdict"] not in ("pass", "skip"))
+causes = {d["cause"] for d in kernel["diagnoses"]}
+print(f"      failing cells: {failing}; diagnoses: {sorted(causes)}")
+sys.exit(0 if failing == ["offsets:storage-offset-1"] and causes <= {"misaligned-operand"} else 1)
+EOF_PY
 
 # Specimens whose fault is a placement, stream or int32-offset fault: no probe can fail on a CPU
 # (no second device, no streams, and the interpreter does no bounds checking). Lint sees each one.

@@ -31,6 +31,11 @@ Then ``qmoe-doctor scan --kernel adapter:mylib`` (its default target) or
 ``--kernel adapter:mylib:mylib.ops:other_mm``. Without packaging, NAME may be the dotted path
 of an adapter object: ``--kernel adapter:my_adapters.ADAPTER:path/to/kernel.py:grouped_mm``.
 
+Conventions common enough to need no code ship here (``qmoe_doctor.core.kernel_ref.BUILTIN_ADAPTERS``
+names them; the names are reserved): ``--kernel adapter:flat-weights:mylib/ops.py:grouped_gemm`` for
+a kernel ``fn(x, w2d, m_sizes)`` that takes the expert weights flattened to ``(E*N, K)``
+(:data:`FLAT_WEIGHTS`).
+
 Entry points are loaded here, in the probe child, never in the parent: loading one imports the
 kernel library, and the kernel library imports torch.
 """
@@ -44,7 +49,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from qmoe_doctor.core.kernel_ref import ENTRY_POINT_GROUP, KernelRef, KernelRefError, RefKind
+from qmoe_doctor.core.kernel_ref import (
+    BUILTIN_ADAPTERS,
+    ENTRY_POINT_GROUP,
+    KernelRef,
+    KernelRefError,
+    RefKind,
+)
 from qmoe_doctor.core.records import Condition, ProbeSpec
 from qmoe_doctor.probes.loader import (
     KernelFn,
@@ -59,6 +70,7 @@ from qmoe_doctor.probes.loader import (
 NON_CONTIGUOUS_VARIANTS = frozenset({"padded-rows", "transposed-w"})
 
 __all__ = [
+    "FLAT_WEIGHTS",
     "AdaptedKernel",
     "KernelAdapter",
     "KernelLimits",
@@ -167,9 +179,60 @@ def _as_adapter(obj: Any, name: str) -> Any:
     return obj
 
 
+# --------------------------------------------------------------------------------------------
+# The built-in adapters (their names and descriptions: qmoe_doctor.core.kernel_ref.BUILTIN_ADAPTERS)
+# --------------------------------------------------------------------------------------------
+
+
+def flatten_experts(w: Any) -> Any:
+    """``w`` (E, N, K) as (E*N, K), expert e's weight in rows e*N .. e*N + N - 1.
+
+    A view of the same storage wherever w's layout has one (a contiguous stack, one a few elements
+    into its storage, rows padded in K): the kernel sees the base and strides the probe made, so
+    an offset or padded-rows cell tests the kernel, not this adapter. A w with no such view (a
+    transposed w: K is not its contiguous dimension) is copied into the same kind of layout, a
+    column-major (E*N, K) (strides (1, E*N)), so a strided-w cell still hands the kernel a strided
+    w."""
+    e, n, k = w.shape
+    try:
+        return w.view(e * n, k)
+    except RuntimeError:  # torch: "view size is not compatible with input tensor's size and stride"
+        pass
+    if w.stride(2) == 1:  # rows contiguous, E and N not mergeable: a row-major copy
+        return w.reshape(e * n, k)
+    return w.permute(2, 0, 1).reshape(k, e * n).t()
+
+
+def _flat_weights(target: Any) -> KernelFn:
+    if not callable(target):
+        raise TypeError(f"the target is a {type(target).__name__}, not a function fn(x, w2d, m_sizes)")
+
+    def fn(x: Any, w: Any, m_sizes: Any) -> Any:
+        return target(x, flatten_experts(w), m_sizes)
+
+    fn.__name__ = getattr(target, "__name__", "flat_weights_kernel")
+    fn.__qualname__ = f"flat_weights({fn.__name__})"
+    return fn
+
+
+#: ``adapter:flat-weights:TARGET``: TARGET is ``fn(x, w2d, m_sizes) -> y`` with the expert weights
+#: flattened to (E*N, K) (N = w2d.shape[0] // len(m_sizes)). Any dtype, any layout, CPU tensors
+#: too: what the kernel itself cannot take shows in the cells, as for a kernel of our signature.
+FLAT_WEIGHTS = SimpleAdapter(wrap=_flat_weights)
+
+
+def _builtin_adapter(name: str) -> Any:
+    """The object of one of our adapters (``BUILTIN_ADAPTERS[name].obj``, ``module:attr``)."""
+    module_name, _, attr = BUILTIN_ADAPTERS[name].obj.partition(":")
+    return _as_adapter(getattr(importlib.import_module(module_name), attr), name)
+
+
 def find_adapter(name: str) -> Any:
-    """The adapter called ``name``: an entry point of the group ``qmoe_doctor.adapters``, else
-    the object a dotted ``module.attr`` path names. Raises KernelResolutionError."""
+    """The adapter called ``name``: one of ours (reserved names), else an entry point of the
+    group ``qmoe_doctor.adapters``, else the object a dotted ``module.attr`` path names. Raises
+    KernelResolutionError."""
+    if name in BUILTIN_ADAPTERS:
+        return _builtin_adapter(name)
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         if ep.name != name:
             continue
@@ -184,8 +247,9 @@ def find_adapter(name: str) -> Any:
     if not dot or not module_name:
         installed = sorted(ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
         raise KernelResolutionError(
-            f"no adapter named {name!r} in the entry-point group {ENTRY_POINT_GROUP!r} "
-            f"(installed: {', '.join(installed) or 'none'}); or give module.attr of an adapter object"
+            f"no adapter named {name!r}: not one of ours ({', '.join(BUILTIN_ADAPTERS)}) nor in the "
+            f"entry-point group {ENTRY_POINT_GROUP!r} (installed: {', '.join(installed) or 'none'}); "
+            "or give module.attr of an adapter object"
         )
     try:
         module = importlib.import_module(module_name)

@@ -189,6 +189,23 @@ _CAUSES = (
         public_evidence=("Liger-Kernel #1246",),
     ),
     Cause(
+        id="misaligned-operand",
+        title="Operand not 16-byte aligned where a TMA descriptor or vector access needs it",
+        mechanism=(
+            "TMA tensor descriptors (and wide vector loads) need a 16-byte-aligned base and "
+            "16-byte-aligned strides. A kernel that makes a descriptor on a view a few elements "
+            "into its storage, or on rows of an odd pitch, without checking, faults on the copy: "
+            "misaligned address (or an illegal instruction), a sticky error that ends the context."
+        ),
+        fix=(
+            "def tma_operand(t):  # where the descriptor is made\n"
+            "    if t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16 or t.stride(1) != 1:\n"
+            "        t = t.clone()  # or refuse: raise ValueError('x must be 16-byte aligned')\n"
+            "    return t"
+        ),
+        public_evidence=("triton #8657", "triton #7385"),
+    ),
+    Cause(
         id="p2p-path-broken",
         title="The peer-to-peer path corrupts copies",
         mechanism=(

@@ -12,9 +12,10 @@ w (E, N, K), m_sizes (E,) int32 rows per expert). The forms::
     adapter:NAME                 a kernel adapter's own default kernel (its ``default_target``)
     adapter:NAME:TARGET          the adapter applied to TARGET, any form above but an adapter
 
-An adapter turns a kernel of another signature into that callable; NAME is an entry point of the
-group ``qmoe_doctor.adapters`` (how a kernel library ships one) or the dotted ``module.attr``
-of an adapter object. The protocol and its loading live on the child side
+An adapter turns a kernel of another signature into that callable; NAME is one of ours
+(:data:`BUILTIN_ADAPTERS`: ``flat-weights`` for ``fn(x, w2d (E*N, K), m_sizes)``), an entry point
+of the group ``qmoe_doctor.adapters`` (how a kernel library ships one) or the dotted
+``module.attr`` of an adapter object. The protocol and its loading live on the child side
 (``qmoe_doctor.probes.adapters``).
 
 Three stages, three places, one record:
@@ -56,6 +57,36 @@ from qmoe_doctor.core.specimens import SPECIMEN_PACKAGE, get_specimen
 #: ``[project.entry-points."qmoe_doctor.adapters"]  mylib = "mylib.qmoe:ADAPTER"``. Public: kernel
 #: libraries ship under this name, so it never follows the module's own path.
 ENTRY_POINT_GROUP = "qmoe_doctor.adapters"
+
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BuiltinAdapter:
+    """An adapter that ships with qmoe-doctor: ``adapter:NAME:TARGET`` with no packaging. Its
+    object lives on the child side (``obj``, imported only there); the rest is what ``qmoe-doctor
+    specimens`` and the docs show."""
+
+    name: str  # NAME in adapter:NAME:TARGET
+    obj: str  # module:attr of the adapter object (child side: it imports torch)
+    takes: str  # the signature of the kernels it adapts
+    summary: str  # one line: what it passes the kernel
+
+
+#: The adapters of ours, by name. Reserved: an installed entry point of the same name is never
+#: consulted. None has a default target: the kernel is the user's (``adapter:NAME:TARGET``).
+BUILTIN_ADAPTERS: dict[str, BuiltinAdapter] = {
+    a.name: a
+    for a in (
+        BuiltinAdapter(
+            name="flat-weights",
+            obj="qmoe_doctor.probes.adapters:FLAT_WEIGHTS",
+            takes="fn(x, w2d, m_sizes) -> y, w2d (E*N, K): expert e's weight is rows e*N .. e*N + N - 1",
+            summary="w (E, N, K) passed as (E*N, K): a view of the same storage where w's layout has one "
+            "(storage offsets and padded rows reach the kernel as they are), else a copy of the same "
+            "layout kind (a transposed w stays strided)",
+        ),
+    )
+}
 
 #: Every form, for help texts and error messages.
 FORMS = (
@@ -221,6 +252,14 @@ class KernelRef:
                         self.target._validate()
                     except KernelRefError as exc:
                         raise KernelRefError(text, f"the adapter's TARGET: {exc.problem}") from None
+                if self.name in BUILTIN_ADAPTERS:
+                    if self.target is None:
+                        raise KernelRefError(
+                            text,
+                            f"the built-in adapter {self.name!r} adapts your kernel: name it, "
+                            f"adapter:{self.name}:module:function or adapter:{self.name}:path/to/file.py:function",
+                        )
+                    return
                 installed = installed_adapters()
                 if self.name not in installed:
                     module, dot, _ = self.name.strip(".").rpartition(".")
@@ -228,9 +267,9 @@ class KernelRef:
                         known = ", ".join(sorted(installed)) or "none installed"
                         raise KernelRefError(
                             text,
-                            f"no adapter named {self.name!r} in the entry-point group {ENTRY_POINT_GROUP!r} "
-                            f"(installed: {known}); give an installed adapter's name or the module.attr "
-                            "of an adapter object",
+                            f"no adapter named {self.name!r}: not one of ours ({', '.join(BUILTIN_ADAPTERS)}) "
+                            f"nor in the entry-point group {ENTRY_POINT_GROUP!r} (installed: {known}); give "
+                            "an adapter's name or the module.attr of an adapter object",
                         )
                     _check_findable(text, module, what="adapter module")
             case RefKind.BUILTIN | RefKind.TORCH:
@@ -397,8 +436,10 @@ def _check_findable(text: str, module: str, *, what: str) -> None:
 
 
 __all__ = [
+    "BUILTIN_ADAPTERS",
     "BUILTIN_FUNCTION",
     "BUILTIN_MODULE",
+    "BuiltinAdapter",
     "ENTRY_POINT_GROUP",
     "FORMS",
     "KernelRef",

@@ -173,6 +173,36 @@ SPECIMENS: tuple[SpecimenInfo, ...] = (
         trigger="expert parallelism: every rank but the first gets ids past its local weight stack",
         misbehaves_under=(Condition.PARALLEL_EP,),
     ),
+    # The persistent TMA-descriptor design (issue #41): device-side descriptors
+    # (tl.make_tensor_descriptor, scratch from triton.set_allocator), a grid of the SM count,
+    # 64-bit row offsets, w flattened to (E*N, K). One correct twin, two faults planted in it.
+    SpecimenInfo(
+        name="tma_persistent",
+        cause=None,
+        module="tma_persistent",
+        function="moe_grouped_gemm",
+        summary="correct; persistent grid, device-side TMA descriptors (scratch from triton.set_allocator), w as (E*N, K)",
+        trigger="never wrong: rows clamped to M, unaligned operands copied, launch, grid and scratch on x's device",
+        misbehaves_under=(),
+    ),
+    SpecimenInfo(
+        name="tma_unmasked_rows",
+        cause="invalid-routing",
+        module="tma_unmasked_rows",
+        function="moe_grouped_gemm",
+        summary="TMA style; each expert's x and y descriptors span the rows m_sizes claims, never clamped to M",
+        trigger="sum(m_sizes) > M: TMA stores past y (a program dies of an illegal instruction); a -1 sentinel shifts rows",
+        misbehaves_under=(Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES),
+    ),
+    SpecimenInfo(
+        name="tma_misaligned",
+        cause="misaligned-operand",
+        module="tma_misaligned",
+        function="moe_grouped_gemm",
+        summary="TMA style; descriptors made on x without checking the 16-byte alignment of its base and strides",
+        trigger="x not 16-byte aligned (a view 1 element into its storage): CUDA error: misaligned address",
+        misbehaves_under=(Condition.OFFSETS,),
+    ),
 )
 
 _BY_NAME = {s.name: s for s in SPECIMENS}

@@ -413,3 +413,103 @@ def test_int32_debug_rerun_names_the_source_line_and_operation(tmp_path: Any) ->
     source = Path(path).read_text(encoding="utf-8").splitlines()[int(line) - 1]
     assert "stride_we" in source or "w_ptrs" in source, source  # the planted product's statement
     assert sites[0]["check"] == "int32 overflow detected for operation mul"
+
+
+# --------------------------------------------------------------------------------------------
+# The persistent TMA-descriptor design (device-side descriptors, scratch from
+# triton.set_allocator, a grid of the SM count, w flattened to (E*N, K)): the correct twin, the
+# two faults planted in it, and the flat-weight adapter on real launches. The verdicts are the
+# calibration table's rows (docs/validation/scan-specimens.md).
+# --------------------------------------------------------------------------------------------
+
+_TMA_CHILD = r"""
+import importlib, json, sys
+import torch
+from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm_torch
+
+KERNELS = json.loads(sys.argv[1])  # [[label, "module:function"], ...], the correct one first
+dev = "cuda:0"
+gen = torch.Generator(device=dev).manual_seed(0)
+m, e, n, k = 4096, 128, 768, 2048
+x = torch.randn(m, k, device=dev, dtype=torch.bfloat16, generator=gen)
+w = torch.randn(e, n, k, device=dev, dtype=torch.bfloat16, generator=gen)
+m_sizes = torch.bincount(torch.randint(e, (m,), generator=torch.Generator().manual_seed(0)), minlength=e)
+m_sizes = m_sizes.to(torch.int32).to(dev)
+# x one element (2 bytes) into its storage: the scan's offsets: storage-offset-1 view
+buf = torch.empty(x.numel() + 64, device=dev, dtype=x.dtype)
+x_off = buf[1 : 1 + x.numel()].view(m, k)
+x_off.copy_(x)
+ref = moe_grouped_gemm_torch(x, w, m_sizes, out_dtype=torch.float32)
+for label, target in KERNELS:  # one line each, flushed: a sticky fault ends every later call
+    module, function = target.split(":")
+    try:
+        y = getattr(importlib.import_module(module), function)(x_off, w, m_sizes)
+        torch.cuda.synchronize()
+        rel = float((y.float() - ref).norm() / ref.norm())
+        print(json.dumps({"kernel": label, "error": None, "rel": rel}), flush=True)
+    except Exception as exc:  # noqa: BLE001 - the error is the observation
+        print(json.dumps({"kernel": label, "error": f"{type(exc).__name__}: {exc}"}), flush=True)
+"""
+
+
+@pytest.mark.gpu
+def test_tma_misaligned_x_faults_with_a_misaligned_address_and_the_twin_copies_it() -> None:
+    """x two bytes into its storage, bf16: the twin copies it into an aligned buffer and is
+    right; the specimen makes its descriptors on it and dies of the sticky CUDA error."""
+    env = {k: v for k, v in os.environ.items() if k != knobs.TRITON_INTERPRET}
+    kernels = [["twin", kernel_ref("tma_persistent")], ["misaligned", kernel_ref("tma_misaligned")]]
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_TMA_CHILD), json.dumps(kernels)],
+        capture_output=True, text=True, timeout=600, env=env, check=False,
+    )  # fmt: skip
+    docs = {d["kernel"]: d for d in map(json.loads, (ln for ln in out.stdout.splitlines() if ln.startswith("{")))}
+    assert set(docs) == {"twin", "misaligned"}, f"rc={out.returncode}\n{out.stderr[-3000:]}"
+    assert docs["twin"]["error"] is None and docs["twin"]["rel"] <= TOL_BF16, docs["twin"]
+    assert docs["misaligned"]["error"] is not None and "misaligned address" in docs["misaligned"]["error"], docs
+
+
+@pytest.mark.gpu
+def test_tma_persistent_is_healthy_in_every_one_gpu_cell(tmp_path: Any) -> None:
+    """The default one-GPU scan (sweeps and the int32 boundary on): no diagnosis, nothing
+    unexplained; its storage-offset-1 cell passes (the operands copied, not refused)."""
+    rc, report = _scan_gpu0("specimen:tma_persistent", tmp_path)
+    assert rc == 0 and not report["diagnoses"] and not report["unexplained"], report["unexplained"]
+    cells = _cells(report)
+    assert cells["offsets:storage-offset-1"]["status"] == "pass"
+    assert cells["over-routed"]["status"] == "pass" and cells["over-routed"]["facts"]["output_guard"] is True
+
+
+@pytest.mark.gpu
+def test_tma_unmasked_rows_tma_stores_past_y_are_invalid_routing(tmp_path: Any) -> None:
+    rc, report = _scan_gpu0("specimen:tma_unmasked_rows", tmp_path, "--only", "single,over-routed,negative-sizes")
+    assert rc == 1
+    assert [d["cause"] for d in report["diagnoses"]] == ["invalid-routing"] and not report["unexplained"]
+    over = _cells(report)["over-routed"]
+    assert over["status"] == "wrong" and "after y" in over["canary_hits"], over
+    assert over["facts"]["rows_written_after_y"] == 64
+
+
+@pytest.mark.gpu
+def test_tma_misaligned_is_misaligned_operand_from_the_storage_offset_cell_alone(tmp_path: Any) -> None:
+    rc, report = _scan_gpu0("specimen:tma_misaligned", tmp_path, "--only", "single,offsets")
+    assert rc == 1
+    assert [d["cause"] for d in report["diagnoses"]] == ["misaligned-operand"] and not report["unexplained"]
+    cells = _cells(report)
+    failing = {name for name, cell in cells.items() if cell["status"] not in ("pass", "skipped")}
+    assert failing == {"offsets:storage-offset-1"}, failing  # 16 bytes in (storage-offset-8) passes
+    assert "misaligned address" in (cells["offsets:storage-offset-1"]["error_message"] or ""), cells
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("specimen", "causes"), [("tma_persistent", []), ("tma_unmasked_rows", ["invalid-routing"])]
+)
+def test_flat_weights_adapter_scans_the_kernels_own_entry_point(specimen: str, causes: list[str], tmp_path: Any) -> None:
+    """The kernel's (x, w2d, m_sizes) entry point through ``adapter:flat-weights``: the same
+    verdict as the specimen's own three-line wrapper."""
+    module = kernel_ref(specimen).split(":")[0]
+    ref = f"adapter:flat-weights:{module}:grouped_gemm_flat"
+    rc, report = _scan_gpu0(ref, tmp_path, "--only", "single,over-routed,offsets")
+    assert rc == (1 if causes else 0), report["unexplained"]
+    assert [d["cause"] for d in report["diagnoses"]] == causes and not report["unexplained"]
+    assert all(c["status"] != "skipped" for c in _cells(report).values() if c["spec"]["condition"] != "launch-config")

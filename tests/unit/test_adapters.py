@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from qmoe_doctor.cli.app import app
 from qmoe_doctor.core.kernel_ref import (
+    BUILTIN_ADAPTERS,
     ENTRY_POINT_GROUP,
     KernelRef,
     KernelRefError,
@@ -312,3 +313,112 @@ def test_a_check_where_every_probe_was_skipped_is_not_a_pass(tmp_path: Path, mon
     assert env_check["name"] == "interpreter-check" and env_check["verdict"] == "pass"
     assert [c["verdict"] for c in cells] == ["skip", "skip"]
     assert all("no CPU support" in c["detail"] for c in cells)
+
+
+# --- the built-in adapters: adapter:flat-weights:TARGET ---------------------------------------
+
+FLAT_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "kernels" / "flat_weights.py"
+FLAT_REF = f"adapter:flat-weights:{FLAT_FIXTURE}:grouped_gemm"
+
+
+def test_builtin_adapters_need_no_entry_point_and_take_a_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_distribution(monkeypatch)  # no distribution registers any adapter
+    assert installed_adapters() == {}
+    assert set(BUILTIN_ADAPTERS) == {"flat-weights"}
+    assert KernelRef.parse(FLAT_REF).validate().target == KernelRef.parse(f"{FLAT_FIXTURE}:grouped_gemm")
+    assert KernelRef.parse("adapter:flat-weights:json:dumps").validate()
+    with pytest.raises(KernelRefError, match="adapts your kernel: name it, adapter:flat-weights:module:function"):
+        KernelRef.parse("adapter:flat-weights").validate()
+    with pytest.raises(KernelRefError, match="does not exist"):
+        KernelRef.parse("adapter:flat-weights:missing/kernel.py:fn").validate()
+    with pytest.raises(KernelRefError, match=r"not one of ours \(flat-weights\)"):
+        KernelRef.parse("adapter:flat-weight:json:dumps").validate()
+
+
+def test_builtin_adapter_names_are_reserved(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A distribution registering an adapter under a built-in name is never consulted."""
+    _fake_distribution(monkeypatch, **{"flat-weights": "json:dumps"})
+    assert child.find_adapter("flat-weights") is child.FLAT_WEIGHTS
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_ADAPTERS))
+def test_every_builtin_adapter_resolves_on_the_child_side(name: str) -> None:
+    adapter = child.find_adapter(name)
+    assert isinstance(adapter, child.KernelAdapter)
+    assert adapter.default_target is None  # the kernel is the user's: adapter:NAME:TARGET
+    assert child.limits_of(adapter) == child.KernelLimits()  # any dtype, layout, CPU tensors
+
+
+def test_flatten_experts_hands_the_kernel_the_probes_layouts() -> None:
+    """Where w (E, N, K) has an (E*N, K) view, the kernel gets it (same storage, same offset and
+    row pitch: the offset and padded-row cells test the kernel); a transposed w is copied into
+    a column-major (E*N, K), so the transposed-w cell still hands it a strided w."""
+    import torch
+
+    e, n, k = 3, 4, 8
+    base = torch.randn(e, n, k)
+    buf = torch.zeros(e * n * k + 1)
+    offset = buf[1:].view(e, n, k).copy_(base)  # storage-offset-1
+    padded = torch.zeros(e, n, k + 5)[:, :, :k].copy_(base)  # rows padded in K
+    transposed = base.transpose(1, 2).contiguous().transpose(1, 2)
+    sliced = torch.zeros(e, n + 2, k)[:, :n, :].copy_(base)  # experts padded in N: no (E*N, K) view
+    for w, same_storage, strides in (
+        (base, True, (k, 1)),
+        (offset, True, (k, 1)),
+        (padded, True, (k + 5, 1)),
+        (transposed, False, (1, e * n)),
+        (sliced, False, (k, 1)),
+    ):
+        w2d = child.flatten_experts(w)
+        assert torch.equal(w2d, base.reshape(e * n, k))
+        assert (w2d.data_ptr() == w.data_ptr()) is same_storage and w2d.stride() == strides, w.stride()
+
+
+def test_flat_weights_adapter_calls_the_kernel_with_flattened_weights() -> None:
+    import torch
+
+    from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm_torch
+
+    kernel = child.load_adapted(FLAT_REF)
+    assert isinstance(kernel, child.AdaptedKernel) and kernel.limits == child.KernelLimits()
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(40, 32, generator=gen), torch.randn(3, 36, 32, generator=gen)
+    m_sizes = torch.tensor([10, 0, 30], dtype=torch.int32)
+    ref = moe_grouped_gemm_torch(x, w, m_sizes)
+    for weights in (w, w.transpose(1, 2).contiguous().transpose(1, 2)):
+        y = kernel(x, weights, m_sizes)
+        assert float((y - ref).norm() / ref.norm()) < 1e-5
+    raw = child.resolve_object(KernelRef.parse(f"{FLAT_FIXTURE}:grouped_gemm"))
+    with pytest.raises(ValueError, match="w2d must be 2-D"):  # what the adapter spares the user
+        raw(x, w, m_sizes)
+
+
+def test_flat_weight_kernel_through_scan_and_check_on_the_cpu_tier(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every cell runs (none skipped for the adapter's sake) and passes; check lints the
+    kernel's own file, not the adapter."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    scan = runner.invoke(app, ["scan", "--cpu", "--json", "-k", FLAT_REF, "--log-dir", str(tmp_path / "scan")])
+    assert scan.exit_code == 0, scan.output
+    report = json.loads(scan.stdout)
+    assert report["healthy"] is True and report["diagnoses"] == [] and report["unexplained"] == []
+    cells = {o["probe_id"].split("/", 1)[1]: o for o in report["outcomes"] if o["spec"]["condition"] != "launch-config"}
+    assert {"over-routed", "negative-sizes", "offsets:storage-offset-1", "offsets:transposed-w"} <= set(cells)
+    assert all(c["status"] == "pass" for c in cells.values()), {n: c["status"] for n, c in cells.items()}
+    out = tmp_path / "check.json"
+    check = runner.invoke(
+        app, ["check", "--cpu", "--only", "single", "-k", FLAT_REF, "--save", str(out), "--log-dir", str(tmp_path / "c")]
+    )
+    assert check.exit_code == 0, check.output
+    (kernel,) = json.loads(out.read_text())["kernels"]
+    assert [Path(f).name for f in kernel["lint"]["files"]] == ["flat_weights.py"]
+
+
+def test_specimens_command_lists_the_builtin_adapters() -> None:
+    doc = json.loads(runner.invoke(app, ["specimens", "--json"]).stdout)
+    assert [a["name"] for a in doc["adapters"]] == list(BUILTIN_ADAPTERS)
+    (flat,) = doc["adapters"]
+    assert flat["kernel"] == "adapter:flat-weights:TARGET" and "(E*N, K)" in flat["takes"]
+    text = runner.invoke(app, ["specimens"], env={"COLUMNS": "200"}).output
+    assert "adapter:flat-weights:TARGET" in text

@@ -41,6 +41,10 @@ def fn(x, w, m_sizes):
     return moe_grouped_gemm(x, w, m_sizes)
 
 
+def fn_flat(x, w2d, m_sizes):  # the flat-weight convention: w2d (E*N, K)
+    return moe_grouped_gemm(x, w2d.view(m_sizes.shape[0], -1, x.shape[1]), m_sizes)
+
+
 def _wrap(target):
     return lambda x, w, m_sizes: target(x, w, m_sizes)
 
@@ -74,6 +78,8 @@ REFS: list[tuple[str, bool, str]] = [
     (f"adapter:{MOD}.ADAPTER:{MOD}:fn", True, "an adapter applied to a module target"),
     (f"adapter:{MOD}.ADAPTER:specimen:unmasked_rows", True, "an adapter applied to a specimen"),
     (f"adapter:{MOD}.ADAPTER:builtin", True, "an adapter applied to our kernel"),
+    ("adapter:flat-weights:./{file}:fn_flat", True, "the built-in flat-weight adapter on a file target"),
+    (f"adapter:flat-weights:{MOD}:fn_flat", True, "the built-in flat-weight adapter on a module target"),
     ("", False, "empty"),
     (":", False, "a colon alone"),
     ("a:b:c:d", False, "colons that name no module"),
@@ -87,6 +93,8 @@ REFS: list[tuple[str, bool, str]] = [
     (f"{MOD}:not-a-name", False, "a function name that is not an identifier"),
     ("adapter:", False, "an adapter without a name"),
     ("adapter:misspelt_adapter", False, "a misspelt adapter: no entry point of that name"),
+    ("adapter:flat-weights", False, "a built-in adapter without the kernel it adapts"),
+    ("adapter:flat-weights:missing/k.py:fn", False, "a built-in adapter with a missing file target"),
     ("adapter:qd_no_such_pkg_xyz.ADAPTER", False, "a dotted adapter whose module is not there"),
     (f"adapter:{MOD}.ADAPTER:missing/k.py:fn", False, "an adapter with a missing file target"),
     (f"adapter:{MOD}.ADAPTER:", False, "an adapter with an empty target"),
@@ -175,6 +183,7 @@ REAL = [
     ("./{file}:fn", "file"),
     (f"adapter:{MOD}.ADAPTER", "adapter, default target"),
     (f"adapter:{MOD}.ADAPTER:./{{file}}:fn", "adapter, file target"),
+    ("adapter:flat-weights:./{file}:fn_flat", "built-in adapter, file target"),
 ]
 
 

@@ -838,10 +838,12 @@ SPECIMEN_RULES = [
     ("autotune_inplace.py", Rule.AUTOTUNE_INPLACE),
     ("cached_sms.py", Rule.CACHED_DEVICE_PROPERTY),  # its planted SM count, read once from the current device
 ]
-# The other specimens must stay silent: running_row_mask, unmasked_rows, global_expert_ids and
-# rank_no_set_device plant causes no source rule sees (row masks, expert ids, a rank's current
-# device: the scan's and the parallel modes' cells find them); contiguous_only and autotuned are
-# correct kernels (an assert contract; an autotune whose kernel only stores).
+# The other specimens must stay silent: running_row_mask, unmasked_rows, tma_unmasked_rows,
+# global_expert_ids, rank_no_set_device and tma_misaligned plant causes no source rule sees (row
+# masks, expert ids, a rank's current device, an operand's alignment: the scan's and the parallel
+# modes' cells find them); contiguous_only, autotuned and tma_persistent are correct kernels (an
+# assert contract; an autotune whose kernel only stores; device-side TMA descriptors whose launch,
+# grid and scratch all take x's device).
 
 
 @pytest.mark.parametrize(("name", "rule"), SPECIMEN_RULES)

@@ -3,7 +3,8 @@
 Each case runs ``python3 -m qmoe_doctor scan --cpu --kernel K --json`` (or ``check``) in a
 child, as a user would, and reads the versioned JSON report. The kernels: the specimens written
 in the style of the public fused-MoE kernels (``kernels/specimens/``: running_row_mask,
-contiguous_only, autotuned, cached_sms), the existing specimens whose CPU verdict must not
+contiguous_only, autotuned, cached_sms; the persistent TMA-descriptor twin and the two faults
+planted in it), the existing specimens whose CPU verdict must not
 change, our builtin, the ``torch:grouped_mm`` control, and two small user kernels
 (``tests/fixtures/kernels/``: a plain PyTorch per-expert loop, a wrapper that returns None).
 The verdicts are the CPU column of the calibration table (docs/validation/scan-specimens.md).
@@ -146,6 +147,49 @@ def test_cached_sms_passes_every_cpu_cell_and_check_names_its_cause_by_lint(tmp_
     assert kernel["lint"]["files"] and kernel["lint"]["files"][0].endswith("cached_sms.py")
     assert {f["cause"] for f in kernel["lint"]["findings"]} == {"per-device-state-cached"}
     assert "covers: lint and the CPU tier only" in " ".join(out.stdout.split())
+
+
+# The persistent TMA-descriptor design: the interpreter (triton 3.9) runs device-side descriptors,
+# so the CPU tier checks the twin and both planted faults like any kernel.
+
+
+def test_tma_persistent_twin_is_healthy_on_the_cpu_tier(tmp_path: Path) -> None:
+    rc, report = _scan("specimen:tma_persistent", tmp_path)
+    assert rc == 0 and report["healthy"] is True
+    assert report["diagnoses"] == [] and report["unexplained"] == [] and report["hardening"] == []
+    cells = _cells(report)
+    ran = {name for name, cell in cells.items() if cell["status"] != "skipped"}
+    assert {"single", "over-routed", "negative-sizes", "offsets:storage-offset-1", "offsets:transposed-w"} <= ran
+    assert all(cells[name]["status"] == "pass" for name in ran if name != "interpreter-check")
+    assert cells["over-routed"]["facts"]["output_guard"] is True  # its y is one the guard served
+
+
+def test_tma_unmasked_rows_tma_stores_past_y_are_an_invalid_routing_fault(tmp_path: Path) -> None:
+    rc, report = _scan("specimen:tma_unmasked_rows", tmp_path, "--no-sweeps")
+    assert rc == 1
+    assert _causes(report) == {"invalid-routing"} and report["unexplained"] == []
+    (diag,) = report["diagnoses"]
+    assert diag["severity"] == "fault" and diag["confidence"] == "high"
+    over = _cells(report)["over-routed"]
+    assert over["status"] == "wrong" and over["canary_hits"] == ["after y"]
+    assert over["facts"]["rows_written_after_y"] == 64  # the last expert's descriptor, 64 rows past M
+
+
+def test_tma_misaligned_fails_the_storage_offset_cell_alone(tmp_path: Path) -> None:
+    """On the CPU the interpreter's descriptor check refuses the misaligned x inside the launch
+    (the GPU faults with `misaligned address` there). The cell fails, and nothing but
+    misaligned-operand may explain it: a scan that reads the interpreter's check names it, one
+    that does not leaves the cell unexplained; never healthy, never another cause."""
+    rc, report = _scan("specimen:tma_misaligned", tmp_path, "--only", "single,offsets")
+    assert rc == 1 and report["healthy"] is False
+    cells = _cells(report)
+    failing = {name for name, cell in cells.items() if cell["status"] not in ("pass", "skipped")}
+    assert failing == {"offsets:storage-offset-1"}, failing
+    cell = cells["offsets:storage-offset-1"]
+    assert "base must be 16-byte aligned" in cell["error_message"] and cell["facts"]["kernel_launches"] == 1
+    causes = _causes(report)
+    assert causes <= {"misaligned-operand"}
+    assert bool(causes) != bool(report["unexplained"]), (causes, report["unexplained"])
 
 
 # --------------------------------------------------------------------------------------------

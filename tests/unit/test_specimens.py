@@ -115,7 +115,7 @@ def test_registry_names_and_causes_are_unique_and_known() -> None:
         assert Condition.SINGLE not in spec.misbehaves_under  # the benign baseline
         assert Condition.GUARDED not in spec.misbehaves_under
     assert {s.name for s in faulty_specimens()} == {s.name for s in SPECIMENS if s.cause is not None}
-    assert {s.name for s in SPECIMENS if s.cause is None} == {"contiguous_only", "autotuned"}
+    assert {s.name for s in SPECIMENS if s.cause is None} == {"contiguous_only", "autotuned", "tma_persistent"}
 
 
 def test_get_specimen_and_kernel_ref() -> None:
@@ -187,18 +187,20 @@ def _code_lines(kernel: Any) -> list[str]:
     return lines
 
 
-# Specimens whose fault is inside the @triton.jit body: a copy of _grouped_gemm_kernel with
-# at most this many code lines changed (either side).
+# Specimens whose fault is inside the @triton.jit body: a copy of the correct kernel (ours, or
+# the correct twin of its design) with at most this many code lines changed (either side).
 COPIED_KERNELS = [
-    ("int32_offsets", "_grouped_gemm_kernel_int32", 1),  # the w_ptrs offset
-    ("unmasked_rows", "_grouped_gemm_kernel_unmasked", 1),  # the m_size clamp
-    ("autotune_inplace", "_grouped_gemm_kernel_acc", 2),  # the decorator, acc from y
+    ("int32_offsets", "_grouped_gemm_kernel_int32", 1, None),  # the w_ptrs offset
+    ("unmasked_rows", "_grouped_gemm_kernel_unmasked", 1, None),  # the m_size clamp
+    ("autotune_inplace", "_grouped_gemm_kernel_acc", 2, None),  # the decorator, acc from y
+    ("tma_unmasked_rows", "_grouped_gemm_tma_kernel_unmasked", 1, "tma_persistent"),  # the m_size clamp
 ]
 
 
-@pytest.mark.parametrize(("name", "kernel_name", "max_changed"), COPIED_KERNELS)
-def test_copied_kernel_is_a_small_diff(name: str, kernel_name: str, max_changed: int) -> None:
-    ours = _code_lines(grouped_gemm._grouped_gemm_kernel)
+@pytest.mark.parametrize(("name", "kernel_name", "max_changed", "twin"), COPIED_KERNELS)
+def test_copied_kernel_is_a_small_diff(name: str, kernel_name: str, max_changed: int, twin: str | None) -> None:
+    correct = grouped_gemm._grouped_gemm_kernel if twin is None else _module(twin)._grouped_gemm_tma_kernel
+    ours = _code_lines(correct)
     theirs = _code_lines(getattr(_module(name), kernel_name))
     changed = [
         line
@@ -248,6 +250,8 @@ def test_specimen_is_right_in_the_benign_condition(
     x, w, m_sizes = _operands(m, sizes, n, k, dtype, device)
     if get_specimen(name).rejected_under:  # its contract: contiguous inputs (refusals: below)
         x, w = x.contiguous(), w.contiguous()
+    if name in TRUSTS_X_ALIGNED:  # benign: x as a TMA descriptor needs it (the fault: below)
+        x = _aligned(x)
     ref = moe_grouped_gemm_torch(x, w, m_sizes, out_dtype=torch.float32)
     tri_fn = _module(name).moe_grouped_gemm
     if name == "autotune_inplace":
@@ -262,7 +266,20 @@ def test_specimen_is_right_in_the_benign_condition(
 
 #: Specimens in the public style that write only the rows the routing covers (their callers
 #: route every row; the probes always do).
-LEAVES_UNCOVERED_ROWS = {"running_row_mask"}
+LEAVES_UNCOVERED_ROWS = {"running_row_mask", "tma_persistent", "tma_unmasked_rows", "tma_misaligned"}
+#: Specimens that hand x to a TMA descriptor unchecked: their benign condition is an x whose base
+#: and row pitch are multiples of 16 bytes.
+TRUSTS_X_ALIGNED = {"tma_misaligned"}
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """The values of 2-D ``t`` in a fresh buffer whose rows start every 16 bytes."""
+    rows, cols = t.shape
+    per_16_bytes = 16 // t.element_size()
+    pitch = -(-cols // per_16_bytes) * per_16_bytes
+    out = torch.empty_strided((rows, cols), (pitch, 1), dtype=t.dtype, device=t.device).copy_(t)
+    assert out.data_ptr() % 16 == 0
+    return out
 
 
 @pytest.mark.parametrize(
@@ -358,9 +375,15 @@ _OVER_ROUTED_CHILD = """
 """
 
 
-@pytest.mark.parametrize("name", ["unmasked_rows", "running_row_mask"])
-def test_trusting_m_sizes_reads_and_writes_past_x_and_y_when_over_routed(name: str) -> None:
-    correct = "qmoe_doctor.kernels.grouped_gemm:moe_grouped_gemm"
+@pytest.mark.parametrize(
+    ("name", "correct"),
+    [
+        ("unmasked_rows", "qmoe_doctor.kernels.grouped_gemm:moe_grouped_gemm"),
+        ("running_row_mask", "qmoe_doctor.kernels.grouped_gemm:moe_grouped_gemm"),
+        ("tma_unmasked_rows", kernel_ref("tma_persistent")),  # TMA loads and stores, its twin
+    ],
+)
+def test_trusting_m_sizes_reads_and_writes_past_x_and_y_when_over_routed(name: str, correct: str) -> None:
     out = _run_child(_OVER_ROUTED_CHILD, correct, kernel_ref(name))
     # Observed here (triton 3.9 interpreter): no crash, deterministic, since the padding keeps
     # every stray access inside buffers the child owns.
@@ -391,6 +414,77 @@ def test_unmasked_rows_shifts_rows_after_a_negative_sentinel() -> None:
     # observed: row 9 overwritten by expert 2 (cursor one row back), row 27 at the 2 -> 3
     # boundary, and row 39 zeroed by the uncovered-rows walk (the cursor ends at M - 1)
     assert bad_rows == [9, 27, 39]
+
+
+def test_tma_unmasked_rows_shifts_rows_after_a_negative_sentinel_and_its_twin_does_not() -> None:
+    # as above: m_sizes [10, -1, 18, 12] sum to M = 40; -1 read as 0 they claim 41 rows
+    device = _device()
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(40, 16, generator=gen).to(device)
+    w = torch.randn(4, 12, 16, generator=gen).to(device)
+    m_sizes = torch.tensor([10, -1, 8 + 9 + 1, 12], dtype=torch.int32, device=device)
+    ref = moe_grouped_gemm_torch(x, w, m_sizes)  # -1 counts as 0
+    twin = _module("tma_persistent").moe_grouped_gemm(x, w, m_sizes)
+    assert _rel_error(twin, ref) <= TOLERANCE[torch.float32]  # -1 clamped to 0, the last expert to M
+    tri = _module("tma_unmasked_rows").moe_grouped_gemm(x, w, m_sizes)[:39]
+    bad_rows = ((tri - ref[:39]).abs().amax(dim=1) > 1e-4).nonzero().flatten().tolist()
+    # the cursor steps back to row 9: expert 2's descriptors start there (row 9 overwritten)
+    # and expert 3's one row early (row 27 computed with its weights); its rows end at 38, so
+    # row 39 is never written (left as torch.empty made it, not compared)
+    assert bad_rows == [9, 27]
+
+
+def _storage_view(t: torch.Tensor, offset: int) -> torch.Tensor:
+    """The values of ``t`` as a view ``offset`` elements into a fresh buffer (the scan's
+    offsets: storage-offset-N cells)."""
+    buf = torch.full((t.numel() + offset + 64,), float("nan"), dtype=t.dtype, device=t.device)
+    return buf[offset : offset + t.numel()].view(t.shape).copy_(t)
+
+
+@pytest.mark.parametrize(
+    ("layout", "refusal"),
+    [
+        ("storage-offset-1", "base must be 16-byte aligned"),  # 4 bytes in (float32)
+        ("odd-pitch", "stride must be 16-byte aligned"),  # rows of K + 1 = 33 floats: 132 bytes
+        ("storage-offset-4", None),  # 16 bytes in: aligned, computed
+    ],
+)
+def test_tma_misaligned_hands_x_unchecked_to_its_descriptors(layout: str, refusal: str | None) -> None:
+    """Under the interpreter the descriptor's own check stands in for the GPU's fault (CUDA
+    error: misaligned address, 716): it refuses the misaligned x inside the launch. The twin
+    copies x into an aligned buffer and is right on every layout."""
+    if not interpreting():
+        pytest.skip("the interpreter's descriptor check; the GPU's fault: tests/gpu/test_specimens_gpu.py")
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(64, 32, generator=gen)
+    w = torch.randn(4, 32, 32, generator=gen)
+    m_sizes = torch.tensor([16, 8, 24, 16], dtype=torch.int32)
+    if layout == "odd-pitch":
+        x = torch.cat([x, torch.zeros(64, 1)], dim=1)[:, :32]
+    else:
+        x = _storage_view(x, int(layout.rsplit("-", 1)[1]))
+    ref = moe_grouped_gemm_torch(x, w, m_sizes)
+    assert _rel_error(_module("tma_persistent").moe_grouped_gemm(x, w, m_sizes), ref) <= TOLERANCE[torch.float32]
+    if refusal is None:
+        tri = _module("tma_misaligned").moe_grouped_gemm(x, w, m_sizes)
+        assert _rel_error(tri, ref) <= TOLERANCE[torch.float32]
+        return
+    from triton.runtime.errors import InterpreterError
+
+    with pytest.raises(InterpreterError, match=refusal):
+        _module("tma_misaligned").moe_grouped_gemm(x, w, m_sizes)
+
+
+def test_tma_operand_copies_only_what_a_descriptor_cannot_take() -> None:
+    tma = _module("tma_persistent")
+    x = torch.randn(8, 32)
+    assert tma.tma_operand(x) is x  # aligned base, 128-byte rows
+    for view in (_storage_view(x, 1), torch.cat([x, x[:, :1]], dim=1)[:, :32], x.t().contiguous().t()):
+        assert not tma.tma_ready(view)
+        copy = tma.tma_operand(view)
+        assert tma.tma_ready(copy) and torch.equal(copy, view) and copy.data_ptr() != view.data_ptr()
+    odd = torch.randn(5, 7, dtype=torch.float16)  # 14-byte rows: the copy's pitch is 8 elements
+    assert tma.tma_operand(odd).stride() == (8, 1) and torch.equal(tma.tma_operand(odd), odd)
 
 
 # 70 experts with the per-expert stride of a 5120x6144 stack, as a strided view with tiny N, K:

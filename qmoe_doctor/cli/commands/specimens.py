@@ -8,6 +8,7 @@ from qmoe_doctor.cli import options as opt
 from qmoe_doctor.cli.output import emit_json, stdout_console
 from qmoe_doctor.cli.render.specimens import render_specimens
 from qmoe_doctor.core.causes import get_cause
+from qmoe_doctor.core.kernel_ref import BUILTIN_ADAPTERS, BuiltinAdapter
 from qmoe_doctor.core.specimens import SPECIMENS, SpecimenInfo
 
 
@@ -26,14 +27,28 @@ def _as_dict(spec: SpecimenInfo) -> dict[str, Any]:
     }
 
 
+def _adapter_dict(adapter: BuiltinAdapter) -> dict[str, Any]:
+    return {
+        "name": adapter.name,
+        "kernel": f"adapter:{adapter.name}:TARGET",  # what --kernel takes, TARGET the user's kernel
+        "takes": adapter.takes,
+        "summary": adapter.summary,
+    }
+
+
 def specimens_command(json_out: opt.JsonOpt = False) -> None:
     """List the specimens: kernels that calibrate the doctor, each planting one cause, and
     correct kernels in the style of public ones (cause "none": they must come out healthy).
+    Then the built-in adapters, for kernels of another signature.
 
     Scan one with [bold]qmoe-doctor scan --kernel specimen:NAME[/bold]: the doctor must name its
     cause and no other. A catalogue, not a report: no --save.
     """
+    adapters = tuple(BUILTIN_ADAPTERS.values())
     if json_out:
-        emit_json("specimens", {"specimens": [_as_dict(s) for s in SPECIMENS]})
+        emit_json(
+            "specimens",
+            {"specimens": [_as_dict(s) for s in SPECIMENS], "adapters": [_adapter_dict(a) for a in adapters]},
+        )
         return
-    render_specimens(stdout_console(), SPECIMENS)
+    render_specimens(stdout_console(), SPECIMENS, adapters)

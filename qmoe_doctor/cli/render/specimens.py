@@ -10,10 +10,13 @@ from rich.table import Table
 from rich.text import Text
 
 from qmoe_doctor.cli.output import print_table
+from qmoe_doctor.core.kernel_ref import BuiltinAdapter
 from qmoe_doctor.core.specimens import SpecimenInfo
 
 
-def render_specimens(console: Console, specimens: Sequence[SpecimenInfo]) -> None:
+def render_specimens(
+    console: Console, specimens: Sequence[SpecimenInfo], adapters: Sequence[BuiltinAdapter] = ()
+) -> None:
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     table.add_column("--kernel", no_wrap=True, style="bold")
     table.add_column("cause", no_wrap=True)
@@ -30,3 +33,15 @@ def render_specimens(console: Console, specimens: Sequence[SpecimenInfo]) -> Non
         "Each is qmoe_doctor.kernels.specimens.<name>:moe_grouped_gemm; docs: docs/causes/<cause>.md; "
         "a correct one must get no diagnosis"
     )
+    if not adapters:
+        return
+    console.print()
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    table.add_column("built-in adapter (--kernel)", no_wrap=True, style="bold")
+    table.add_column("for a kernel / what it passes")
+    for adapter in adapters:
+        what = Text(adapter.takes)
+        what.append(f"\n{adapter.summary}", style="dim")
+        table.add_row(f"adapter:{adapter.name}:TARGET", what)
+    print_table(console, table)
+    console.print("TARGET: your kernel, module:function or path/to/file.py:function (docs/ci.md, adapters)")
