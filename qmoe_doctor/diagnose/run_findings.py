@@ -8,8 +8,8 @@
 * :func:`sanitizer_targets`: which kernels a compute-sanitizer rerun checks, and how many launches;
 * :func:`tensor_tables`: every recorded tensor by device, to attribute addresses against;
 * :func:`address_notes`: compute-sanitizer's invalid addresses placed in those tensors;
-* :func:`placed_diagnoses`: a diagnosis when the placed addresses agree (one argument, one side
-  of it, one cause that fits), else why they give none.
+* :func:`placed_diagnoses`: a diagnosis when the placed addresses agree (one kernel, one side of
+  its arguments, one and the same cause that fits), else why they give none.
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ _BASIS = {
     FindingKind.DEFAULT_STREAM: "a heuristic over the ring's last launches (docs/run.md says what makes it wrong)",
 }
 #: The share of the invalid addresses read from memcheck's log that must land on the same side
-#: of the same argument, where the same one cause fits, for the placement to give a diagnosis.
-#: Short of it the addresses disagree (some past x, some inside y): no diagnosis, and the
-#: report says how they split.
+#: of the kernel's arguments, where one and the same cause fits, for the placement to give a
+#: diagnosis. Short of it the addresses disagree (some past y, some inside x): no diagnosis, and
+#: the report says how they split.
 AGREEMENT_SHARE = 0.9
 #: The argument groups a disagreement lists before "and N more".
 _SPLIT_SHOWN = 4
@@ -328,18 +328,38 @@ def _scan_command(launch: Launch, fit: PlacedFit) -> str:
     )
 
 
+def _argument_words(members: Sequence[tuple[AddressNote, _Source]], relation: str, count: str) -> str:
+    """``64 of 64 invalid writes after the end of y_ptr of K #1 (4096 x 1536 bf16) on cuda:0, 0 to 1,008 bytes
+    after its 12,582,912-byte region (rows 4096-4099, past M=4096)``"""
+    first_note, first = members[0]
+    verbs = sorted({a.access.split(" ")[0] for a, _ in members})
+    accesses = " and ".join(f"{v}s" if v != "access" else "accesses" for v in verbs)
+    t = first.tensor
+    text = f"{count} invalid {accesses} {_SIDE[relation]} {describe_tensor(t.tensor_info(first_note.tensor))} on {t.device}"
+    gaps = [a.gap for a, _ in members if a.gap is not None]
+    if gaps:
+        text += f", {_span(gaps, ' bytes')} {relation} its {t.nbytes:,}-byte region"
+    rows = [a.row for a, _ in members if a.row is not None]
+    if rows and relation == "after" and len(t.shape) >= 2 and first_note.expert is None:
+        low, high = min(rows), max(rows)
+        text += f" (row{f's {low}-{high}' if high > low else f' {low}'}, past M={t.shape[0]})"
+    return text
+
+
 def placed_diagnoses(addresses: Sequence[AddressNote], records: Sequence[ProcessRecord]) -> Placement:
     """A diagnosis from memcheck's placed addresses when they agree: at least AGREEMENT_SHARE of
-    the addresses read land on the same side (after the end, or before the start) of the same
-    argument of the same kernel, and the placement fits exactly one cause (rows past M:
-    invalid-routing). Medium confidence: memcheck saw the accesses, but no condition was flipped
-    to show what makes them; the scan command proves it. ``records``: the sanitize pass's, the
-    ones the addresses were placed against."""
+    the addresses read land on the same side (after the end, or before the start) of arguments of
+    the same kernel, and where each landed fits the same one cause (rows past M of x and of y
+    both fit m_sizes summing past M: invalid-routing). Medium confidence: memcheck saw the
+    accesses, but no condition was flipped to show what makes them; the scan command proves it.
+    ``records``: the sanitize pass's, the ones the addresses were placed against."""
     if not addresses:
         return Placement()
     sources = _sources(records)
     total = len(addresses)
-    groups: dict[tuple[str, str, str, tuple[PlacedFit, ...]], list[AddressNote]] = {}
+    # by argument and side, for the words; by the cause that fits, for the agreement
+    by_argument: dict[tuple[str, str], int] = {}
+    groups: dict[tuple[str, str, tuple[PlacedFit, ...]], list[tuple[AddressNote, str]]] = {}
     unplaced = 0
     for a in addresses:
         if a.tensor is None or a.relation is None:
@@ -348,57 +368,56 @@ def placed_diagnoses(addresses: Sequence[AddressNote], records: Sequence[Process
         source = sources.get(a.tensor)
         argument = source.tensor.name if source is not None else a.tensor
         relation = "inside" if a.cross_device else a.relation
-        groups.setdefault((a.kernel or "", argument, relation, a.fits), []).append(a)
-    ranked = sorted(groups.items(), key=lambda kv: -len(kv[1]))
-    split = [f"{len(members)} {_SIDE.get(key[2], key[2])} {key[1]}" for key, members in ranked[:_SPLIT_SHOWN]]
-    if len(ranked) > _SPLIT_SHOWN:
-        split.append(f"{sum(len(m) for _, m in ranked[_SPLIT_SHOWN:])} elsewhere")
+        by_argument[(argument, relation)] = by_argument.get((argument, relation), 0) + 1
+        groups.setdefault((a.kernel or "", relation, a.fits), []).append((a, argument))
+    if not groups:
+        return Placement(note=f"none of the {total} invalid addresses lies near a recorded tensor: no diagnosis")
+    split_items = sorted(by_argument.items(), key=lambda kv: -kv[1])
+    split = [f"{n} {_SIDE.get(rel, rel)} {arg}" for (arg, rel), n in split_items[:_SPLIT_SHOWN]]
+    if len(split_items) > _SPLIT_SHOWN:
+        split.append(f"{sum(n for _, n in split_items[_SPLIT_SHOWN:])} elsewhere")
     if unplaced:
         split.append(f"{unplaced} near no recorded tensor")
     need = (
         f"a diagnosis needs {AGREEMENT_SHARE:.0%} of the addresses read past the end or before the start of "
-        "one argument, where one cause fits"
+        "the kernel's arguments, where one and the same cause fits"
     )
-    if not ranked:
-        return Placement(note=f"none of the {total} invalid addresses lies near a recorded tensor: no diagnosis")
-    (kernel, argument, relation, fits), members = ranked[0]
+    (kernel, relation, fits), members = max(groups.items(), key=lambda kv: len(kv[1]))
+    arguments = list(dict.fromkeys(argument for _, argument in members))
+    names = " and ".join(arguments)
     share = f"{len(members)} of {total}"
     if len(members) < AGREEMENT_SHARE * total:
         return Placement(note=f"the {total} invalid addresses disagree ({', '.join(split)}): no diagnosis; {need}")
     if relation == "inside":
         return Placement(
             note=(
-                f"{share} invalid addresses lie inside {argument} (a live tensor: another GPU's memory or a "
+                f"{share} invalid addresses lie inside {names} (a live tensor: another GPU's memory or a "
                 f"block freed since, their sentences say which): no diagnosis from where they landed; {need}"
             )
         )
     if len(fits) != 1:
         return Placement(
             note=(
-                f"{share} invalid addresses land {_SIDE[relation]} {argument}, where {_fits_words(fits)} fits: "
+                f"{share} invalid addresses land {_SIDE[relation]} {names}, where {_fits_words(fits)} fits: "
                 "not one cause, no diagnosis"
             )
         )
     (fit,) = fits
-    placed = [(a, sources[a.tensor]) for a in members if a.tensor in sources]
+    placed = [(a, sources[a.tensor]) for a, _ in members if a.tensor in sources]
     if not placed:
-        return Placement(note=f"{share} invalid addresses agree on {argument}, but its launch is not in the records")
+        return Placement(note=f"{share} invalid addresses agree on {names}, but no launch of it is in the records")
     placed.sort(key=lambda p: (p[1].record.pid, p[1].launch.seq))
-    first_note, first = placed[0]
-    launch = first.launch
-    verbs = sorted({a.access.split(" ")[0] for a, _ in placed})
-    accesses = "invalid " + " and ".join(f"{v}s" if v != "access" else "accesses" for v in verbs)
-    where = _SIDE[relation]
-    description = describe_tensor(first.tensor.tensor_info(first_note.tensor))
-    summary = f"memcheck placed {share} {accesses} {where} {description} on {first.tensor.device}"
-    gaps = [a.gap for a, _ in placed if a.gap is not None]
-    if gaps:
-        summary += f", {_span(gaps, ' bytes')} {relation} its {first.tensor.nbytes:,}-byte region"
-    rows = [a.row for a, _ in placed if a.row is not None]
-    if rows and relation == "after" and len(first.tensor.shape) >= 2 and first_note.expert is None:
-        low, high = min(rows), max(rows)
-        summary += f" (row{f's {low}-{high}' if high > low else f' {low}'}, past M={first.tensor.shape[0]})"
+    per_argument: dict[str, list[tuple[AddressNote, _Source]]] = {}
+    for a, source in placed:
+        per_argument.setdefault(source.tensor.name, []).append((a, source))
+    if len(per_argument) == 1:
+        (only,) = per_argument.values()
+        summary = f"memcheck placed {_argument_words(only, relation, share)}"
+    else:
+        parts = [_argument_words(group, relation, str(len(group))) for group in per_argument.values()]
+        summary = f"memcheck placed {share} invalid addresses: {'; '.join(parts)}"
     summary += f": {fit.words} fits"
+    launch = placed[0][1].launch
     launches = {(s.record.pid, s.launch.seq) for _, s in placed}
     processes = tuple(dict.fromkeys(s.record.label for _, s in placed))
     finding = LaunchFinding(
@@ -407,12 +426,13 @@ def placed_diagnoses(addresses: Sequence[AddressNote], records: Sequence[Process
         kernel=launch.kernel,
         message=summary,
         launch_device=launch.device,
-        tensors=(first.tensor,),
+        tensors=tuple(group[0][1].tensor for group in per_argument.values()),
         outcome="ran",
         first_seq=launch.seq,
         count=len(launches),
         launch=launch,
     )
+    where = _SIDE[relation]
     diagnosis = RunDiagnosis(
         cause=fit.cause,
         kind=FindingKind.PLACED_ACCESS,
@@ -423,12 +443,12 @@ def placed_diagnoses(addresses: Sequence[AddressNote], records: Sequence[Process
         launches=len(launches),
         finding=finding,
         seen_in="sanitize",
-        basis=f"placed by memcheck, {share} addresses {where} {argument}; not yet proven differentially",
+        basis=f"placed by memcheck, {share} addresses {where} {names}; not yet proven differentially",
         repro=_scan_command(launch, fit),
     )
     return Placement(
         diagnoses=(diagnosis,),
-        note=f"{share} invalid addresses agree: {where} {argument} of {launch.kernel}, {fit.words} fits: {fit.cause}",
+        note=f"{share} invalid addresses agree: {where} {names} of {launch.kernel}, {fit.words} fits: {fit.cause}",
     )
 
 

@@ -4,8 +4,9 @@ Each case is a monitor record of one launch (x, w, y, m_sizes of a grouped GEMM 
 compute-sanitizer log in its own format whose invalid addresses land where the case says, read by
 ``sanitizer_log`` and placed by ``run_findings.address_notes`` as the sanitize pass places them.
 ``run_findings.placed_diagnoses`` names a cause only when the addresses agree: at least
-AGREEMENT_SHARE of them on one side of one argument, where exactly one cause fits. The rows name
-which edge each case covers.
+AGREEMENT_SHARE of them on one side of the kernel's arguments, where one and the same cause fits
+(rows past M of x and of y both fit m_sizes summing past M). The rows name which edge each case
+covers.
 """
 
 from __future__ import annotations
@@ -64,11 +65,14 @@ def address(where: str) -> int:
     raise ValueError(where)
 
 
-def memcheck_log(places: list[str], access: str = "write") -> str:
+def memcheck_log(places: list[str]) -> str:
     """compute-sanitizer 2025.3's records, one per address (no nearest-allocation line: the
-    placement reads the recorded tensors, not it)."""
+    placement reads the recorded tensors, not it); a write, or a read where the place ends in
+    ``/read``."""
     lines = ["========= COMPUTE-SANITIZER"]
-    for i, where in enumerate(places):
+    for i, place in enumerate(places):
+        where, _, access = place.partition("/")
+        access = access or "write"
         lines += [
             f"========= Invalid __global__ {access} of size 16 bytes",
             f"=========     at {KERNEL}+0x{0x1b0 + 16 * i:x} in moe_lib/ops.py:61",
@@ -125,8 +129,8 @@ def test_a_stated_share_agrees_and_says_so() -> None:
     [
         # some past y, some inside x: no one argument
         (PAST_Y[:40] + [f"x_ptr@{64 * i}" for i in range(24)], "40 after the end of y_ptr, 24 inside x_ptr"),
-        # past y and past x, half each: one cause would fit each, but not one argument
-        (PAST_Y[:32] + [f"x_ptr+{16 * i}" for i in range(32)], "32 after the end of y_ptr, 32 after the end of x_ptr"),
+        # past y (rows past M) and past the weight stack (two causes fit): not one cause
+        (PAST_Y[:32] + [f"w_ptr+{16 * i}" for i in range(32)], "32 after the end of y_ptr, 32 after the end of w_ptr"),
         # after y and before y: one argument, two sides
         (PAST_Y[:50] + [f"y_ptr-{16 * (i + 1)}" for i in range(14)], "50 after the end of y_ptr, 14 before the start of y_ptr"),
     ],
@@ -136,8 +140,25 @@ def test_disagreeing_placements_give_no_diagnosis_and_say_why(places: list[str],
     assert p.diagnoses == ()
     assert p.note == (
         f"the 64 invalid addresses disagree ({split}): no diagnosis; a diagnosis needs 90% of the addresses "
-        "read past the end or before the start of one argument, where one cause fits"
+        "read past the end or before the start of the kernel's arguments, where one and the same cause fits"
     )
+
+
+def test_reads_past_x_and_writes_past_y_agree_on_the_one_cause_they_both_fit() -> None:
+    # over-routed tiles read rows past the end of x and write rows past the end of y
+    p = placed([f"x_ptr+{16 * i}/read" for i in range(32)] + PAST_Y[:32])
+    (d,) = p.diagnoses
+    assert d.cause == "invalid-routing" and d.repro.endswith("--only over-routed")
+    assert d.basis == (
+        "placed by memcheck, 64 of 64 addresses after the end of x_ptr and y_ptr; not yet proven differentially"
+    )
+    assert d.summary == (
+        f"memcheck placed 64 of 64 invalid addresses: 32 invalid reads after the end of x_ptr of {KERNEL} #1 "
+        "(256 x 64 bf16) on cuda:0, 0 to 496 bytes after its 32,768-byte region (rows 256-259, past M=256); "
+        f"32 invalid writes after the end of y_ptr of {KERNEL} #1 (256 x 128 bf16) on cuda:0, 0 to 496 bytes "
+        "after its 65,536-byte region (rows 256-257, past M=256): m_sizes summing past M fits"
+    )
+    assert d.finding.tensors == (X, Y)
 
 
 def test_all_inside_one_tensor_gives_no_diagnosis() -> None:
