@@ -65,6 +65,9 @@ class FindingKind(StrEnum):
     # found over the ring at a flush, not at a launch: a kernel always on the default stream while
     # the same thread's other launches on that device ran on a side stream
     DEFAULT_STREAM = "default-stream-launch"
+    # found over a --sanitize pass, not at a launch: compute-sanitizer's invalid addresses, placed
+    # in the recorded tensors, agree on one argument and one cause (``diagnose.run_findings``)
+    PLACED_ACCESS = "invalid-access-placed"
 
 
 #: What became of a launch that a device check flagged: Triton refused its pointer ("refused"),
@@ -159,6 +162,14 @@ class Launch:
     tensors: tuple[TensorArg, ...] = ()
     call_site: SourceSite | None = None  # first frame outside torch, triton and qmoe-doctor
     launch_site: SourceSite | None = None  # the frame that wrote kernel[grid](...)
+    # the user's own line: the first frame outside site-packages / dist-packages too (the call
+    # site is a library's line when a pip-installed library launched the kernel)
+    user_site: SourceSite | None = None
+    # a --kernel reference ("pkg.ops:grouped_gemm") to the innermost module-level function from
+    # the launch outwards called with three tensors shaped (x, w, m_sizes) and taking three
+    # required positional arguments: what `scan` can call. "" when the frames were walked and
+    # none is; None when they were not (a launch not sampled, an older record)
+    wrapper: str | None = None
     t: float = 0.0  # seconds since the monitor attached
     thread: str = ""  # the thread's name when not the main thread
     raised: str = ""  # what the launch itself raised ("" when it returned)

@@ -399,6 +399,20 @@ class RunDiagnosis:
     launches: int  # launches that showed it, all processes together
     finding: LaunchFinding  # the first: its launch, call site, tensors, lint
     seen_in: RunPassLabel = "run"
+    # how the confidence was reached, in words ("placed by memcheck, 64 of 64 addresses after the
+    # end of y_ptr; not yet proven differentially"); "" in reports written before it was kept
+    basis: str = ""
+    # the command that proves it differentially on the kernel (a scan), or how to get there
+    repro: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlacedFit:
+    """A cause an invalid address fits, from where it landed ("rows past M": invalid-routing)."""
+
+    cause: str  # a key of core.causes.CAUSES
+    words: str  # what fits, as the placement's sentence says it ("m_sizes summing past M")
+    cell: str = ""  # the scan condition that proves it on the kernel ("over-routed"); "" none does
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -413,6 +427,15 @@ class AddressNote:
     relation: str | None  # "inside", "after", "before"
     cross_device: bool
     sentences: tuple[str, ...]
+    # bytes from the tensor's region, as AddressSanitizer counts them ("0 bytes after the N-byte
+    # region"): after, address - end (0: the first byte after it); before, start - address (1: the
+    # byte just before it); inside, address - start. None in reports written before it was kept,
+    # whose sentences count the first byte after as 1 (compute-sanitizer's count)
+    gap: int | None = None
+    region: int | None = None  # the tensor's bytes (the N of "N-byte region")
+    row: int | None = None  # the row (of a 2-D tensor; of its expert in a weight stack), or element
+    expert: int | None = None  # in a weight stack (E, N, K)
+    fits: tuple[PlacedFit, ...] = ()  # the causes where it landed fits
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -428,6 +451,8 @@ class SanitizerRun:
     log_path: str = ""
     errors: int = 0  # records in the log
     addresses: tuple[AddressNote, ...] = ()
+    # what the placed addresses say together: the diagnosis they gave, or why they gave none
+    agreement: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

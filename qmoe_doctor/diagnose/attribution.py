@@ -9,6 +9,11 @@ from the kernel log's Xid 31 lines (``qmoe_doctor.diagnose.xid``); the tensors f
 A cross-GPU dereference shows up in compute-sanitizer as a plain out-of-bounds access measured
 against the wrong device's allocation: so every device's tensors are searched, and an address
 that is a live tensor on another GPU is said to be one.
+
+Distances are counted as AddressSanitizer counts them, which users know: the first byte after a
+tensor is "0 bytes after the N-byte region", the byte just before it "1 byte before", an address
+in it "K bytes inside". compute-sanitizer counts the first byte after as "1 bytes after the
+nearest allocation" (``sanitizer_log.NearestAllocation.distance`` keeps its count).
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from qmoe_doctor.core.allocator import AllocatorSnapshot, SnapshotPlace, locate_in_snapshot
-from qmoe_doctor.core.records import TensorInfo
+from qmoe_doctor.core.launches import INT32_LIMIT, element_span
+from qmoe_doctor.core.records import Condition, TensorInfo
+from qmoe_doctor.core.reports import PlacedFit
 from qmoe_doctor.diagnose.sanitizer_log import NearestAllocation, SanitizerReport
 
 # ---------------------------------------------------------------------------------------------
@@ -128,10 +135,20 @@ class TensorMatch:
     tensor: str
     description: str  # "x (4096 x 2048 bf16)"
     relation: Literal["inside", "after", "before"]
-    distance: int  # bytes past the end (1 = the first byte after) or before the start; 0 inside
+    # bytes from the tensor's region as AddressSanitizer counts them: after, address - end (0 = the
+    # first byte after); before, start - address (1 = the byte just before); inside, address - start
+    gap: int
+    region: int  # the tensor's bytes: the N of "N-byte region"
     offset: int  # address - data_ptr (negative before the start)
     row: int | None = None  # offset // (row stride in bytes); for a weight stack, the row in its expert
     expert: int | None = None  # weight stack (E, N, K): offset // (stride_we * itemsize)
+    fits: tuple[PlacedFit, ...] = ()  # the causes where it landed fits (the sentence's "... fits")
+
+    @property
+    def reach(self) -> int:
+        """Bytes from the region to the far end of the first byte accessed (0 inside): what
+        "nearest" orders by, and compute-sanitizer's own count."""
+        return self.gap + 1 if self.relation == "after" else 0 if self.relation == "inside" else self.gap
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,16 +165,45 @@ class Attribution:
     allocator: SnapshotPlace | None = None  # where the caching allocator's map puts it, if known
 
 
+#: Rows past M: what an m_sizes summing past M makes the last experts' tiles touch.
+_ROWS_PAST_M = PlacedFit(cause="invalid-routing", words="m_sizes summing past M", cell=Condition.OVER_ROUTED.value)
+#: An expert id >= E walks past the end of a weight stack; a -1 (a sentinel) before its start.
+_EXPERT_OUT_OF_RANGE = PlacedFit(cause="invalid-routing", words="out-of-range routing")
+_NEGATIVE_EXPERT = PlacedFit(cause="invalid-routing", words="a -1 sentinel expert id")
+#: An index x stride product formed in int32 that wrapped: it passes the end, or (negative)
+#: lands before the start.
+_WRAPPED = PlacedFit(
+    cause="int32-offset-overflow", words="an int32 product that wrapped", cell=Condition.INT32_BOUNDARY.value
+)
+
+
+def _fits(t: TensorInfo, relation: str, expert: int | None, row: int | None) -> tuple[PlacedFit, ...]:
+    """The causes an address fits, from where it landed: structured, as the sentence says it."""
+    if relation == "inside":
+        return ()
+    if expert is not None:
+        if relation == "after":
+            return (_EXPERT_OUT_OF_RANGE, _WRAPPED)
+        # a negative product: an int32 wrap only reaches that far in a stack that spans 2**31
+        # elements; in a smaller one a negative expert id (a -1 sentinel) fits as well
+        if element_span(t.shape, t.strides) >= INT32_LIMIT:
+            return (_WRAPPED,)
+        return (_WRAPPED, _NEGATIVE_EXPERT)
+    if row is not None and len(t.shape) >= 2 and relation == "after":
+        return (_ROWS_PAST_M,)
+    return ()
+
+
 def _match(address: int, t: TensorInfo, device: str) -> TensorMatch:
     start, end = t.data_ptr, t.data_ptr + t.nbytes
     offset = address - start
+    relation: Literal["inside", "after", "before"]
     if start <= address < end:
-        relation: Literal["inside", "after", "before"] = "inside"
-        distance = 0
+        relation, gap = "inside", offset
     elif address >= end:
-        relation, distance = "after", address - end + 1
+        relation, gap = "after", address - end
     else:
-        relation, distance = "before", start - address
+        relation, gap = "before", start - address
     size = itemsize(t.dtype)
     row: int | None = None
     expert: int | None = None
@@ -175,10 +221,12 @@ def _match(address: int, t: TensorInfo, device: str) -> TensorMatch:
         tensor=t.name,
         description=describe_tensor(t),
         relation=relation,
-        distance=distance,
+        gap=gap,
+        region=t.nbytes,
         offset=offset,
         row=row,
         expert=expert,
+        fits=_fits(t, relation, expert, row),
     )
 
 
@@ -188,10 +236,7 @@ def _nearest_on_device(address: int, tensors: Sequence[TensorInfo], device: str)
         if t.nbytes <= 0:
             continue
         m = _match(address, t, device)
-        if best is None or (m.relation == "inside", -m.distance) > (
-            best.relation == "inside",
-            -best.distance,
-        ):
+        if best is None or (m.relation == "inside", -m.reach) > (best.relation == "inside", -best.reach):
             best = m
     return best
 
@@ -200,28 +245,35 @@ def _plural(n: int, word: str) -> str:
     return f"{n:,} {word}" + ("" if n == 1 else "s")
 
 
+def _fits_words(fits: tuple[PlacedFit, ...]) -> str:
+    """``m_sizes summing past M fits`` / ``a or b fits``."""
+    return " or ".join(f.words for f in fits) + " fits"
+
+
 def _match_sentence(m: TensorMatch, verb: str, tables: Mapping[str, Sequence[TensorInfo]]) -> str:
+    """AddressSanitizer's wording: ``write 0 bytes after the 12,582,912-byte region of y (4096 x
+    1536 bf16) on cuda:0: row 4096, ...``; ``... bytes before the ...``; ``... bytes inside ...``."""
     t = next(t for t in tables[m.device] if t.name == m.tensor)
+    region = f"the {m.region:,}-byte region of {m.description} on {m.device}"
     if m.relation == "inside":
-        where = f"inside {m.description} on {m.device}, byte offset {m.offset:,}"
+        where = f"{verb} {_plural(m.gap, 'byte')} inside {region}"
         if m.expert is not None:
             where += f": expert {m.expert}" + (f", row {m.row}" if m.row is not None else "")
         elif m.row is not None:
             where += f": {'element' if len(t.shape) == 1 else 'row'} {m.row}"
         return where
-    side = "past the end of" if m.relation == "after" else "before the start of"
-    text = f"{verb} {_plural(m.distance, 'byte')} {side} {m.description} on {m.device}"
+    text = f"{verb} {_plural(m.gap, 'byte')} {m.relation} {region}"
     if m.expert is not None:
         n_exp = t.shape[0]
         text += f": expert {m.expert} of {n_exp}"
         if m.relation == "after":
-            text += f", i.e. an expert id >= {n_exp} (out-of-range routing, or an offset that wrapped) fits"
+            text += f", i.e. an expert id >= {n_exp} ({_fits_words(m.fits)})"
         else:
-            text += ", i.e. a negative expert offset (an int32 product that wrapped negative) fits"
+            text += f", i.e. a negative expert offset ({_fits_words(m.fits)})"
     elif m.row is not None and len(t.shape) >= 2:
         text += f": row {m.row}"
-        if m.relation == "after":
-            text += f", i.e. rows past M={t.shape[0]} (m_sizes summing past M fits)"
+        if m.fits:
+            text += f", i.e. rows past M={t.shape[0]} ({_fits_words(m.fits)})"
     elif m.row is not None:
         text += f": element {m.row} of {t.shape[0] if t.shape else 0}"
     return text
@@ -245,7 +297,7 @@ def attribute_address(
         m = _nearest_on_device(address, tensors, device)
         if m is not None:
             matches.append(m)
-    matches.sort(key=lambda m: (m.relation != "inside", m.distance))
+    matches.sort(key=lambda m: (m.relation != "inside", m.reach))
     inside = tuple(m.device for m in matches if m.relation == "inside")
     # the allocation compute-sanitizer measured against: which device's tensors lie in it?
     sanitizer_device: str | None = None

@@ -205,10 +205,8 @@ def _address_fact(e: SanitizerError) -> str | None:
         return text + (" is out of bounds (no nearest allocation printed)" if e.out_of_bounds else "")
     if n.relation == "inside":
         return text + f" is inside the nearest allocation (0x{n.base:x}, {_bytes(n.size)}) yet reported"
-    return (
-        text
-        + f" is {_bytes(n.distance)} {n.relation} the nearest allocation (0x{n.base:x}, {_bytes(n.size)})"
-    )
+    # AddressSanitizer's count (the first byte after is "0 bytes after"); the log's is one more
+    return text + f" is {_bytes(n.gap)} {n.relation} the nearest allocation, a {n.size:,}-byte region at 0x{n.base:x}"
 
 
 # Python files of Triton's and torch's launch path. compute-sanitizer 2025.x prints Python host
@@ -277,7 +275,7 @@ def _sanitizer_fits(report: SanitizerReport, kernel: str, gpus: str) -> tuple[li
             if n is not None and n.relation == "after" and n.distance < _FAR:
                 add(
                     "invalid-routing",
-                    f"the access lands {_bytes(n.distance)} past the end of a {n.size:,}-byte allocation: a "
+                    f"the access lands {_bytes(n.gap)} after the end of a {n.size:,}-byte allocation: a "
                     "row or expert just past a tensor, what m_sizes summing past M or an expert id >= E give",
                     _scan(gpus, kernel, _ROUTING),
                 )
@@ -290,14 +288,14 @@ def _sanitizer_fits(report: SanitizerReport, kernel: str, gpus: str) -> tuple[li
             if n is not None and n.relation == "before" and n.size >= 2**31:
                 add(
                     "int32-offset-overflow",
-                    f"the address is {_bytes(n.distance)} before an allocation of {_bytes(n.size)} (more than "
+                    f"the address is {_bytes(n.gap)} before an allocation of {_bytes(n.size)} (more than "
                     "2**31 bytes): an int32 index x stride product that wrapped negative lands before the base",
                     _scan(_first_gpu(gpus), kernel, _INT32),
                 )
             if n is not None and n.relation != "inside" and n.distance >= _FAR:
                 add(
                     "missing-device-guard",
-                    f"the address is {_bytes(n.distance)} from the nearest allocation of the device that ran "
+                    f"the address is {_bytes(n.gap)} {n.relation} the nearest allocation of the device that ran "
                     "the kernel: compute-sanitizer reports a dereference of another GPU's memory this way",
                     _scan(gpus, kernel, _GUARD),
                 )

@@ -102,6 +102,13 @@ class NearestAllocation:
     def end(self) -> int:
         return self.base + self.size
 
+    @property
+    def gap(self) -> int:
+        """The distance as AddressSanitizer counts it, the count reports render: an access at
+        base+size is "0 bytes after"; before the base the counts agree; 0 inside (no offset
+        printed)."""
+        return self.distance - 1 if self.relation == "after" else self.distance
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RaceAccess:

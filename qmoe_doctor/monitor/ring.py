@@ -25,16 +25,17 @@ from qmoe_doctor.core.launches import Launch, SourceSite, TensorArg, element_spa
 # Entry fields, by index (a list: the grid function and the outcome fill theirs in later)
 # DEVICE: the launch device's ordinal (None: the interpreter); NAMES, PTRS, DEVICES: one item
 # per tensor argument; FACTS: the RawTensors of a sampled launch (None when not sampled);
-# THREAD: threading.get_ident(); FLAGGED: the keys of the findings the launch showed (() when none)
+# THREAD: threading.get_ident(); FLAGGED: the keys of the findings the launch showed (() when none);
+# USER_SITE, WRAPPER: the user's own line and the wrapper's reference (callsite.Sites), sampled
 (
     SEQ, KERNEL, KERNEL_SEQ, GRID, DEVICE, STREAM, NAMES, PTRS, DEVICES, FACTS, CALL_SITE, LAUNCH_SITE, T, THREAD,
-    RAISED, FLAGGED,
-) = range(16)  # fmt: skip
+    RAISED, FLAGGED, USER_SITE, WRAPPER,
+) = range(18)  # fmt: skip
 Entry = list[Any]
 #: One tensor argument, read whole: (name, device, data_ptr, shape, strides, dtype).
 RawTensor = tuple[str, Any, int, Any, Any, Any]
-#: The fields of a launch that has not run yet.
-_AFTER = ("", ())
+#: The fields of a launch that has not run yet, and of one whose sites were not taken.
+_AFTER = ("", (), None, None)
 
 
 def new_entry(
@@ -163,6 +164,8 @@ def to_launch(entry: Entry, threads: Mapping[int, str] | None = None, known: Kno
         tensors=tensor_args(entry, known),
         call_site=call_site,
         launch_site=launch_site,
+        user_site=entry[USER_SITE],
+        wrapper=entry[WRAPPER],
         t=round(entry[T], 6),
         thread=thread,
         raised=entry[RAISED],
@@ -187,6 +190,8 @@ __all__ = [
     "STREAM",
     "T",
     "THREAD",
+    "USER_SITE",
+    "WRAPPER",
     "Entry",
     "Known",
     "RawTensor",

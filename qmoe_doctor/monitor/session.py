@@ -212,7 +212,7 @@ class Monitor:
         now = time.monotonic()
         entry: R.Entry = [
             seq, info.name, k, grid, gpu, stream, names, tuple(map(self._data_ptr, tensors)), devices,
-            None, None, None, now - self.t0, threading.get_ident(), "", (),
+            None, None, None, now - self.t0, threading.get_ident(), "", (), None, None,
         ]  # fmt: skip
         if odd or k >= info.sample_at:
             self._sample(info, entry, tensors, odd)
@@ -277,7 +277,8 @@ class Monitor:
         k = entry[R.KERNEL_SEQ]
         sites = self.settings.call_sites
         if odd or k <= sites or not k % SAMPLE_EVERY:
-            entry[R.LAUNCH_SITE], entry[R.CALL_SITE] = find_sites(self.places, sys._getframe(1))
+            where = find_sites(self.places, sys._getframe(1), self._tensor_type)
+            entry[R.LAUNCH_SITE], entry[R.CALL_SITE], entry[R.USER_SITE], entry[R.WRAPPER] = where
         # the next launch of this kernel to read whole: each one while its first launches last
         # or its lint found an int32 product (each is checked by size), then every SAMPLE_EVERY-th
         if k < sites or info.int32_lint:
@@ -424,7 +425,11 @@ class Monitor:
         rank = _env_int("RANK")
         who = f"rank {rank}: " if rank is not None else ""
         site = f.launch.call_site or f.launch.launch_site if f.launch is not None else None
-        where = f" (called at {site.render()})" if site is not None else ""
+        where = f" (called at {site.render()}" if site is not None else ""
+        mine = f.launch.user_site if f.launch is not None else None
+        if where and mine is not None and mine != site:
+            where += f"; your line {mine.render()}"
+        where += ")" if where else ""
         stream = self.stderr or sys.stderr
         try:
             stream.write(f"qmoe-doctor: {who}{f.cause}: {f.message}{where}\n")

@@ -69,6 +69,12 @@ def run_junit_element(report: RunReport) -> ET.Element:
         site = launch.call_site or launch.launch_site if launch is not None else None
         if site is not None:
             body.append(f"called at: {site.render()}")
+        if launch is not None and launch.user_site is not None and launch.user_site != site:
+            body.append(f"your line: {launch.user_site.render()}")
+        if d.basis:
+            body.append(f"confidence: {d.confidence} ({d.basis})")
+        if d.repro:
+            body.append(f"prove it: {d.repro}")
         cause = CAUSES.get(d.cause)
         if cause is not None:
             body += ["fix:", cause.fix, f"docs: {cause.docs}"]

@@ -10,7 +10,8 @@
                   faulting kernel
       --sanitize  the command again under compute-sanitizer memcheck, caching allocator off,
                   restricted to the faulting kernel(s); each invalid address attributed against
-                  the recorded tensors of every device (diagnose.attribution)
+                  the recorded tensors of every device (diagnose.attribution); where they agree
+                  on one argument and one cause, a diagnosis (run_findings.placed_diagnoses)
     --> RunReport (core.reports)
 
 The command's own output goes to the terminal untouched; its exit status is the run's, unless
@@ -46,7 +47,6 @@ from qmoe_doctor.core.reports import (
     SanitizerRun,
 )
 from qmoe_doctor.diagnose import run_findings
-from qmoe_doctor.diagnose.attribution import attribute
 from qmoe_doctor.diagnose.sanitizer_log import SanitizerReport, parse_sanitizer_log
 from qmoe_doctor.isolate.foreground import run_foreground
 from qmoe_doctor.isolate.logs import LogDir
@@ -207,14 +207,15 @@ def _sanitize(
     options: RunOptions,
     environ: Mapping[str, str],
     on_pass: OnPass | None,
-) -> tuple[tuple[RunPass, ...], SanitizerRun]:
+) -> tuple[tuple[RunPass, ...], SanitizerRun, tuple[RunDiagnosis, ...]]:
     """The sanitize passes (none where it could not run, two where the first, bounded by a
-    launch count, failed inside compute-sanitizer) and what they found."""
+    launch count, failed inside compute-sanitizer), what they found, and the diagnosis the
+    placed addresses give when they agree."""
     errors = [e for p in earlier for e in p.cuda_errors]
     records = [r for p in earlier for r in p.processes]
     targets = run_findings.sanitizer_targets(errors, found, records)
     if targets is None:
-        return (), SanitizerRun(ran=False, note="no Triton kernel was launched: nothing to check")
+        return (), SanitizerRun(ran=False, note="no Triton kernel was launched: nothing to check"), ()
     # Aimed at a CUDA error, memcheck checks every launch of the target kernels up to the fault:
     # every pass with `--launch-count 2` on the example's over-routed specimen ended in "Internal
     # Sanitizer Error: failed to handle a hardware exception" with nothing found, and every pass
@@ -224,7 +225,7 @@ def _sanitize(
     try:
         info = find_compute_sanitizer(env=environ)
     except ValueError as exc:
-        return (), SanitizerRun(ran=False, note=f"compute-sanitizer cannot be used: {exc}")
+        return (), SanitizerRun(ran=False, note=f"compute-sanitizer cannot be used: {exc}"), ()
     if info is None:
         return (), SanitizerRun(
             ran=False,
@@ -235,7 +236,7 @@ def _sanitize(
             ),
             kernels=targets.kernels,
             launch_count=launch_count,
-        )
+        ), ()
     folder = root / "sanitize"
     # the caching allocator hides out-of-bounds accesses inside its pooled segments
     extra = {knobs.PYTORCH_NO_CUDA_MEMORY_CACHING: "1"}
@@ -296,7 +297,7 @@ def _sanitize(
         return sanitized, replace(
             base,
             note=f"{before}compute-sanitizer wrote no readable log ({result.problems or 'none was written'})",
-        )
+        ), ()
     parsed = result.parsed
     n_errors = parsed.error_summary if parsed.error_summary is not None else len(parsed.errors)
     placed = sum(1 for a in result.addresses if a.tensor is not None)
@@ -315,17 +316,25 @@ def _sanitize(
         note = "0 errors in the kernels checked"
     else:
         note = "the log holds no error record (the run may have been cut short)"
-    return sanitized, replace(base, note=before + note, errors=n_errors, addresses=result.addresses)
+    placement = run_findings.placed_diagnoses(result.addresses, result.records)
+    return (
+        sanitized,
+        replace(
+            base, note=before + note, errors=n_errors, addresses=result.addresses, agreement=placement.note
+        ),
+        placement.diagnoses,
+    )
 
 
 @dataclass(frozen=True)
 class _Memcheck:
-    """What one memcheck pass left: its parsed logs (None: no readable log) and the invalid
-    addresses placed against the pass's recorded tensors."""
+    """What one memcheck pass left: its parsed logs (None: no readable log), the invalid
+    addresses placed against the pass's recorded tensors, and those records."""
 
     parsed: SanitizerReport | None
     problems: str
     addresses: tuple[AddressNote, ...]
+    records: tuple[ProcessRecord, ...] = ()
 
 
 def _read_memcheck(folder: Path, done: RunPass) -> _Memcheck:
@@ -339,21 +348,9 @@ def _read_memcheck(folder: Path, done: RunPass) -> _Memcheck:
     if not texts:
         return _Memcheck(None, "; ".join(problems), ())
     parsed = parse_sanitizer_log("\n".join(texts))
-    tables = run_findings.tensor_tables(done.processes)
-    addresses = tuple(
-        AddressNote(
-            address=a.address,
-            kernel=a.kernel,
-            access=a.access,
-            tensor=a.matches[0].tensor if a.matches else None,
-            device=a.matches[0].device if a.matches else None,
-            relation=a.matches[0].relation if a.matches else None,
-            cross_device=a.cross_device,
-            sentences=a.sentences,
-        )
-        for a in attribute(parsed, tables)
+    return _Memcheck(
+        parsed, "; ".join(problems), run_findings.address_notes(parsed, done.processes), done.processes
     )
-    return _Memcheck(parsed, "; ".join(problems), addresses)
 
 
 def _merged_lint(passes: Sequence[RunPass]) -> tuple[SourceLint, ...]:
@@ -419,7 +416,7 @@ def run_program(
         found = _merged_diagnoses(passes)
         sanitizer: SanitizerRun | None = None
         if options.sanitize and not stop:
-            sanitized, sanitizer = _sanitize(
+            sanitized, sanitizer, placed = _sanitize(
                 command,
                 earlier=passes,
                 found=found,
@@ -430,7 +427,7 @@ def run_program(
             )
             if sanitized:
                 passes.extend(sanitized)
-                found = _merged_diagnoses(passes)
+                found = (*_merged_diagnoses(passes), *placed)
         if not first.processes:
             notes.append("no process of the command imported Triton: no launch was monitored")
         report = RunReport(

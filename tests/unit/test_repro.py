@@ -498,7 +498,7 @@ def test_confirmation_attributes_the_write_past_y(tmp_path: Path) -> None:
     c = _confirm("memcheck-unmasked-overrouted-nocache", tmp_path, extra=(y,))
     assert c.status == "confirmed" and c.errors == 450
     assert c.touched is not None and c.touched.startswith(
-        "write 1 byte past the end of y#1 (256 x 256 bf16) on cuda:0 (GPU 0)"
+        "write 0 bytes after the 131,072-byte region of y#1 (256 x 256 bf16) on cuda:0 (GPU 0)"
     )
     assert c.sanitized_status == "error"
     assert sum(c.tensors_hit.values()) == 50  # every printed address placed

@@ -10,6 +10,7 @@ the end of the last launch's first tensor, in compute-sanitizer's own log format
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -17,10 +18,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from signal_dispositions import default_dispositions
 
+from qmoe_doctor.cli.render.run import render_run
 from qmoe_doctor.core import knobs
 from qmoe_doctor.core.launches import EndKind
+from qmoe_doctor.core.records import to_jsonable
 from qmoe_doctor.workflows.run import RunOptions, run_program
 
 pytestmark = pytest.mark.timeout(240)
@@ -81,6 +85,28 @@ counted = any(f[0] == "--launch-count" for f in flags)
 if os.environ.get("FAKE_LOG") and (counted or not os.environ.get("FAKE_LOG_ONLY_COUNTED")):
     # a recorded log, verbatim (with FAKE_LOG_ONLY_COUNTED: only where --launch-count is given)
     open(log.replace("%p", str(os.getpid())), "w").write(open(os.environ["FAKE_LOG"]).read())
+    sys.exit(code)
+if os.environ.get("FAKE_PLACES"):
+    # one 16-byte write per place, "NAME+N" N bytes after that argument's region (the last
+    # launch's), "NAME-N" before its start, "NAME@N" inside it
+    tensors = {{a["name"]: a for a in record["ring"][-1]["tensors"]}}
+    records = []
+    for place in os.environ["FAKE_PLACES"].split(","):
+        sign = next(s for s in "+-@" if s in place)
+        name, n = place.split(sign)
+        a = tensors[name]
+        start, end = a["data_ptr"], a["data_ptr"] + a["nbytes"]
+        at = {{"+": end + int(n), "-": start - int(n), "@": start + int(n)}}[sign]
+        records.append(
+            "========= Invalid __global__ write of size 16 bytes\\n"
+            "=========     at %s+0x1b0 in ops.py:9\\n"
+            "=========     by thread (0,0,0) in block (0,0,0)\\n"
+            "=========     Access to 0x%x is out of bounds\\n"
+            "========= \\n" % (record["ring"][-1]["kernel"], at)
+        )
+    open(log.replace("%p", str(os.getpid())), "w").write(
+        "========= COMPUTE-SANITIZER\\n" + "".join(records) + "========= ERROR SUMMARY: %d errors\\n" % len(records)
+    )
     sys.exit(code)
 open(log.replace("%p", str(os.getpid())), "w").write(
     "========= COMPUTE-SANITIZER\\n"
@@ -155,7 +181,8 @@ def test_sanitize_reruns_under_memcheck_and_places_the_address_in_a_recorded_ten
     (address,) = s.addresses
     assert address.tensor is not None and address.tensor.startswith("x_ptr of scale_rows #")
     assert address.relation == "after" and address.device == "cpu" and address.kernel == "scale_rows"
-    assert any("64 bytes past the end of x_ptr" in sentence or "65 bytes past the end" in sentence for sentence in address.sentences), address.sentences
+    assert (address.gap, address.region) == (64, 4 * 16 * 4)  # the log's "65 bytes after", as ASan counts it
+    assert address.sentences[0].startswith("read 64 bytes after the 256-byte region of x_ptr of scale_rows #")
 
 
 def test_sanitize_says_when_compute_sanitizer_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -278,3 +305,117 @@ def test_a_bounded_memcheck_that_finishes_is_not_run_again(tmp_path: Path) -> No
     assert s is not None and s.launch_count is not None and s.launch_count > 0
     flags = {f[0]: f[1:] for f in json.loads((tmp_path / "seen.json").read_text())["flags"]}
     assert flags["--launch-count"] == [str(s.launch_count)]
+
+
+#: A pip-installed library (a folder named site-packages on the program's path) whose layer calls
+#: its wrapper ``grouped_gemm(x, w, m_sizes)``, which launches through a helper of another
+#: signature; the user's program calls the layer from its own ``step``.
+LIBRARY = """\
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def grouped_rows(x_ptr, w_ptr, y_ptr, sizes_ptr, N, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    tl.store(y_ptr + row * N + offs, tl.load(x_ptr + row * N + offs) * 2)
+
+
+def _launch(x, w, y, m_sizes):
+    grouped_rows[(x.shape[0],)](x, w, y, m_sizes, x.shape[1], BLOCK=16)
+
+
+def grouped_gemm(x, w, m_sizes, *, out=None):
+    y = torch.empty_like(x) if out is None else out
+    _launch(x, w, y, m_sizes)
+    return y
+
+
+class Layer:
+    def forward(self, x, w, m_sizes):
+        return grouped_gemm(x, w, m_sizes)
+"""
+USER_PROGRAM = """\
+import os
+import sys
+
+sys.path.insert(0, {site!r})
+import torch
+from moe_lib.ops import Layer
+
+
+def step(layer, x, w, m_sizes):
+    return layer.forward(x, w, m_sizes)
+
+
+x, w = torch.randn(4, 16), torch.randn(2, 16, 16)
+m_sizes = torch.tensor([2, 2], dtype=torch.int32)
+for _ in range(2):
+    step(Layer(), x, w, m_sizes)
+raise RuntimeError("CUDA error: an illegal memory access was encountered")
+"""
+USER_LINE = USER_PROGRAM.splitlines().index("    return layer.forward(x, w, m_sizes)") + 1
+LIBRARY_LINE = LIBRARY.splitlines().index("    grouped_rows[(x.shape[0],)](x, w, y, m_sizes, x.shape[1], BLOCK=16)") + 1
+
+
+def library_program(tmp_path: Path) -> tuple[Path, Path]:
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    (site / "moe_lib").mkdir(parents=True)
+    (site / "moe_lib" / "__init__.py").write_text("")
+    (site / "moe_lib" / "ops.py").write_text(LIBRARY)
+    prog = tmp_path / "train.py"
+    prog.write_text(USER_PROGRAM.format(site=str(site)))
+    return prog, site / "moe_lib" / "ops.py"
+
+
+def test_a_library_launch_records_the_librarys_line_the_users_line_and_the_wrapper(tmp_path: Path) -> None:
+    prog, ops = library_program(tmp_path)
+    _, env = setup(tmp_path)
+    # 8 writes after y (4 x 16 fp32): rows 4 and 5 of a 4-row output, as over-routing writes
+    places = ",".join(f"y_ptr+{16 * i}" for i in range(8))
+    report = run_program(
+        [sys.executable, str(prog)], RunOptions(sanitize=True, log_dir=tmp_path / "r"), environ={**env, "FAKE_PLACES": places}
+    )
+    launch = report.passes[0].processes[0].ring[0]
+    assert launch.kernel == "grouped_rows"
+    # the call site is the library's line (the first frame outside torch, triton and the doctor) ...
+    assert launch.call_site is not None and (launch.call_site.file, launch.call_site.line) == (str(ops), LIBRARY_LINE)
+    # ... and the user's own line is the first outside site-packages too
+    assert launch.user_site is not None
+    assert (launch.user_site.file, launch.user_site.line, launch.user_site.function) == (str(prog), USER_LINE, "step")
+    # the helper takes four arguments, the layer's forward is a method: the wrapper is grouped_gemm
+    assert launch.wrapper == "moe_lib.ops:grouped_gemm"
+    s = report.sanitizer
+    assert s is not None and [a.gap for a in s.addresses] == [16 * i for i in range(8)]
+    assert s.agreement.startswith("8 of 8 invalid addresses agree: after the end of y_ptr of grouped_rows")
+    (d,) = report.diagnoses
+    assert (d.cause, d.seen_in, str(d.confidence)) == ("invalid-routing", "sanitize", "medium")
+    assert d.repro == "qmoe-doctor scan --kernel moe_lib.ops:grouped_gemm --only over-routed"
+    assert d.finding.launch is not None and d.finding.launch.user_site == launch.user_site
+    # the report shows both lines, and the JSON keeps them
+    console = Console(file=io.StringIO(), width=400, color_system=None)
+    render_run(console, report)
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert f"  called at: {ops}:{LIBRARY_LINE} in _launch" in text
+    assert f"  your line: {prog}:{USER_LINE} in step" in text
+    assert "  prove it: qmoe-doctor scan --kernel moe_lib.ops:grouped_gemm --only over-routed" in text
+    doc = json.loads(json.dumps(to_jsonable(report)))
+    first = doc["passes"][0]["processes"][0]["ring"][0]
+    assert first["user_site"]["file"] == str(prog) and first["wrapper"] == "moe_lib.ops:grouped_gemm"
+    assert doc["diagnoses"][0]["basis"].startswith("placed by memcheck, 8 of 8 addresses after the end of y_ptr")
+
+
+def test_disagreeing_placements_in_a_run_give_no_diagnosis_and_the_report_says_why(tmp_path: Path) -> None:
+    prog, _ = library_program(tmp_path)
+    _, env = setup(tmp_path)
+    places = ",".join([*(f"y_ptr+{16 * i}" for i in range(4)), *(f"x_ptr@{16 * i}" for i in range(4))])
+    report = run_program(
+        [sys.executable, str(prog)], RunOptions(sanitize=True, log_dir=tmp_path / "r"), environ={**env, "FAKE_PLACES": places}
+    )
+    assert report.diagnoses == () and report.cuda_errors
+    s = report.sanitizer
+    assert s is not None and s.agreement.startswith(
+        "the 8 invalid addresses disagree (4 after the end of y_ptr, 4 inside x_ptr): no diagnosis"
+    )

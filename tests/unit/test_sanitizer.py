@@ -20,6 +20,7 @@ re-wrapping a recorded text log in elements).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -743,16 +744,20 @@ def test_attribute_the_recorded_writes_to_the_output_rows_past_m() -> None:
         0x7F7CC49C0000,
     )
     best = a.matches[0]
-    assert (best.tensor, best.relation, best.distance, best.row) == ("y", "after", 1, 256)
+    assert (best.tensor, best.relation, best.gap, best.region, best.row) == ("y", "after", 0, 131_072, 256)
+    # AddressSanitizer's count: the first byte after the region is "0 bytes after" (the log says "1 bytes after")
     assert a.sentences[0] == (
-        "write 1 byte past the end of y (256 x 256 bf16) on cuda:0: row 256, i.e. rows past M=256 "
-        "(m_sizes summing past M fits)."
+        "write 0 bytes after the 131,072-byte region of y (256 x 256 bf16) on cuda:0: row 256, i.e. rows past "
+        "M=256 (m_sizes summing past M fits)."
     )
+    assert [(f.cause, f.cell) for f in best.fits] == [("invalid-routing", "over-routed")]
     assert a.sanitizer_device == "cuda:0" and not a.cross_device and a.inside_devices == ()
-    # our byte distance is compute-sanitizer's, record by record
+    # our byte distance is compute-sanitizer's less the one it counts for the first byte after,
+    # record by record
     for att, e in zip(attributions, r.errors, strict=True):
-        assert e.nearest is not None
-        assert att.address == e.address and att.matches[0].distance == e.nearest.distance
+        assert e.nearest is not None and e.nearest.relation == "after"
+        assert att.address == e.address and att.matches[0].gap == e.nearest.gap == e.nearest.distance - 1
+        assert att.matches[0].reach == e.nearest.distance
 
 
 def test_attribute_the_recorded_far_writes_against_the_logged_allocation() -> None:
@@ -773,8 +778,8 @@ def test_attribute_the_recorded_far_writes_against_the_logged_allocation() -> No
         dtype="bfloat16",
     )
     a = attribute_address(e.address, {"cuda:0": [*out.tensors, small]}, access="write of 16 bytes")
-    assert (a.matches[0].tensor, a.matches[0].distance) == ("alloc112", 129_937)
-    assert a.sentences[0].startswith("write 129,937 bytes past the end of alloc112 (56 bf16) on cuda:0")
+    assert (a.matches[0].tensor, a.matches[0].gap) == ("alloc112", 129_936)  # the log: "129,937 bytes after"
+    assert a.sentences[0].startswith("write 129,936 bytes after the 112-byte region of alloc112 (56 bf16) on cuda:0")
 
 
 def scan_tensors(scan: str, probe_id: str) -> list[TensorInfo]:
@@ -797,8 +802,10 @@ def test_recorded_scan_table_shapes() -> None:
 def test_one_byte_past_x_is_row_m() -> None:
     a = attribute_address(X.data_ptr + X.nbytes, {"cuda:1": TABLE}, access="read of 16 bytes")
     best = a.matches[0]
-    assert (best.tensor, best.relation, best.distance, best.row) == ("x", "after", 1, 4096)
-    assert a.sentences[0].startswith("read 1 byte past the end of x (4096 x 2048 bf16) on cuda:1: row 4096")
+    assert (best.tensor, best.relation, best.gap, best.row) == ("x", "after", 0, 4096)
+    assert a.sentences[0].startswith(
+        "read 0 bytes after the 16,777,216-byte region of x (4096 x 2048 bf16) on cuda:1: row 4096"
+    )
     assert "m_sizes summing past M" in a.sentences[0]
     assert not a.cross_device
 
@@ -815,22 +822,35 @@ def test_address_inside_the_weight_stack_names_expert_and_row() -> None:
 def test_past_the_weight_stack_is_an_expert_id_out_of_range() -> None:
     a = attribute_address(W.data_ptr + W.nbytes + 64, {"cuda:1": [W]}, access="read of 16 bytes")
     m = a.matches[0]
-    assert (m.relation, m.distance, m.expert) == ("after", 65, 128)
+    assert (m.relation, m.gap, m.expert) == ("after", 64, 128)
     assert "expert 128 of 128" in a.sentences[0] and "expert id >= 128" in a.sentences[0]
+    # two causes fit: no one of them is named from this address alone
+    assert [f.cause for f in m.fits] == ["invalid-routing", "int32-offset-overflow"]
 
 
 def test_before_the_weight_stack_is_a_negative_expert() -> None:
     a = attribute_address(W.data_ptr - 2**20, {"cuda:1": [W]})
     m = a.matches[0]
-    assert (m.relation, m.distance, m.expert) == ("before", 2**20, -1)
-    assert "int32 product that wrapped negative" in a.sentences[0]
+    assert (m.relation, m.gap, m.expert) == ("before", 2**20, -1)
+    # 128 x 1536 x 2048 elements do not reach 2**31: a -1 sentinel expert id fits as well as a wrap
+    assert "(an int32 product that wrapped or a -1 sentinel expert id fits)" in a.sentences[0]
+    assert [f.cause for f in m.fits] == ["int32-offset-overflow", "invalid-routing"]
+
+
+def test_before_a_stack_of_2_31_elements_only_a_wrapped_int32_product_fits() -> None:
+    big = dataclasses.replace(W, shape=(160, 5120, 6144), strides=(5120 * 6144, 6144, 1), nbytes=160 * 5120 * 6144 * 2)
+    m = attribute_address(big.data_ptr - 2**20, {"cuda:1": [big]}).matches[0]
+    assert [(f.cause, f.cell) for f in m.fits] == [("int32-offset-overflow", "int32-boundary")]
 
 
 def test_before_the_start_gives_a_negative_row_and_elements_of_a_vector() -> None:
     a = attribute_address(X.data_ptr - 3, {"cuda:1": [X]})
-    assert (a.matches[0].relation, a.matches[0].distance, a.matches[0].row) == ("before", 3, -1)
+    assert (a.matches[0].relation, a.matches[0].gap, a.matches[0].row) == ("before", 3, -1)
+    assert a.sentences[0].startswith("accessed 3 bytes before the 16,777,216-byte region of x")
+    assert a.matches[0].fits == ()  # a negative row: no cause is named from it
     a = attribute_address(SIZES.data_ptr + 4 * 7, {"cuda:1": [SIZES]})
-    assert (a.matches[0].relation, a.matches[0].row) == ("inside", 7)
+    assert (a.matches[0].relation, a.matches[0].row, a.matches[0].gap) == ("inside", 7, 28)
+    assert a.sentences[0].startswith("accessed 28 bytes inside the 512-byte region of m_sizes")
     assert a.sentences[0].endswith("element 7.")
 
 

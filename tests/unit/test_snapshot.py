@@ -254,9 +254,9 @@ def test_attribution_adds_the_allocators_word_to_the_tensor_placement() -> None:
     x = TensorInfo(
         name="x", device="cuda:0", data_ptr=SEG0, nbytes=0x20000, shape=(256, 256), strides=(256, 1), dtype="bfloat16"
     )
-    address = SEG0 + 0x20000 + 16  # 17 bytes past x: the freed y
+    address = SEG0 + 0x20000 + 16  # 16 bytes after x: the freed y
     a = attribute_address(address, {"cuda:0": [x]}, access="write of 16 bytes", snapshot=reduced())
-    assert a.sentences[0].startswith("write 17 bytes past the end of x (256 x 256 bf16) on cuda:0")
+    assert a.sentences[0].startswith("write 16 bytes after the 131,072-byte region of x (256 x 256 bf16) on cuda:0")
     assert a.allocator is not None and a.allocator.block is not None
     assert a.sentences[-1].startswith(f"Allocator: 0x{address:x} is inside a freed block")
     outside = attribute_address(SEG0 - 4096, {"cuda:0": [x]}, snapshot=reduced())

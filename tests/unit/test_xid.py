@@ -315,7 +315,7 @@ def test_an_xid_31_address_near_no_tensor_says_how_far_and_the_allocator_places_
         history=(AllocHistory(device=0, address=0x7F7CC4A00000, size=4096, stream=0, freed=True),),
     )
     said = place_fault_address(mmu_line(1, 0x7F7CC4A00000), TABLES, device_of_gpu=DEVICES, snapshot=snap)
-    assert said[0].startswith("read ") and "past the end of x (256 x 256 bf16) on cuda:0" in said[0]
+    assert said[0].startswith("read ") and "after the 131,072-byte region of x (256 x 256 bf16) on cuda:0" in said[0]
     assert said[-1].startswith("Allocator: 0x7f7cc4a00000 is inside a freed block")
 
 

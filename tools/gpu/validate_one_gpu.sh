@@ -108,7 +108,7 @@ if has run; then
   grep -iE "faulting kernel|cuda error" "$R/run-unmasked.log" | head -6 | tee -a "$S"
   t run-sanitize "$(cap 150)" qmoe-doctor run --sanitize --log-dir "$R/run-sanitize-logs" \
     --save "$R/run-sanitize.json" -- python3 $E --gpus 0 --kernel specimen:unmasked_rows --over-route 64 --steps 1
-  grep -iE "compute-sanitizer|placed|past|after" "$R/run-sanitize.log" | head -8 | tee -a "$S"
+  grep -iE "compute-sanitizer|placed|past|after|invalid-routing|together:|prove it:|your line:" "$R/run-sanitize.log" | head -12 | tee -a "$S"
   t run-int32 "$(cap 150)" qmoe-doctor run --save "$R/run-int32.json" -- python3 $E --gpus 0 \
     --kernel specimen:int32_offsets --preset qwen3-coder-480b-a35b --layers 1 --tokens 256 --steps 1
   grep -E "int32-offset-overflow" "$R/run-int32.log" | head -3 | tee -a "$S"

@@ -1,9 +1,10 @@
 """Rendering of a ``qmoe-doctor run`` report: what the monitor saw, after the command's own output.
 
 Plain text through ``Text`` (markup off: kernel names, paths and exception texts are the
-user's). Order: one line on the command, the diagnoses (each with its launch, call site, tensors
-and the fix as code), the CUDA errors with the launches before them, the sanitizer's attributed
-addresses, the lint of the launched kernels, the notes.
+user's). Order: one line on the command, the diagnoses (each with its confidence and how it was
+reached, its launch, call site and the user's own line, tensors, the scan that proves it and the
+fix as code), the CUDA errors with the launches before them, the sanitizer's attributed addresses
+and what they say together, the lint of the launched kernels, the notes.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from rich.console import Console
 from rich.text import Text
 
 from qmoe_doctor.core.causes import CAUSES
-from qmoe_doctor.core.launches import Launch, LaunchFinding, ProcessRecord, TensorArg
+from qmoe_doctor.core.launches import FindingKind, Launch, LaunchFinding, ProcessRecord, SourceSite, TensorArg
 from qmoe_doctor.core.reports import RunCudaError, RunDiagnosis, RunPass, RunReport
 
 _DTYPE_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
@@ -50,6 +51,11 @@ def _processes_line(processes: tuple[ProcessRecord, ...]) -> str:
     return f"{'; '.join(parts) or 'no launch'}{more}{quiet} (hooks: {', '.join(hooks) or 'none'})"
 
 
+def _user_line(launch: Launch, shown: SourceSite | None) -> SourceSite | None:
+    """The user's own line, when it is not the line already shown (a library's wrapper)."""
+    return launch.user_site if launch.user_site is not None and launch.user_site != shown else None
+
+
 def _outcome(f: LaunchFinding) -> str:
     return {
         "ran": "it ran (over peer access the kernel reads the other GPU remotely)"
@@ -65,19 +71,23 @@ def _outcome(f: LaunchFinding) -> str:
 def render_diagnosis(out: Console, d: RunDiagnosis) -> None:
     f = d.finding
     head = Text(f"{d.cause}", style="bold red")
-    head.append(f"  [{d.kind.value}, {d.confidence.value} confidence]", style="dim")
-    out.print(head)
+    basis = f": {d.basis}" if d.basis else ""
+    head.append(f"  [{d.kind.value}, {d.confidence.value} confidence{basis}]", style="dim")
+    out.print(head, soft_wrap=True)
     out.print(Text(f"  {d.summary}"), soft_wrap=True)
     launch = f.launch
     if launch is not None:
         out.print(Text(f"  launch: {_launch_line(launch)}", style="dim"), soft_wrap=True)
         if launch.call_site is not None:
             out.print(Text(f"  called at: {launch.call_site.render()}", style="bold"), soft_wrap=True)
+        mine = _user_line(launch, launch.call_site)
+        if mine is not None:
+            out.print(Text(f"  your line: {mine.render()}", style="bold"), soft_wrap=True)
         if launch.launch_site is not None and launch.launch_site != launch.call_site:
             out.print(Text(f"  launched at: {launch.launch_site.render()}"), soft_wrap=True)
     for t in f.tensors:
         out.print(Text(f"  tensor: {_tensor(t)}"), soft_wrap=True)
-    outcome = _outcome(f)
+    outcome = _outcome(f) if d.kind is not FindingKind.PLACED_ACCESS else ""
     if outcome:
         out.print(Text(f"  outcome: {outcome}"), soft_wrap=True)
     for note in f.lint:
@@ -86,6 +96,8 @@ def render_diagnosis(out: Console, d: RunDiagnosis) -> None:
     if d.seen_in != "run":
         seen += f" ({d.seen_in} pass)"
     out.print(Text(seen, style="dim"), soft_wrap=True)
+    if d.repro:
+        out.print(Text(f"  prove it: {d.repro}", style="bold"), soft_wrap=True)
     cause = CAUSES.get(d.cause)
     if cause is not None:
         out.print(Text("  fix:", style="bold green"))
@@ -108,6 +120,9 @@ def render_cuda_error(out: Console, label: str, e: RunCudaError) -> None:
             site = launch.call_site or launch.launch_site
             if site is not None:
                 out.print(Text(f"      at {site.render()}", style="dim"), soft_wrap=True)
+            mine = _user_line(launch, site)
+            if mine is not None:
+                out.print(Text(f"      your line: {mine.render()}", style="dim"), soft_wrap=True)
 
 
 def _pass_line(p: RunPass) -> Text:
@@ -154,6 +169,8 @@ def render_run(out: Console, report: RunReport) -> None:
             )
             for sentence in a.sentences[:3]:
                 out.print(Text(f"    {sentence}"), soft_wrap=True)
+        if s.agreement:
+            out.print(Text(f"  together: {s.agreement}", style="bold"), soft_wrap=True)
         if s.log_path:
             out.print(Text(f"  log: {s.log_path}", style="dim"), soft_wrap=True)
     findings = [f for lint in report.lint for f in lint.findings]
