@@ -307,7 +307,7 @@ class KernelRef:
         path = self.source_path()
         if path is None:
             return None
-        name = self._function_name()
+        name = self.function_name()
         try:
             tree = ast.parse(read_bytes(path, gunzip=False))
         except (InputError, OSError, SyntaxError, ValueError, RecursionError):
@@ -317,7 +317,8 @@ class KernelRef:
                 return path, node.lineno
         return path, 1
 
-    def _function_name(self) -> str:
+    def function_name(self) -> str:
+        """The name of the kernel's function in :meth:`source_path` ("" when there is none)."""
         match self.kind:
             case RefKind.BUILTIN:
                 return BUILTIN_FUNCTION
@@ -327,7 +328,7 @@ class KernelRef:
                 except (KeyError, KernelRefError):
                     return ""
             case RefKind.ADAPTER:
-                return self.target._function_name() if self.target is not None else ""
+                return self.target.function_name() if self.target is not None else ""
             case RefKind.TORCH:
                 return ""
             case _:
@@ -376,8 +377,13 @@ def _child_paths() -> list[str]:
     return [p for p in extra if p not in sys.path]
 
 
-def _find_top_level(name: str) -> ModuleSpec | None:
-    """The spec of a top-level module: the import system's finders, nothing executed."""
+def _find_top_level(name: str, search: Sequence[str] = ()) -> ModuleSpec | None:
+    """The spec of a top-level module: in ``search`` first, then the import system's finders;
+    nothing executed."""
+    if search:
+        found = importlib.machinery.PathFinder.find_spec(name, list(search))
+        if found is not None:
+            return found
     try:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
@@ -404,13 +410,15 @@ def _find_submodule(fullname: str, locations: Sequence[str]) -> ModuleSpec | Non
     return None
 
 
-def module_source(module: str) -> Path | None:
+def module_source(module: str, search: Sequence[str] = ()) -> Path | None:
     """The source file of a dotted module (a package's ``__init__.py``), found without executing
-    it or any of its packages; None when it is not found or is not Python source."""
+    it or any of its packages, its top-level package looked up in the folders ``search`` first
+    (a file's own folder, which Python puts first on ``sys.path`` when it runs the file); None
+    when it is not found or is not Python source."""
     parts = module.split(".")
     if not all(p.isidentifier() for p in parts):
         return None
-    spec = _find_top_level(parts[0])
+    spec = _find_top_level(parts[0], search)
     for i in range(1, len(parts)):
         if spec is None or spec.submodule_search_locations is None:
             return None

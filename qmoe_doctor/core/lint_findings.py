@@ -25,6 +25,7 @@ class Rule(StrEnum):
     STREAM_WITHOUT_DEVICE = "stream-without-device"
     DEFAULT_DEVICE_ALLOC = "default-device-alloc"
     AUTOTUNE_INPLACE = "autotune-inplace"
+    CURRENT_DEVICE_PROPERTY = "current-device-property"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,6 +76,12 @@ RULES: dict[Rule, RuleInfo] = {
             cause="autotune-inplace-rerun",
             summary="autotuned in-place/accumulating kernel without restore_value/reset_to_zero",
             fix='@triton.autotune(configs=..., key=[...], restore_value=["y_ptr"])',
+        ),
+        RuleInfo(
+            rule=Rule.CURRENT_DEVICE_PROPERTY,
+            cause="per-device-state-cached",
+            summary="the current device's properties, read outside a device guard, size a launch",
+            fix="sms = torch.cuda.get_device_properties(x.device).multi_processor_count",
         ),
     )
 }

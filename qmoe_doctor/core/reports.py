@@ -64,6 +64,9 @@ class ScanReport:
     # sessions still to run. A scan that is killed leaves the last of them behind.
     complete: bool = True
     not_run: tuple[str, ...] = ()
+    # the lint of what the kernel reaches, as check's; notes, not faults: the scan's verdict
+    # and exit code come from its cells (None: not linted, the source not found)
+    lint: LintResult | None = None
 
     @property
     def healthy(self) -> bool:
@@ -83,9 +86,11 @@ Verdict = Literal["pass", "fail", "skip", "error"]
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LintResult:
     paths: tuple[str, ...]  # as given (or the kernel's own source)
-    files: tuple[str, ...]  # the Python files linted
+    files: tuple[str, ...]  # the Python files linted (for a kernel: every file it reaches)
     findings: tuple[LintFinding, ...] = ()
     errors: tuple[LintError, ...] = ()  # missing, unreadable or unparsable files
+    reached_from: str = ""  # "file.py:function" the files were reached from ("" for --lint paths)
+    notes: tuple[str, ...] = ()  # what the reach did not follow or left out, and why
 
     @property
     def exit_code(self) -> ExitCode:
@@ -128,7 +133,7 @@ class KernelCheck:
     exit_code: int  # an ExitCode value
     problem: str = ""  # why the check of this kernel could not give an answer, when it could not
     wall_s: float = 0.0
-    lint: LintResult | None = None  # the kernel's own source (when no --lint paths were given)
+    lint: LintResult | None = None  # what the kernel reaches (when no --lint paths were given)
     tiers: tuple[TierResult, ...] = ()
     cells: tuple[CellResult, ...] = ()
     summary: dict[str, int] = field(default_factory=dict)  # verdict -> cells, over every tier

@@ -15,15 +15,18 @@ The package, in the order a run goes through it:
     nodes.py      small questions about one AST node (dotted name, argument, message text)
     module.py     one parsed file: imports, parents, constants, its Triton kernels
     devices.py    what a device guard is; where a device or stream comes from
-    project.py    every file of the run: cross-file kernels, the call graph, guards through
-                  callers, the findings sink (ignore comments, dedup, order)
+    project.py    every file of the run: cross-file kernels, every launch form, the call graph,
+                  guards through callers, the findings sink (ignore comments, dedup, order)
+    reach.py      what a kernel's function reaches: the files ``check`` and ``scan`` lint
     rules/        one module per rule (``check(project, module)``) and the table that runs them;
                   ``rules/int32_offset.py`` is the int32 data flow over a jit function
-    run.py        lint_paths / lint_source: source -> project -> rules -> LintReport
+    run.py        lint_paths / lint_reached / lint_source: source -> project -> rules -> LintReport
 
 Files of one run are one project: kernels and launch helpers imported from another linted
 file are recognised, and imported files found next to a linted one are read (not reported) for
-that. Test functions and ``if __name__ == "__main__":`` blocks make their own tensors on the
+that. ``lint_reached(file, function)`` (what ``check`` and ``scan`` run for a kernel) lints, as
+one project, every file the function reaches through its calls and imports, and keeps the
+findings in the code it reaches. Test functions and ``if __name__ == "__main__":`` blocks make their own tensors on the
 current device, so the device rules stay silent there. A finding is silenced by a
 ``# qmoe-doctor: ignore`` (or ``ignore[rule,...]``) comment on its line.
 
@@ -43,11 +46,14 @@ from qmoe_doctor.lint.findings import (
     parse_rules,
 )
 from qmoe_doctor.lint.module import MAX_KERNEL_NESTING
-from qmoe_doctor.lint.run import lint_paths, lint_source
+from qmoe_doctor.lint.reach import MAX_REACH_DEPTH, MAX_REACH_FILES
+from qmoe_doctor.lint.run import lint_paths, lint_reached, lint_source
 from qmoe_doctor.lint.source import MAX_SOURCE_BYTES, iter_python_files
 
 __all__ = [
     "MAX_KERNEL_NESTING",
+    "MAX_REACH_DEPTH",
+    "MAX_REACH_FILES",
     "MAX_SOURCE_BYTES",
     "RULES",
     "LintError",
@@ -58,6 +64,7 @@ __all__ = [
     "RuleInfo",
     "iter_python_files",
     "lint_paths",
+    "lint_reached",
     "lint_source",
     "parse_rules",
 ]

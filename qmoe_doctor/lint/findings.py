@@ -64,6 +64,10 @@ class LintReport:
     findings: tuple[LintFinding, ...] = ()
     errors: tuple[LintError, ...] = ()
     skipped: tuple[LintSkip, ...] = ()  # entries of walked folders that are not sources
+    # lint_reached: the function the files were reached from ("file.py:function"), and what the
+    # reach did not follow or left out, each with its reason
+    reached_from: str = ""
+    notes: tuple[str, ...] = ()
 
     @property
     def clean(self) -> bool:

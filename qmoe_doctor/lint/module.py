@@ -13,7 +13,15 @@ import functools
 from collections.abc import Iterator
 from pathlib import Path
 
-from qmoe_doctor.lint.nodes import FUNC_TYPES, FuncDef, deepest, dotted, is_main_guard, walk_shallow
+from qmoe_doctor.lint.nodes import (
+    FUNC_TYPES,
+    FuncDef,
+    deepest,
+    dotted,
+    is_main_guard,
+    param_names,
+    walk_shallow,
+)
 from qmoe_doctor.lint.source import Source
 
 # Decorators (resolved through the imports) that make a function a Triton kernel.
@@ -60,6 +68,11 @@ class Module:
         self._shallow: dict[ast.AST, list[ast.AST]] = {}
         self._exempt: dict[ast.AST, bool] = {}
         self._set_device_lines: dict[ast.AST, list[int]] = {}
+        self._attr_bindings: dict[str, list[ast.expr]] | None = None
+        self._bindings: dict[ast.AST, dict[str, list[tuple[int, ast.expr]]]] = {}
+        self.stored: frozenset[str] = frozenset(  # names bound anywhere in the file
+            n.id for n in self.nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+        )
         self.aliases: dict[str, str] = {"tl": "triton.language"}  # the universal convention
         for node in self.nodes:
             if isinstance(node, ast.Import):
@@ -201,6 +214,65 @@ class Module:
             return self.consts.get(name.id)
         return best[1] if best else None
 
+    def bindings(self, name: ast.Name) -> list[ast.expr]:
+        """Every value bound to ``name`` in its function (or the module) before its use, the
+        branches of an if/else alike: ``x = v``, ``x, y = a, b`` (``a``; ``x, y = f()``: all of
+        ``f()``), ``x: T = v``, ``(x := v)``, and ``for x in items`` (bound to ``items[...]``).
+        A parameter rebound nowhere has none; a name bound nowhere in a function falls back to
+        the module constant of that name."""
+        scope: ast.AST = self.func_of(name) or self.tree
+        if name.id not in self.stored:
+            return []  # bound nowhere in the file (a builtin, a parameter, an import)
+        out = [value for line, value in self._binding_index(scope).get(name.id, ()) if line < name.lineno]
+        if not out and scope is not self.tree:
+            if name.id in param_names(scope):  # type: ignore[arg-type]
+                return []
+            const = self.consts.get(name.id)
+            return [const] if const is not None else []
+        return out
+
+    def _binding_index(self, scope: ast.AST) -> dict[str, list[tuple[int, ast.expr]]]:
+        """Name -> ``(line, value)`` of every binding in ``scope`` (built once per scope)."""
+        index = self._bindings.get(scope)
+        if index is not None:
+            return index
+        index = {}
+        for node in self.shallow(scope):
+            line = getattr(node, "lineno", 0)
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    for n in ast.walk(target):
+                        if isinstance(n, ast.Name):
+                            index.setdefault(n.id, []).extend((line, v) for v in _bound_in(target, node.value, n.id))
+            elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)):
+                if isinstance(node.target, ast.Name) and node.value is not None:
+                    index.setdefault(node.target.id, []).append((line, node.value))
+            elif isinstance(node, (ast.For, ast.AsyncFor)) and isinstance(node.target, ast.Name):
+                item = ast.Subscript(value=node.iter, slice=ast.Constant(value=0), ctx=ast.Load())
+                index.setdefault(node.target.id, []).append((line, item))
+        self._bindings[scope] = index
+        return index
+
+    def attribute_bindings(self, attr: str) -> list[ast.expr]:
+        """Values assigned to ``self.<attr>`` / ``cls.<attr>`` anywhere in the file, or to
+        ``<attr>`` in a class body."""
+        if self._attr_bindings is None:
+            found: dict[str, list[ast.expr]] = {}
+            for node in self.nodes:
+                if not isinstance(node, ast.Assign):
+                    continue
+                for t in node.targets:
+                    if (
+                        isinstance(t, ast.Attribute)
+                        and isinstance(t.value, ast.Name)
+                        and t.value.id in ("self", "cls")
+                    ):
+                        found.setdefault(t.attr, []).append(node.value)
+                    elif isinstance(t, ast.Name) and isinstance(self.parents.get(node), ast.ClassDef):
+                        found.setdefault(t.id, []).append(node.value)
+            self._attr_bindings = found
+        return self._attr_bindings.get(attr, [])
+
     def sets_device_before(self, node: ast.AST) -> bool:
         """``torch.cuda.set_device(...)`` runs earlier in the function (or module) of ``node``."""
         scope: ast.AST = self.func_of(node) or self.tree
@@ -212,6 +284,19 @@ class Module:
             ]
         line = getattr(node, "lineno", 0)
         return any(set_at < line for set_at in self._set_device_lines[scope])
+
+
+def _bound_in(target: ast.expr, value: ast.expr, name: str) -> list[ast.expr]:
+    """What assigning ``value`` to ``target`` binds to ``name``: the value, its matching item
+    when both sides are tuples of one length, else all of it (flow-insensitive)."""
+    if isinstance(target, ast.Name):
+        return [value] if target.id == name else []
+    if isinstance(target, (ast.Tuple, ast.List)):
+        if isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts):
+            return [v for t, e in zip(target.elts, value.elts, strict=True) for v in _bound_in(t, e, name)]
+        if any(isinstance(n, ast.Name) and n.id == name for t in target.elts for n in ast.walk(t)):
+            return [value]
+    return []
 
 
 __all__ = ["MAX_KERNEL_NESTING", "Module"]

@@ -8,13 +8,19 @@ file is recognised, and imported files found next to a linted one are read as *c
 
     launch kernel[grid](...) in f  --callers(f)-->  calls of f in the linted files  --> ...
     guarded(node): lexically, after set_device, or every caller (up to 8 calls up) guarded
+
+A launch is any of the forms real code uses (``LaunchSite``, ``kernels_of``): ``kernel[grid](...)``,
+``fn[grid](...)`` with ``fn`` bound to one of several kernels, ``KERNELS[key][grid](...)``,
+``getattr(module, name)[grid](...)``, ``kernel.run(..., grid=...)``, and ``launch = kernel[grid]``
+called later.
 """
 
 from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from qmoe_doctor.lint.devices import lexical_guard
 from qmoe_doctor.lint.findings import RULES, LintFinding, Rule
@@ -22,9 +28,35 @@ from qmoe_doctor.lint.module import Module
 from qmoe_doctor.lint.nodes import FuncDef, dotted, src
 
 _MAX_CALL_DEPTH = 8  # callers followed up the call graph from a launch (deep chains are not)
+_MAX_BINDING_HOPS = 6  # name -> value -> container -> item ... followed to find a launched kernel
 _IGNORE_COMMENT = re.compile(r"#\s*qmoe-doctor:\s*ignore(?:\[([^\]]*)\])?")
 
 Site = tuple[Module, ast.AST]  # a node and the module it is in
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSite:
+    """One launch: the call, the kernels it may launch (one, or several when the launched
+    expression is picked at run time), how the launched expression reads, and its grid."""
+
+    call: ast.Call
+    kernels: tuple[str, ...]
+    shown: str
+    grid: ast.expr | None
+
+    def describe(self) -> str:
+        """```k``` or ```fn`` (one of ``a``, ``b``)` for a message."""
+        if self.kernels == (self.shown,):
+            return f"`{self.shown}`"
+        return f"`{self.shown}` (one of " + ", ".join(f"`{k}`" for k in self.kernels) + ")"
+
+
+def _union(groups: Iterable[tuple[str, ...]]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(k for g in groups for k in g))
+
+
+def _shown(expr: ast.expr) -> str:
+    return dotted(expr) or src(expr)
 
 
 class Project:
@@ -39,6 +71,7 @@ class Project:
         )
         self.calls_by_name: dict[str, list[tuple[Module, ast.Call]]] = {}
         self.launches: dict[Module, list[ast.Call]] = {}
+        self.launch_sites: dict[ast.Call, LaunchSite] = {}
         for m in self.modules:
             found: list[ast.Call] = []
             for node in m.calls:
@@ -47,7 +80,9 @@ class Project:
                     callee = node.func.attr
                 if callee:
                     self.calls_by_name.setdefault(callee, []).append((m, node))
-                if self.kernel_name(m, node) is not None:
+                site = self._launch_site(m, node)
+                if site is not None:
+                    self.launch_sites[node] = site
                     found.append(node)
             self.launches[m] = found
         self._callers: dict[ast.AST, list[tuple[Module, ast.Call]]] = {}
@@ -60,6 +95,8 @@ class Project:
     # --- kernels and launches ---
 
     def is_kernel_ref(self, m: Module, expr: ast.expr) -> bool:
+        """``expr`` names a Triton kernel itself (a jit function, an alias of one, an imported
+        one); see :meth:`kernels_of` for the expressions that may hold one."""
         if isinstance(expr, ast.Name):
             if expr.id in m.kernels:
                 return True
@@ -82,11 +119,139 @@ class Project:
         # A kernel from outside the linted files: trust the naming convention in Triton code.
         return m.imports_triton and name.lower().endswith("kernel")
 
-    def kernel_name(self, m: Module, call: ast.Call) -> str | None:
-        """The launched kernel's name when ``call`` is ``kernel[grid](...)``."""
-        if isinstance(call.func, ast.Subscript) and self.is_kernel_ref(m, call.func.value):
-            return dotted(call.func.value) or src(call.func.value)
+    def kernels_of(self, m: Module, expr: ast.expr, depth: int = 0) -> tuple[str, ...]:
+        """The kernels ``expr`` may hold, as named in the source; () when it holds none. Beyond a
+        kernel's own name: ``a if c else b`` (and ``a or b``), a local or module name bound to
+        one of several kernels (a conditional expression, an if/else of assignments),
+        ``self.attr`` assigned a kernel in the file, an item of a container of kernels
+        (``KERNELS[name]``, ``KERNELS.get(name)``) and ``getattr(module, name)``."""
+        if depth > _MAX_BINDING_HOPS:
+            return ()
+        if isinstance(expr, (ast.Name, ast.Attribute)):
+            bound = self._bound_kernels(m, expr, depth)
+            if bound:
+                return bound
+            if self.is_kernel_ref(m, expr):
+                return (dotted(expr) or src(expr),)
+            return ()
+        if isinstance(expr, ast.IfExp):
+            return _union(self.kernels_of(m, e, depth + 1) for e in (expr.body, expr.orelse))
+        if isinstance(expr, ast.BoolOp):
+            return _union(self.kernels_of(m, e, depth + 1) for e in expr.values)
+        if isinstance(expr, ast.NamedExpr):
+            return self.kernels_of(m, expr.value, depth + 1)
+        if isinstance(expr, ast.Subscript):  # KERNELS[name], globals()[name]
+            return _union(self.kernels_of(m, e, depth + 1) for e in self._items(m, expr.value, depth + 1))
+        if isinstance(expr, ast.Call):
+            if isinstance(expr.func, ast.Attribute) and expr.func.attr == "get" and expr.args:
+                items = self._items(m, expr.func.value, depth + 1)  # KERNELS.get(name)
+                return _union(self.kernels_of(m, e, depth + 1) for e in items)
+            if isinstance(expr.func, ast.Name) and expr.func.id == "getattr" and len(expr.args) >= 2:
+                return self._getattr_kernels(m, expr, depth)
+        return ()
+
+    def _bound_kernels(self, m: Module, expr: ast.Name | ast.Attribute, depth: int) -> tuple[str, ...]:
+        """The kernels a name (or ``self.attr``) is bound to where it is not a kernel's own name."""
+        if isinstance(expr, ast.Name):
+            if expr.id in m.kernels or expr.id in m.aliases:
+                return ()
+            values = m.bindings(expr)
+        elif isinstance(expr.value, ast.Name) and expr.value.id in ("self", "cls"):
+            values = m.attribute_bindings(expr.attr)
+        else:
+            return ()
+        return _union(self.kernels_of(m, v, depth + 1) for v in values)
+
+    def _items(self, m: Module, container: ast.expr, depth: int) -> list[ast.expr]:
+        """The values a container expression holds: a dict, list, tuple or set display, a
+        ``dict(...)`` call or a comprehension, directly or through the names bound to them;
+        ``globals()`` holds the file's kernels."""
+        if depth > _MAX_BINDING_HOPS:
+            return []
+        if isinstance(container, ast.Dict):
+            return [v for v in container.values if v is not None]
+        if isinstance(container, (ast.List, ast.Tuple, ast.Set)):
+            return [e.value if isinstance(e, ast.Starred) else e for e in container.elts]
+        if isinstance(container, (ast.DictComp,)):
+            return [container.value]
+        if isinstance(container, (ast.ListComp, ast.SetComp, ast.GeneratorExp)):
+            return [container.elt]
+        if isinstance(container, ast.Call):
+            name = m.canon(container.func) or ""
+            if name == "globals":
+                return [ast.Name(id=k, ctx=ast.Load()) for k in sorted(m.kernels)]
+            if name == "dict":
+                return [kw.value for kw in container.keywords] + [
+                    v for a in container.args for v in self._items(m, a, depth + 1)
+                ]
+            return []
+        if isinstance(container, ast.Name):
+            return [v for b in m.bindings(container) for v in self._items(m, b, depth + 1)]
+        if isinstance(container, ast.Attribute):
+            if isinstance(container.value, ast.Name) and container.value.id in ("self", "cls"):
+                return [v for b in m.attribute_bindings(container.attr) for v in self._items(m, b, depth + 1)]
+            base = m.canon(container.value) or ""
+            for other in self._modules_named(base):  # module.KERNELS
+                value = other.consts.get(container.attr)
+                if value is not None:
+                    return self._items(other, value, depth + 1)
+        return []
+
+    def _getattr_kernels(self, m: Module, call: ast.Call, depth: int) -> tuple[str, ...]:
+        """``getattr(obj, name)``: the kernel of that name when it is a constant; every kernel of
+        the module ``obj`` names when it is not; ``getattr(...)`` itself when the module is not
+        in the project, in Triton code (subscripting and calling the result is a launch)."""
+        obj, name = call.args[0], call.args[1]
+        const = name.value if isinstance(name, ast.Constant) and isinstance(name.value, str) else None
+        modules = self._modules_named(m.canon(obj) or "") if isinstance(obj, (ast.Name, ast.Attribute)) else []
+        if isinstance(obj, ast.Name) and obj.id in ("self", "cls"):
+            modules = []
+        kernels = sorted(set().union(*(o.kernels for o in modules))) if modules else []
+        if const is not None and (const in kernels or (not modules and const in m.kernels)):
+            return (const,)
+        if const is None and kernels:
+            return tuple(kernels)
+        return (src(call),) if m.imports_triton and not kernels else ()
+
+    def _modules_named(self, dotted_name: str) -> list[Module]:
+        """Modules of the project a dotted module name (as an import resolved it) may be."""
+        if not dotted_name or dotted_name in ("self", "cls"):
+            return []
+        stem = dotted_name.rsplit(".", 1)[-1]
+        return [o for o in self.modules if o.stem == stem]
+
+    def _launch_site(self, m: Module, call: ast.Call) -> LaunchSite | None:
+        """The launch ``call`` makes, in any of its forms: ``kernel[grid](...)``,
+        ``kernel.run(..., grid=...)``, and ``launch(...)`` where ``launch = kernel[grid]``."""
+        func = call.func
+        if isinstance(func, ast.Subscript):
+            kernels = self.kernels_of(m, func.value)
+            if kernels:
+                return LaunchSite(call=call, kernels=kernels, shown=_shown(func.value), grid=func.slice)
+            return None
+        if isinstance(func, ast.Attribute) and func.attr == "run":
+            grid = next((kw.value for kw in call.keywords if kw.arg == "grid"), None)
+            kernels = self.kernels_of(m, func.value) if grid is not None else ()
+            if kernels:
+                return LaunchSite(call=call, kernels=kernels, shown=_shown(func.value), grid=grid)
+            return None
+        if isinstance(func, ast.Name) and func.id not in m.aliases and func.id not in m.defined:
+            for value in m.bindings(func):  # launch = kernel[grid]; launch(...)
+                if isinstance(value, ast.Subscript):
+                    kernels = self.kernels_of(m, value.value)
+                    if kernels:
+                        return LaunchSite(
+                            call=call, kernels=kernels, shown=_shown(value.value), grid=value.slice
+                        )
         return None
+
+    def kernel_name(self, m: Module, call: ast.Call) -> str | None:
+        """How the launched kernel reads in a message when ``call`` is a launch (any form)."""
+        site = self.launch_sites.get(call)
+        return site.shown if site is not None else None
+
+    def launch_site(self, call: ast.Call) -> LaunchSite | None:
+        return self.launch_sites.get(call)
 
     def function_launches(self, name: str) -> bool:
         """A function of this name launches a kernel somewhere in the project."""
@@ -225,4 +390,4 @@ class Project:
         return tuple(sorted(unique.values(), key=lambda f: (f.path, f.line, f.col, f.rule.value)))
 
 
-__all__ = ["Project", "Site"]
+__all__ = ["LaunchSite", "Project", "Site"]

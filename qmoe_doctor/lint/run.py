@@ -5,6 +5,9 @@
           --Module, Project--> the project model --rules.run_rules--> [LintFinding]
           --> LintReport(files, findings, errors, skipped)
 
+    (file, function) --reach.reach--> the files the function reaches --> the same project
+          --> the findings in the code it reaches --> LintReport(files, findings, notes)
+
 Nothing here raises for a bad input: every file that cannot be linted becomes a one-line
 ``LintError`` or ``LintSkip`` in the report (an unknown rule id is the one ``ValueError``).
 """
@@ -17,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from qmoe_doctor.lint.findings import LintError, LintFinding, LintReport, Rule, active_rules
 from qmoe_doctor.lint.module import MAX_KERNEL_NESTING, Module
 from qmoe_doctor.lint.project import Project
+from qmoe_doctor.lint.reach import MAX_REACH_DEPTH, MAX_REACH_FILES, reach
 from qmoe_doctor.lint.rules import run_rules
 from qmoe_doctor.lint.source import Source, context_sources, find_sources, parse_source, read_source
 
@@ -58,6 +62,62 @@ def lint_paths(
         findings=findings,
         errors=(*errors, *too_deep),
         skipped=tuple(skipped),
+    )
+
+
+def lint_reached(
+    entry: str | os.PathLike[str],
+    function: str,
+    *,
+    search: Sequence[str] | None = None,
+    select: Iterable[str | Rule] | None = None,
+    ignore: Iterable[str | Rule] | None = None,
+    max_depth: int = MAX_REACH_DEPTH,
+    max_files: int = MAX_REACH_FILES,
+) -> LintReport:
+    """Lint what ``function`` of the file ``entry`` reaches (:mod:`qmoe_doctor.lint.reach`):
+    the files of the functions, classes and constants it names, followed through the imports,
+    linted as one project. A finding counts when it is in a reached function or class, or in
+    code that runs at import; the others are counted in ``notes`` (``qmoe-doctor lint FILE``
+    shows them). ``files`` lists every file linted, the entry first. The entry file unreadable
+    is an ``error`` (as a named path); a reached file that cannot be linted is a note."""
+    rules = active_rules(select, ignore)
+    got = reach(entry, function, search=search, max_depth=max_depth, max_files=max_files)
+    shown = f"{os.fspath(entry)}:{function}"
+    if got.error is not None or not got.files:
+        unread = (got.error,) if got.error is not None else ()
+        return LintReport(paths=(os.fspath(entry),), files=(), rules=rules, errors=unread, reached_from=shown)
+    modules = [r.module for r in got.files]
+    context = [Module(s) for s in context_sources(((m.path, m.nodes) for m in modules), {m.path for m in modules})]
+    findings, too_deep = _analyse(modules, context, rules)
+    notes = list(got.notes)
+    entry_path = modules[0].path
+    errors = [e for e in too_deep if e.path == entry_path]
+    notes += [f"not linted: {e.as_line()}" for e in too_deep if e.path != entry_path]
+    failed = {e.path for e in too_deep}
+    kept: list[LintFinding] = []
+    left: dict[str, list[str]] = {}
+    for f in findings:
+        spans = next(r.left_out() for r in got.files if r.module.path == f.path)
+        outside = next((name for first, end, name in spans if first <= f.line <= end), None)
+        if outside is None:
+            kept.append(f)
+        else:
+            left.setdefault(f.path, []).append(outside)
+    for path, names in left.items():
+        funcs = ", ".join(f"`{n}`" for n in dict.fromkeys(names))
+        notes.append(
+            f"{len(names)} finding(s) of {path} left out: in {funcs}, which {function} does not reach "
+            f"(`qmoe-doctor lint {path}` shows them)"
+        )
+    return LintReport(
+        paths=(os.fspath(entry),),
+        files=tuple(m.path for m in modules if m.path not in failed),
+        rules=rules,
+        findings=tuple(kept),
+        errors=tuple(errors),
+        reached_from=shown,
+        notes=tuple(notes),
     )
 
 
@@ -133,4 +193,4 @@ def _kernel_too_deep(m: Module) -> LintError | None:
     )
 
 
-__all__ = ["lint_paths", "lint_source"]
+__all__ = ["lint_paths", "lint_reached", "lint_source"]

@@ -4,7 +4,7 @@
 
     testsuites[name,tests,failures,errors,skipped,time]
       testsuite[name,tests,failures,errors,skipped,time,timestamp]   one per kernel (+ "lint")
-        properties > property[name,value]                            exit code, problem
+        properties > property[name,value]                            exit code, problem, lint reach
         testcase[classname,name,time]                                one per probe, per lint finding
           failure[message,type] | error[message,type] | skipped[message]
           system-out
@@ -13,8 +13,10 @@ A probe's test case has ``classname`` = kernel reference + "." + group ("builtin
 "builtin.GPU 0 -> GPU 1": CI servers split the package off at the last dot) and ``name`` = its
 condition. A failing cell carries a ``failure`` whose ``type`` is the cause that explains it
 ("unexplained" when no rule does), a skipped one a ``skipped`` with the reason. Each lint finding is
-a failing test case of class "<kernel>.lint"; a clean linted file is a passing one. A kernel whose
-check could not run gets an ``error`` test case named "check".
+a failing test case of class "<kernel>.lint"; a clean linted file is a passing one (every file the
+kernel reaches is linted: the suite's ``lint_reached_from`` property names where the reach
+started, each ``lint_note`` what it did not follow). A kernel whose check could not run gets an
+``error`` test case named "check".
 """
 
 from __future__ import annotations
@@ -171,6 +173,10 @@ def junit_element(report: CheckReport) -> ET.Element:
         ]
         if kernel.problem:
             props.append(("problem", kernel.problem))
+        if kernel.lint is not None and kernel.lint.reached_from:
+            props.append(("lint_reached_from", kernel.lint.reached_from))
+        if kernel.lint is not None:
+            props += [("lint_note", note) for note in kernel.lint.notes]
         _properties(suite, props)
         counts = _Counts()
         if kernel.problem and kernel.exit_code in (ExitCode.USAGE, ExitCode.CHECK_BROKEN):

@@ -9,13 +9,15 @@ scanning, GitLab, Azure DevOps, IDE viewers).
         invocations[0][executionSuccessful, exitCode, toolExecutionNotifications[]]
         originalUriBaseIds[%SRCROOT%]                           the working folder; relative paths hang off it
         results[]                                               one per lint finding, diagnosis, unexplained cell
+        artifacts[]                                             every file linted (a kernel's: every file it reaches)
 
 A lint finding's ``ruleId`` is its lint rule (``unguarded-launch``); a diagnosis's is its cause id
 (``missing-device-guard``), placed on the ``def`` line of the kernel it was proven on. Every result
 carries the cause id (``properties.cause``) and the fix as text (``properties.fix``); every rule its
 docs page as ``helpUri``, its mechanism and fix as ``help``. Hardening findings are ``note``s.
 Paths the user could not lint, and kernels the check could not run, are tool execution
-notifications, and make ``executionSuccessful`` false, as they make the exit status 2 or 4.
+notifications, and make ``executionSuccessful`` false, as they make the exit status 2 or 4; what
+the lint of a kernel did not follow is a notification of level ``note``.
 tests/unit/test_sarif.py validates the output against the published SARIF 2.1.0 schema.
 """
 
@@ -85,14 +87,19 @@ class _Run:
         self.rules: dict[str, dict[str, Any]] = {}
         self.results: list[dict[str, Any]] = []
         self.notifications: list[dict[str, Any]] = []
+        self.linted: dict[str, None] = {}  # every file linted, in order (run.artifacts)
 
     # -- results -------------------------------------------------------------------------------
 
     def add_lint(self, result: LintResult) -> None:
+        self.linted.update(dict.fromkeys(result.files))
         for finding in result.findings:
             self._lint_finding(finding)
         for error in result.errors:
             self._notify(f"{error.as_line()} (not linted: {error.kind})", path=error.path, line=error.line)
+        where = f"lint of {result.reached_from}: " if result.reached_from else "lint: "
+        for note in result.notes:  # what the reach did not follow: said, not an error
+            self._notify(where + note, level="note")
 
     def _lint_finding(self, f: LintFinding) -> None:
         index = self._lint_rule(f.rule)
@@ -172,8 +179,10 @@ class _Run:
             }
         )
 
-    def _notify(self, text: str, *, path: str | None = None, line: int | None = None) -> None:
-        note: dict[str, Any] = {"level": "error", "message": {"text": text}}
+    def _notify(
+        self, text: str, *, path: str | None = None, line: int | None = None, level: str = "error"
+    ) -> None:
+        note: dict[str, Any] = {"level": level, "message": {"text": text}}
         if path is not None:
             note["locations"] = [self._location(path, line, None)]
         self.notifications.append(note)
@@ -277,6 +286,10 @@ class _Run:
             "columnKind": "unicodeCodePoints",  # ast's col_offset + 1, counted in characters
             "results": self.results,
         }
+        if self.linted:
+            run["artifacts"] = [
+                {"location": self._artifact(path), "roles": ["analysisTarget"]} for path in self.linted
+            ]
         return {"$schema": SARIF_SCHEMA, "version": SARIF_VERSION, "runs": [run]}
 
 

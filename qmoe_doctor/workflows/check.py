@@ -8,9 +8,10 @@
 
 What each tier can see:
 
-* **lint** (``qmoe_doctor.lint.rules``, source only): launches outside a device guard, int32 offsets,
-  per-device state cached from one GPU, streams and buffers of the current device, autotuned
-  in-place kernels. Runs anywhere; proves nothing about behaviour.
+* **lint** (``qmoe_doctor.lint.rules``, source only, over every file the kernel's function reaches:
+  ``kernel_lint``): launches outside a device guard, int32 offsets, per-device state cached from
+  one GPU or read from the current device for a launch, streams and buffers of the current
+  device, autotuned in-place kernels. Runs anywhere; proves nothing about behaviour.
 * **CPU tier** (no GPU, Triton interpreter, float32): invalid routing (``m_sizes`` past M, -1
   sentinels), first-call-only faults (autotuned in-place kernels), offset / stride edges, and
   plain wrong numbers. It cannot see placement, peer access, streams or int32 overflow (the
@@ -53,8 +54,8 @@ from qmoe_doctor.core.reports import (
 )
 from qmoe_doctor.diagnose.check_verdicts import cell_results, count_verdicts, judge_kernel, worst
 from qmoe_doctor.isolate.logs import LogDir
-from qmoe_doctor.lint import LintReport, lint_paths
-from qmoe_doctor.plan.check import default_lint_paths, no_lint_note, plan_check
+from qmoe_doctor.lint import LintReport, lint_paths, lint_reached
+from qmoe_doctor.plan.check import lint_entry, no_lint_note, plan_check
 from qmoe_doctor.plan.scan import PlannedGpu, ScanPlan
 from qmoe_doctor.reports.json import json_document
 from qmoe_doctor.workflows.scan import KernelUnusable, all_spawn_failures, coverage, run_scan
@@ -67,6 +68,7 @@ __all__ = [
     "OnTier",
     "check_json",
     "check_kernel",
+    "kernel_lint",
     "run_check",
     "run_lint",
 ]
@@ -81,11 +83,28 @@ def _slug(text: str) -> str:
 
 def lint_result(report: LintReport) -> LintResult:
     """The lint section of a check report: what was linted, the findings, the paths it could not."""
-    return LintResult(paths=report.paths, files=report.files, findings=report.findings, errors=report.errors)
+    return LintResult(
+        paths=report.paths,
+        files=report.files,
+        findings=report.findings,
+        errors=report.errors,
+        reached_from=report.reached_from,
+        notes=report.notes,
+    )
 
 
 def run_lint(paths: Sequence[str]) -> LintResult:
     return lint_result(lint_paths(paths))
+
+
+def kernel_lint(kernel: str) -> tuple[LintResult | None, tuple[str, ...]]:
+    """The lint of what ``kernel`` reaches (``check`` and ``scan``), from its function through
+    the calls and imports to the modules whose kernels it launches, never importing it; and the
+    notes: why there is no lint (its source cannot be found without importing it)."""
+    entry = lint_entry(kernel)
+    if entry is None:
+        return None, (no_lint_note(kernel),)
+    return lint_result(lint_reached(entry.source, entry.function, search=entry.search)), ()
 
 
 def check_kernel(
@@ -100,13 +119,15 @@ def check_kernel(
     on_partial: Callable[[KernelCheck], None] | None = None,
     inventory: dict[str, Any] | None = None,
 ) -> KernelCheck:
-    """Lint ``lint`` paths (None: the kernel's own source; (): none), then run each tier;
-    ``on_partial`` gets the kernel's check so far after each tier but the last."""
+    """Lint ``lint`` paths (None: what the kernel reaches, ``kernel_lint``; (): none), then run
+    each tier; ``on_partial`` gets the kernel's check so far after each tier but the last."""
     opts = opts or CheckOptions()
     t0 = time.perf_counter()
-    paths = default_lint_paths(kernel) if lint is None else tuple(lint)
-    lint_res = run_lint(paths) if paths else None
-    notes = (no_lint_note(kernel),) if lint is None and not paths else ()
+    notes: tuple[str, ...] = ()
+    if lint is None:
+        lint_res, notes = kernel_lint(kernel)
+    else:
+        lint_res = run_lint(tuple(lint)) if lint else None
     tiers: list[TierResult] = []
     cells: list[CellResult] = []
     diagnoses: list[Diagnosis] = []

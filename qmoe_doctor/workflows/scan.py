@@ -45,7 +45,7 @@ from qmoe_doctor.core.records import (
     Status,
     to_jsonable,
 )
-from qmoe_doctor.core.reports import ScanReport, SessionInfo
+from qmoe_doctor.core.reports import LintResult, ScanReport, SessionInfo
 from qmoe_doctor.core.shapes import get_preset
 from qmoe_doctor.diagnose.matrix import Cell as Cell  # re-exported: the CLI draws the matrix
 from qmoe_doctor.diagnose.matrix import build_matrix as build_matrix
@@ -79,8 +79,12 @@ def run_scan(
     inventory: dict[str, Any] | None = None,
     audit_presets: Sequence[str] = (),
     on_progress: Callable[[ScanReport], None] | None = None,
+    lint: LintResult | None = None,
+    lint_notes: Sequence[str] = (),
 ) -> ScanReport:
     """Run every session of the plan, each followed by the follow-ups its results call for.
+    ``lint`` (the lint of what the kernel reaches, made by the caller) and ``lint_notes`` (why
+    there is none) go into the report as they are: notes, never part of the verdict.
 
     The sessions of one round of the plan run at once, each in a thread of its own; ``on_event``
     is called from those threads, one call at a time. ``on_progress`` gets a report of everything
@@ -99,6 +103,8 @@ def run_scan(
             inventory=inventory,
             audit_presets=audit_presets,
             on_progress=on_progress,
+            lint=lint,
+            lint_notes=tuple(lint_notes),
         )
         if not report.healthy or checked_nothing(report):
             logs.keep()
@@ -118,6 +124,8 @@ def _scan(
     inventory: dict[str, Any] | None,
     audit_presets: Sequence[str],
     on_progress: Callable[[ScanReport], None] | None,
+    lint: LintResult | None = None,
+    lint_notes: tuple[str, ...] = (),
 ) -> ScanReport:
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
@@ -163,7 +171,7 @@ def _scan(
             explanations=result.explanations,
             unexplained=result.unexplained,
             coverage=coverage(outcomes),
-            skipped=plan.skipped,
+            skipped=plan.skipped + lint_notes,
             log_dir=str(log_dir),
             inventory=inventory or {},
             audit=tuple(
@@ -171,6 +179,7 @@ def _scan(
             ),
             complete=complete,
             not_run=not_run,
+            lint=lint,
         )
 
     # the memcheck follow-up of blind cells (workflows.blind_cells) needs the sanitizer: looked

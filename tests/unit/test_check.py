@@ -88,15 +88,19 @@ def test_builtin_is_healthy_on_the_cpu_tier(tmp_path: Path) -> None:
     assert kernel["kernel"] == "builtin" and kernel["exit_code"] == 0
     assert kernel["summary"] == {"pass": 3, "fail": 0, "skip": 0, "error": 0}  # + the interpreter check
     assert kernel["diagnoses"] == []
-    # our kernel's own source is found without importing it, and linted: clean
-    (source,) = kernel["lint"]["files"]
-    assert source.endswith("grouped_gemm.py") and kernel["lint"]["findings"] == []
+    # our kernel's own source is found without importing it, and what its function reaches is
+    # linted (its @triton.jit kernels are in another file): clean
+    files = kernel["lint"]["files"]
+    assert files[0].endswith("kernels/grouped_gemm.py") and kernel["lint"]["findings"] == []
+    assert any(f.endswith("kernels/_details/grouped_gemm_kernels.py") for f in files)
+    assert kernel["lint"]["reached_from"].endswith("grouped_gemm.py:moe_grouped_gemm")
     assert [t["tier"] for t in kernel["tiers"]] == ["cpu"]
     root = assert_junit_shape(junit.read_text())
     (suite,) = list(root)
-    assert suite.get("name") == "builtin" and suite.get("tests") == "4" and suite.get("failures") == "0"
+    assert suite.get("name") == "builtin" and suite.get("tests") == str(3 + len(files))
+    assert suite.get("failures") == "0"
     assert {c.get("classname") for c in suite.iter("testcase")} == {"builtin.CPU", "builtin.lint"}
-    assert {c.get("name") for c in suite.iter("testcase")} == {"interpreter-check", "single", "negative-sizes", source}
+    assert {c.get("name") for c in suite.iter("testcase")} == {"interpreter-check", "single", "negative-sizes", *files}
 
 
 def test_specimen_fails_the_check_with_its_cause(tmp_path: Path) -> None:

@@ -54,7 +54,8 @@ def check_command(
         list[Path] | None,
         typer.Option(
             "--lint",
-            help="Python file or folder to lint (repeatable). Default: each kernel's own source file, "
+            help="Python file or folder to lint (repeatable). Default: every file each kernel's "
+            "function reaches through its calls and imports (a wrapper's third-party module too), "
             "found without importing it.",
         ),
     ] = None,
@@ -80,7 +81,7 @@ def check_command(
     log_dir: opt.LogDirOpt = None,
     autotune: opt.AutotuneOpt = opt.DEFAULT_AUTOTUNE,
 ) -> None:
-    """CI health check: lint the kernel source, run the CPU tier, and on a GPU machine a fast
+    """CI health check: lint what the kernel reaches, run the CPU tier, and on a GPU machine a fast
     subset of the scan (the first GPU pair; under a minute on two GPUs). Without --only: every
     condition the CPU tier can run, and the fast GPU subset.
 

@@ -50,7 +50,8 @@ def lint_command(
     ] = False,
 ) -> None:
     """Lint kernel sources for launches without a device guard, int32 offsets, per-device state
-    cached from one GPU, streams and buffers of the current device, and autotuned in-place kernels.
+    cached from one GPU or read from the current device for a launch, streams and buffers of the
+    current device, and autotuned in-place kernels.
 
     Exit status: 0 clean, 1 findings, 2 a path that does not exist, a file that does not parse,
     or nothing to lint (a folder with no Python source: what was skipped is said). `-` reads one

@@ -26,6 +26,7 @@ from qmoe_doctor.core.options import DEFAULT_RUN_TIMEOUT_S, ParallelOptions, Sca
 from qmoe_doctor.core.records import to_jsonable
 from qmoe_doctor.core.reports import ScanReport
 from qmoe_doctor.reports.json import json_document
+from qmoe_doctor.workflows.check import kernel_lint
 from qmoe_doctor.workflows.scan import plan_scan, report_json, run_scan
 
 #: What ``--parallel`` cannot honour: the scan's own cells (``qmoe-doctor parallel`` has the knobs).
@@ -125,6 +126,7 @@ def scan_command(
         pairs_at_once=pairs_at_once,
     )
     plan = plan_scan(str(ref), devices.gpus, scan_opts)
+    lint, lint_notes = kernel_lint(str(ref))  # notes only: the scan's verdict is its cells'
     so_far: list[ScanReport] = []
 
     def on_progress(report: ScanReport) -> None:  # --save holds every finished session
@@ -146,6 +148,8 @@ def scan_command(
                 on_progress=on_progress,
                 inventory=to_jsonable(devices.inventory) if devices.inventory else None,
                 audit_presets=(preset, scan_opts.boundary_preset),
+                lint=lint,
+                lint_notes=lint_notes,
             )
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM from a job's time limit (core.events.Interrupted)
         if save is not None and so_far:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from rich.console import Console
 from rich.text import Text
 
+from qmoe_doctor.cli.render.lint import lint_lines
 from qmoe_doctor.core.causes import CAUSES
 from qmoe_doctor.core.exitcodes import ExitCode
-from qmoe_doctor.core.reports import CheckReport, KernelCheck, LintResult
+from qmoe_doctor.core.reports import CheckReport, KernelCheck
 
 _STATUS = {
     ExitCode.HEALTHY: ("healthy", "bold green"),
@@ -15,15 +16,6 @@ _STATUS = {
     ExitCode.USAGE: ("USAGE ERROR", "bold red"),
     ExitCode.CHECK_BROKEN: ("COULD NOT CHECK", "bold yellow"),
 }
-
-
-def _render_lint(lint: LintResult, indent: str) -> list[Text]:
-    lines = [Text(f"{indent}lint: {len(lint.files)} file(s), {len(lint.findings)} finding(s)", style="dim")]
-    for f in lint.findings:
-        lines.append(Text.assemble(indent, "  ", (f.as_line(), "red")))
-    for e in lint.errors:
-        lines.append(Text.assemble(indent, "  ", (f"error: {e.as_line()}", "red")))
-    return lines
 
 
 def _render_kernel(k: KernelCheck) -> list[Text]:
@@ -80,7 +72,7 @@ def _render_kernel(k: KernelCheck) -> list[Text]:
             what = ("lint and " if k.lint is not None else "") + "the CPU tier only"
         lines.append(Text(f"  covers: {what}; {cov.sentence()}", style="yellow"))
     if k.lint is not None:
-        lines += _render_lint(k.lint, "  ")
+        lines += lint_lines(k.lint, "  ")
     reasons = sorted({c.detail for c in k.cells if c.verdict == "skip" and c.label != "unchecked"})
     for r in reasons:
         lines.append(Text(f"  skipped: {r}", style="dim"))
@@ -95,7 +87,7 @@ def render_check(out: Console, report: CheckReport) -> None:
         for line in _render_kernel(k):
             out.print(line, soft_wrap=True)
     if report.lint is not None:
-        for line in _render_lint(report.lint, ""):
+        for line in lint_lines(report.lint, ""):
             out.print(line, soft_wrap=True)
     for note in report.notes:
         out.print(Text(f"note: {note}", style="yellow"), soft_wrap=True)

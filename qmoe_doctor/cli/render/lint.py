@@ -1,4 +1,5 @@
-"""Rendering of lint reports: a table per file, or one line per finding (``--plain``)."""
+"""Rendering of lint reports: a table per file, or one line per finding (``--plain``); and the
+lint section of ``check`` and ``scan`` reports (``lint_lines``)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,29 @@ from rich.table import Table
 from rich.text import Text
 
 from qmoe_doctor.cli.output import print_table
+from qmoe_doctor.core.reports import LintResult
 from qmoe_doctor.workflows.lint import LintReport
 
 #: Widest a finding's table is printed to a pipe: its message wraps, its fix's code lines (folded
 #: past the column, never cut) fit whole at this width.
 PROSE_WIDTH = 140
+
+
+def lint_lines(lint: LintResult, indent: str, *, head: str = "lint") -> list[Text]:
+    """The lint section: counts, the files a kernel reached (each named), the findings, the
+    paths that could not be linted and what the reach did not follow."""
+    where = f" reached from {lint.reached_from}" if lint.reached_from else ""
+    lines = [
+        Text(f"{indent}{head}: {len(lint.files)} file(s){where}, {len(lint.findings)} finding(s)", style="dim")
+    ]
+    if lint.reached_from:
+        lines += [Text(f"{indent}  linted: {path}", style="dim") for path in lint.files]
+    for f in lint.findings:
+        lines.append(Text.assemble(indent, "  ", (f.as_line(), "red")))
+    for e in lint.errors:
+        lines.append(Text.assemble(indent, "  ", (f"error: {e.as_line()}", "red")))
+    lines += [Text(f"{indent}  note: {n}", style="dim") for n in lint.notes]
+    return lines
 
 
 def _summary(report: LintReport) -> str:

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from qmoe_doctor.cli.output import print_table
+from qmoe_doctor.cli.render.lint import lint_lines
 from qmoe_doctor.core.causes import get_cause
 from qmoe_doctor.core.conditions import PAIR_ORDER, SINGLE_ORDER, SWEEP_CONDITIONS
 from qmoe_doctor.core.records import Condition, Diagnosis, Phase, Status
@@ -207,6 +208,9 @@ def render_report(console: Console, report: ScanReport) -> None:
             console.print(Text.assemble("  ", (e.probe_id, "cyan"), " ", (e.label, "red"), ": ", e.detail))
     for note in report.skipped:
         console.print(Text.assemble(("skipped: ", "dim"), note))
+    if report.lint is not None:  # notes: the verdict below is the cells' (check fails on findings)
+        for line in lint_lines(report.lint, "", head="lint (notes, not part of the scan's verdict)"):
+            console.print(line, soft_wrap=True)
     console.print(verdict_line(report))
     if report.log_dir:  # "" when a healthy run's logs were removed
         console.print(Text(f"logs: {report.log_dir}", style="dim"))

@@ -10,6 +10,8 @@ cause of :mod:`qmoe_doctor.core.causes` (``findings.RULES``).
 * ``stream-without-device``: a stream of the current device (or the null stream) for a launch.
 * ``default-device-alloc``: ``device="cuda"`` outside a guard in a kernel wrapper.
 * ``autotune-inplace``: an autotuned in-place or accumulating kernel with nothing restored.
+* ``current-device-property``: the current device's properties, read outside a guard, size a
+  launch (its persistent grid, a constexpr).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from qmoe_doctor.lint.project import Project
 from qmoe_doctor.lint.rules import (
     autotune_inplace,
     cached_device_property,
+    current_device_property,
     default_device_alloc,
     int32_offset,
     stream_without_device,
@@ -37,6 +40,7 @@ CHECKS: dict[Rule, Check] = {
     Rule.STREAM_WITHOUT_DEVICE: stream_without_device.check,
     Rule.DEFAULT_DEVICE_ALLOC: default_device_alloc.check,
     Rule.AUTOTUNE_INPLACE: autotune_inplace.check,
+    Rule.CURRENT_DEVICE_PROPERTY: current_device_property.check,
 }
 
 

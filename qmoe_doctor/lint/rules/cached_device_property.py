@@ -33,19 +33,9 @@ def check(project: Project, m: Module) -> None:
         prop = parent.attr if isinstance(parent, ast.Attribute) and parent.value is node else None
         shown = src(parent) if prop and isinstance(parent, ast.expr) else src(node)
         what = f"`{shown}` reads {which}; the value"
-        func = m.func_of(node)
-        how: str | None = None
-        if m.at_module_level(node):
-            how = "is computed once at import and reused for every device"
-        elif func is not None and lexical_guard(m, node):
+        if not m.at_module_level(node) and lexical_guard(m, node):
             continue  # read under a guard: the function picks its device itself
-        elif func is not None and any(
-            (m.canon(d.func if isinstance(d, ast.Call) else d) or "") in _CACHE_DECORATORS
-            for d in func.decorator_list
-        ):
-            how = f"is cached by `{func.name}`, which is not keyed by device"
-        elif func is not None and _stored_in_global(m, node, func):
-            how = f"is stored in a module global by `{func.name}`"
+        how = cached_how(m, node)
         if how is None:
             continue
         project.add(
@@ -57,6 +47,21 @@ def check(project: Project, m: Module) -> None:
             "    return torch.cuda.get_device_properties(device_index).multi_processor_count\n"
             "# at the call: num_sms(x.device.index)",
         )
+
+
+def cached_how(m: Module, node: ast.AST) -> str | None:
+    """How the value read at ``node`` is kept for later calls: computed at import, cached by a
+    ``functools.cache`` function, or stored in a global; None when it is read afresh."""
+    func = m.func_of(node)
+    if func is None:
+        return "is computed once at import and reused for every device"
+    if any(
+        (m.canon(d.func if isinstance(d, ast.Call) else d) or "") in _CACHE_DECORATORS for d in func.decorator_list
+    ):
+        return f"is cached by `{func.name}`, which is not keyed by device"
+    if _stored_in_global(m, node, func):
+        return f"is stored in a module global by `{func.name}`"
+    return None
 
 
 def _stored_in_global(m: Module, node: ast.AST, func: FuncDef) -> bool:
