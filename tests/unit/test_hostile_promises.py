@@ -390,7 +390,8 @@ def test_lint_says_what_it_skipped(tmp_path: Path) -> None:
     result = runner.invoke(app, ["lint", str(folder), "--plain"])
     assert result.exit_code == 0, result.output
     assert "pipe.py: skipped: a FIFO" in flat(result.stderr)
-    assert "No findings in 1 file (6 rules); 1 entry skipped" in flat(result.stdout)
+    summary = flat(result.stdout)
+    assert "No findings in 1 file (" in summary and "rules); 1 entry skipped" in summary, summary
     os.unlink(folder / "ok.py")
     assert_refused(runner.invoke(app, ["lint", str(folder)]), 2, "nothing was linted", "1 entries skipped")
 
