@@ -47,6 +47,7 @@ from qmoe_doctor.core.records import (
 )
 from qmoe_doctor.core.reports import ScanReport, SessionInfo
 from qmoe_doctor.core.shapes import get_preset
+from qmoe_doctor.diagnose.baseline import cpu_cannot_run, needs_cuda_reason, stop_reason, unusable
 from qmoe_doctor.diagnose.matrix import Cell as Cell  # re-exported: the CLI draws the matrix
 from qmoe_doctor.diagnose.matrix import build_matrix as build_matrix
 from qmoe_doctor.diagnose.scan_rules import classify
@@ -60,9 +61,11 @@ from qmoe_doctor.workflows.blind_cells import settle_blind_cells
 
 
 class KernelUnusable(Exception):
-    """The kernel under test could not be used in the probe child: its import failed, or its
-    reference resolved to something of another signature. (A malformed reference is
-    ``core.kernel_ref.KernelRefError``, refused in the parent before any child starts.)"""
+    """The kernel under test could not be used in the probe child: its import failed, killed or
+    hung the child, its reference resolved to something of another signature, or it raised on
+    the canonical inputs of its baseline cell (``diagnose.baseline.unusable``). (A malformed
+    reference is ``core.kernel_ref.KernelRefError``, refused in the parent before any child
+    starts.)"""
 
 
 def group_names(plan: ScanPlan) -> dict[str, str]:
@@ -131,8 +134,13 @@ def _scan(
             with one_at_a_time:
                 on_event(event)
         out = event.outcome
-        if event.kind is EventKind.OUTCOME and out is not None and out.error_kind is ErrorKind.KERNEL_IMPORT:
+        if event.kind is not EventKind.OUTCOME or out is None:
+            return
+        if out.error_kind is ErrorKind.KERNEL_IMPORT:
             raise KernelUnusable(out.error_message or "the kernel could not be resolved")
+        why = unusable(out)  # its import killed or hung the child; its baseline raised
+        if why is not None:
+            raise KernelUnusable(why)
 
     outcomes: list[Outcome] = []
     names = group_names(plan)
@@ -208,7 +216,9 @@ def _run_one(
         if env_check.status is not Status.PASS:
             reason = _first_line_of(env_check.error_message) or str(env_check.status)
             return got + [_skipped(s, f"{_why_tier_skipped(env_check)}: {reason}") for s in specs]
-    ran = run_session(specs, base_env=env, log_dir=log_dir, on_event=watch)
+    # a kernel that hangs on the canonical inputs, or needs CUDA on the CPU tier, ends the
+    # session there: the cells after it come back skipped, with the reason (diagnose.baseline)
+    ran = run_session(specs, base_env=env, log_dir=log_dir, on_event=watch, stop_after=stop_reason)
     if stop.is_set():
         raise _Stopped()
     # follow-up: an invalid-routing cell whose canary could not follow the kernel's own output
@@ -284,10 +294,22 @@ def _skipped(spec: ProbeSpec, reason: str) -> Outcome:
 
 
 def nothing_ran(report: ScanReport) -> bool:
-    """No probe of the kernel under test ran (all skipped, or only the environment check)."""
+    """No cell of the kernel under test was checked: every one skipped (did not apply, was not
+    run, or needs CUDA on the CPU tier), or only the environment check ran."""
+    skipped = {c.outcome.probe_id for c in build_matrix(report.outcomes).cells.values() if c.label == "skipped"}
     return bool(report.outcomes) and all(
-        o.status is Status.SKIPPED or o.spec.condition is Condition.INTERPRETER_CHECK for o in report.outcomes
+        o.probe_id in skipped or o.spec.condition is Condition.INTERPRETER_CHECK or o.spec.placement.rerun
+        for o in report.outcomes
     )
+
+
+def not_checked_reason(report: ScanReport) -> str | None:
+    """Why the cells of the kernel were not checked when the CPU tier cannot run it (it needs
+    CUDA), in one line, or None."""
+    for o in report.outcomes:
+        if cpu_cannot_run(o):
+            return needs_cuda_reason(o)
+    return None
 
 
 def all_spawn_failures(report: ScanReport) -> bool:
@@ -318,6 +340,7 @@ __all__ = [
     "checked_nothing",
     "coverage",
     "group_names",
+    "not_checked_reason",
     "nothing_ran",
     "plan_scan",
     "report_json",
