@@ -17,8 +17,9 @@ it needs CUDA, on the CPU tier             the tier cannot run the kernel: that 
                                            session's others are not checked (skipped, the
                                            reason said once), never a fault (``needs_cuda``);
                                            with nothing else run, exit 4
-it timed out calling the kernel            the session's other cells are not run: each would
-                                           wait out the same timeout (``stop_reason``)
+it timed out calling the kernel            the session's other cells are not run, nor the
+                                           scan's later sessions: each would wait out the same
+                                           timeout (``hang_reason``)
 the child died or hung importing it        the kernel cannot be used (``import_death``): exit
                                            2, how the child ended named
 =========================================  ===================================================
@@ -186,20 +187,30 @@ def unusable(outcome: Outcome) -> str | None:
     )
 
 
-def stop_reason(outcome: Outcome) -> str | None:
-    """Why a session runs none of its cells after ``outcome``, or None: the kernel hung on the
-    canonical inputs (every cell would wait out the same timeout), or, on the CPU tier, its
-    baseline needs CUDA (no cell can run there)."""
+def hang_reason(outcome: Outcome) -> str | None:
+    """Why no other cell of the kernel is run after ``outcome``, when it timed out inside the
+    kernel's call on the canonical inputs (every cell would wait out the same timeout), or None."""
     placement = outcome.spec.placement
     if placement.rerun or outcome.spec.condition not in CANONICAL_CONDITIONS:
         return None
-    if outcome.error_kind is ErrorKind.TIMEOUT and outcome.phase in _CALLING:
-        return (
-            f"not run: the kernel hung on the canonical inputs ({outcome.probe_id} timed out at "
-            f"{outcome.phase.value} after {outcome.spec.timeout_s:g} s); each cell would wait out the same "
-            "timeout (raise --timeout if the kernel only compiles or autotunes slowly)"
-        )
-    if outcome.spec.condition is baseline_condition(placement) and cpu_cannot_run(outcome):
+    if outcome.error_kind is not ErrorKind.TIMEOUT or outcome.phase not in _CALLING:
+        return None
+    return (
+        f"not run: the kernel hung on the canonical inputs ({outcome.probe_id} timed out at "
+        f"{outcome.phase.value} after {outcome.spec.timeout_s:g} s); each cell would wait out the same "
+        "timeout (raise --timeout if the kernel only compiles or autotunes slowly)"
+    )
+
+
+def stop_reason(outcome: Outcome) -> str | None:
+    """Why a session runs none of its cells after ``outcome``, or None: the kernel hung on the
+    canonical inputs (``hang_reason``: the scan runs no later session either), or, on the CPU
+    tier, its baseline needs CUDA (no cell can run there)."""
+    hung = hang_reason(outcome)
+    if hung is not None:
+        return hung
+    placement = outcome.spec.placement
+    if not placement.rerun and outcome.spec.condition is baseline_condition(placement) and cpu_cannot_run(outcome):
         return needs_cuda_reason(outcome)
     return None
 
@@ -217,6 +228,7 @@ __all__ = [
     "baseline_passed",
     "cpu_cannot_run",
     "group_baselines",
+    "hang_reason",
     "import_death",
     "needs_cuda",
     "needs_cuda_reason",

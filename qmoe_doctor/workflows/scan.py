@@ -47,14 +47,20 @@ from qmoe_doctor.core.records import (
 )
 from qmoe_doctor.core.reports import ScanReport, SessionInfo
 from qmoe_doctor.core.shapes import get_preset
-from qmoe_doctor.diagnose.baseline import cpu_cannot_run, needs_cuda_reason, stop_reason, unusable
+from qmoe_doctor.diagnose.baseline import (
+    cpu_cannot_run,
+    hang_reason,
+    needs_cuda_reason,
+    stop_reason,
+    unusable,
+)
 from qmoe_doctor.diagnose.matrix import Cell as Cell  # re-exported: the CLI draws the matrix
 from qmoe_doctor.diagnose.matrix import build_matrix as build_matrix
 from qmoe_doctor.diagnose.scan_rules import classify
 from qmoe_doctor.isolate import process
 from qmoe_doctor.isolate.logs import LogDir
 from qmoe_doctor.isolate.signals import interruptible
-from qmoe_doctor.isolate.worker_pool import run_session
+from qmoe_doctor.isolate.worker_pool import not_run, run_session
 from qmoe_doctor.machine.sanitizer import SanitizerInfo, find_compute_sanitizer
 from qmoe_doctor.plan.scan import ScanPlan, Session, debug_rerun, plan_scan
 from qmoe_doctor.workflows.blind_cells import settle_blind_cells
@@ -187,9 +193,14 @@ def _scan(
         return _run_one(session, env=env, log_dir=log_dir, watch=watch, sanitizer=sanitizer, stop=stop)
 
     rounds = plan.rounds
+    hung: tuple[str, str] | None = None  # (probe id, reason): the kernel hung on the canonical inputs
     for done, sessions in enumerate(rounds, start=1):
+        if hung is not None:  # every later session would wait out the same timeout
+            outcomes.extend(not_run(spec, hung[1], hung[0]) for s in sessions for spec in s.specs)
+            continue
         for got in _at_once(sessions, session_outcomes, stop):
             outcomes.extend(got)  # in plan order, whichever session finished first
+        hung = next(((o.probe_id, why) for o in outcomes if (why := hang_reason(o)) is not None), None)
         if on_progress is not None and done < len(rounds):
             on_progress(report(False, tuple(s.label for later in rounds[done:] for s in later)))
     return report(True)

@@ -525,3 +525,39 @@ def test_a_kernel_that_hangs_on_every_call_costs_one_timeout(tmp_path: Path) -> 
     assert all(o["notes"][0].startswith("not run: the kernel hung on the canonical inputs") for o in rest)
     assert any(f"{len(rest)} cell(s) after CPU/repeat-call" in e for e in report["explanations"])
     assert [e["probe_id"] for e in report["unexplained"]] == ["CPU/repeat-call"]
+
+
+def test_a_hang_on_the_canonical_inputs_runs_no_later_session(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Four GPUs, pair sessions in rounds: the guarded cell of the first round's first pair
+    times out in the kernel's call. The sessions of that round ran beside it (no wall time
+    lost); no session of a later round is started: their cells come back not run, naming it."""
+    from qmoe_doctor.workflows import scan as scan_workflow
+    from qmoe_doctor.workflows.scan import run_scan
+
+    gpus = [type("Gpu", (), {"index": i, "uuid": f"GPU-{i}"})() for i in range(4)]
+    plan = plan_scan("k.py:fn", gpus, ScanOptions(conditions=frozenset({Condition.GUARDED, Condition.PEER})))
+    assert len(plan.rounds) > 1
+    first = plan.rounds[0][0].specs[0]
+    started: list[str] = []
+
+    def run_session(specs: Any, *, base_env: Any, log_dir: Path, on_event: Any = None, stop_after: Any = None) -> list[Outcome]:
+        started.append(specs[0].probe_id)
+        out = []
+        for spec in specs:
+            if spec.probe_id == first.probe_id:
+                out.append(Outcome(probe_id=spec.probe_id, spec=spec, status=Status.ERROR, phase=Phase.SYNC,
+                                   error_kind=ErrorKind.TIMEOUT, error_type="timeout", error_message="timed out"))
+                break  # the real session stops here (stop_after); the fake leaves the rest out
+            out.append(Outcome(probe_id=spec.probe_id, spec=spec, status=Status.PASS, phase=Phase.DONE))
+        return out
+
+    monkeypatch.setattr(scan_workflow, "run_session", run_session)
+    monkeypatch.setattr(scan_workflow, "find_compute_sanitizer", lambda: None)
+    report = run_scan(plan, gpus=(0, 1, 2, 3), log_dir=tmp_path)
+    assert started == [s.specs[0].probe_id for s in plan.rounds[0]]
+    later = [spec.probe_id for r in plan.rounds[1:] for s in r for spec in s.specs]
+    skipped = {o.probe_id: o for o in report.outcomes if o.status is Status.SKIPPED}
+    assert later and set(later) <= set(skipped)
+    assert all(skipped[p].facts["not_run_after"] == first.probe_id for p in later)
+    assert skipped[later[0]].notes[0].startswith(f"not run: the kernel hung on the canonical inputs ({first.probe_id}")
+    assert [e.probe_id for e in report.unexplained] == [first.probe_id]
