@@ -67,6 +67,8 @@ def run_probe(ctx: ProbeContext) -> dict[str, Any]:
     ctx.crumb(Phase.IMPORT)
     if spec.condition is Condition.INTERPRETER_CHECK:
         return _interpreter_check(ctx)
+    # the kernel's own import, after ours: a child that dies or hangs here died of the kernel
+    ctx.crumb(Phase.IMPORT, step="kernel")
     kernel = kernel_loader(spec.kernel)
     reason = not_applicable(kernel, spec)  # an adapter's declared dtypes / layout / CPU support
     if reason is None and spec.device is None and _is_torch_control(spec.kernel):
@@ -337,11 +339,18 @@ def _with_baseline(
     two calls differ in exactly one condition, so the cell is its own differential.
 
     A baseline that already fails (an autotuner's first call for a new shape, say) makes the
-    cell fail too, with ``baseline_ok`` False so the classifier does not blame the variant.
+    cell fail too, with ``baseline_ok`` False so the classifier does not blame the variant; one
+    that raises ends the cell with that exception and ``baseline_ok`` False: it says nothing
+    about the variant, and is never a refusal of it.
     """
     ref = reference(x, w, m_valid)
     _CALLED.add(ctx.spec.kernel)
-    y = kernel(x, w, m_valid)
+    try:
+        y = kernel(x, w, m_valid)
+    except BaseException:
+        ctx.fact("baseline_ok", False)
+        ctx.fact("baseline_raised", True)
+        raise
     sync_all()
     base = compare(ctx, y, ref, x.device)
     del y

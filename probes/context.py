@@ -46,6 +46,9 @@ class ProbeContext:
         self._facts: dict[str, Any] = {}
         self._notes: list[str] = []
         self._tensors: list[TensorInfo] = []
+        # the exception that last escaped a call of the kernel under test (``kernel_call.watch``):
+        # the worker tells the kernel's own raise from the probe's by identity
+        self.call_error: BaseException | None = None
 
     @property
     def phase(self) -> Phase:
@@ -64,18 +67,21 @@ class ProbeContext:
     def tensors(self) -> tuple[TensorInfo, ...]:
         return tuple(self._tensors)
 
-    def crumb(self, phase: Phase) -> None:
-        """Record that the probe is entering ``phase``; the parent sees it at once."""
+    def crumb(self, phase: Phase, step: str = "") -> None:
+        """Record that the probe is entering ``phase``; the parent sees it at once. ``step``
+        names a part of the phase the parent must tell apart ("kernel": the import of the
+        kernel under test, after the probe's own imports)."""
         self._phase = Phase(phase)
         if self._emit is not None:
-            self._emit(
-                {
-                    "type": "crumb",
-                    "probe_id": self.spec.probe_id,
-                    "phase": self._phase.value,
-                    "t": time.time(),
-                }
-            )
+            message: dict[str, Any] = {
+                "type": "crumb",
+                "probe_id": self.spec.probe_id,
+                "phase": self._phase.value,
+                "t": time.time(),
+            }
+            if step:
+                message["step"] = step
+            self._emit(message)
 
     def fact(self, key: str, value: Any) -> None:
         """A condition-specific observation (``peer_access``, ``current_device``, ...)."""

@@ -6,12 +6,14 @@ probe's context, what a report needs to tell apart outcomes that look alike:
 * ``kernel_launches``: Triton kernel launches during the call (``JITFunction.run`` and the
   interpreter's ``InterpretedFunction.run``, warm-ups not counted; autotuner benchmark runs
   are launches too). None where Triton cannot be hooked.
-* when the call raises: ``raised_in`` (where the exception was raised: "kernel" for the kernel's
+* when the call raises: the exception (``ProbeContext.call_error``: the worker records
+  ``raised_in_call`` when it is the one that ended the probe), ``raised_in`` (where the exception was raised: "kernel" for the kernel's
   own Python code, its wrapper; "triton" or "torch" inside those libraries; "doctor" in the
   probe's own code), ``raise_site`` (file:line) and ``raise_source`` (that line's text, which
-  names the refused input for a bare ``assert x.is_contiguous()``). A ValueError, TypeError or
-  AssertionError raised in the kernel's own code with no launch before it is a contract refusal
-  (the cell is ``rejected``, ``diagnose/matrix.py``), never a fault.
+  names the refused input for a bare ``assert x.is_contiguous()``); when torch or Triton raised,
+  ``kernel_site`` / ``kernel_source``: the kernel's own line that called them. An exception out of the call
+  with no launch before it, the same kernel passing the baseline cell, is a contract refusal
+  (the cell is ``rejected``, ``diagnose/blind_spots.py``), never a fault.
 * ``returned``: the type of what the call returned when it is not a tensor (``NoneType``), so
   the report says "returned None" instead of a relative error of NaN.
 * ``autotuned_launches`` / ``autotune_benchmarked`` / ``autotune_configs``: what the kernel's
@@ -26,6 +28,7 @@ import linecache
 import os
 import sys
 from collections.abc import Callable, Iterator
+from types import TracebackType
 from typing import Any
 
 from qmoe_doctor.probes import autotune
@@ -92,6 +95,24 @@ def _package_dir(name: str) -> str | None:
 _CONTROL_CODE = frozenset({"torch_grouped_mm"})
 
 
+def _frame_origin(tb: TracebackType) -> str:
+    """Whose code a traceback entry runs: "triton", "torch", "doctor" or "kernel"."""
+    filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
+    for name in ("triton", "torch"):
+        root = _package_dir(name)
+        if root and filename.startswith(root + os.sep):
+            return name
+    if filename.startswith(_PROBES_DIR + os.sep) and tb.tb_frame.f_code.co_name not in _CONTROL_CODE:
+        return "doctor"
+    return "kernel"
+
+
+def _site(tb: TracebackType) -> tuple[str, str | None]:
+    filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
+    source = linecache.getline(filename, tb.tb_lineno).strip() or None
+    return f"{os.path.basename(filename)}:{tb.tb_lineno}", source
+
+
 def raise_origin(exc: BaseException) -> tuple[str, str | None, str | None]:
     """(where, "file:line", source line) of the frame that raised ``exc``: where is "kernel",
     "triton", "torch" or "doctor" (see the module docstring)."""
@@ -100,19 +121,20 @@ def raise_origin(exc: BaseException) -> tuple[str, str | None, str | None]:
         return "kernel", None, None
     while tb.tb_next is not None:
         tb = tb.tb_next
-    filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
-    line = tb.tb_lineno
-    source = linecache.getline(filename, line).strip() or None
-    where = "kernel"
-    for name in ("triton", "torch"):
-        root = _package_dir(name)
-        if root and filename.startswith(root + os.sep):
-            where = name
-            break
-    else:
-        if filename.startswith(_PROBES_DIR + os.sep) and tb.tb_frame.f_code.co_name not in _CONTROL_CODE:
-            where = "doctor"
-    return where, f"{os.path.basename(filename)}:{line}", source
+    site, source = _site(tb)
+    return _frame_origin(tb), site, source
+
+
+def kernel_frame(exc: BaseException) -> tuple[str, str | None] | None:
+    """("file:line", source line) of the deepest frame of the kernel's own code that ``exc``
+    passed through (the user's line that called into torch or Triton), or None."""
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if _frame_origin(tb) == "kernel":
+            found = tb
+        tb = tb.tb_next
+    return _site(found) if found is not None else None
 
 
 def watch(ctx: ProbeContext, kernel: KernelFn) -> KernelFn:
@@ -127,10 +149,15 @@ def watch(ctx: ProbeContext, kernel: KernelFn) -> KernelFn:
             with autotune.record() as tuned, _Launches.counting():
                 y = kernel(*args, **kwargs)
         except BaseException as exc:
+            ctx.call_error = exc
             where, site, source = raise_origin(exc)
             ctx.fact("raised_in", where)
             ctx.fact("raise_site", site)
             ctx.fact("raise_source", source)
+            own = kernel_frame(exc)
+            if own is not None and own[0] != site:  # torch or Triton raised, called from this line
+                ctx.fact("kernel_site", own[0])
+                ctx.fact("kernel_source", own[1])
             ctx.fact("kernel_launches", _Launches.count - before if _Launches.hooked else None)
             raise
         ctx.fact("kernel_launches", _Launches.count - before if _Launches.hooked else None)
@@ -150,4 +177,4 @@ def _is_tensor(value: Any) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
-__all__ = ["KernelFn", "raise_origin", "watch"]
+__all__ = ["KernelFn", "kernel_frame", "raise_origin", "watch"]

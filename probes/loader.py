@@ -94,6 +94,8 @@ def resolve_object(ref: str | KernelRef) -> Any:
     elif ref.kind is RefKind.MODULE:
         try:
             module = importlib.import_module(ref.name)
+        except SystemExit as exc:
+            raise KernelResolutionError(f"importing module {ref.name!r} {_exited(exc)}") from None
         except Exception as exc:  # any import-time failure of the user's module
             raise KernelResolutionError(
                 f"cannot import module {ref.name!r}: {type(exc).__name__}: {exc}"
@@ -121,9 +123,18 @@ def _load_file(path: Path) -> Any:
     sys.path.insert(0, str(path.resolve().parent))  # sibling imports of the user's file
     try:
         spec.loader.exec_module(module)
+    except SystemExit as exc:
+        raise KernelResolutionError(f"importing {str(path)!r} {_exited(exc)}") from None
     except Exception as exc:
         raise KernelResolutionError(f"importing {str(path)!r} failed: {type(exc).__name__}: {exc}") from exc
     return module
+
+
+def _exited(exc: SystemExit) -> str:
+    """``sys.exit(...)`` at import, in words: the status the process would have exited with."""
+    code = exc.code
+    status = 0 if code is None else code if isinstance(code, int) else 1
+    return f"exited {status} at import: it called sys.exit({code!r})"
 
 
 def check_signature(fn: Any, ref: str) -> None:

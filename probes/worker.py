@@ -164,6 +164,9 @@ def execute(spec: ProbeSpec, emit: Emit | None = None) -> tuple[Outcome, bool]:
         message = exception_message(exc)
         kind = classify(exc, error_type, message)
         facts = ctx.facts
+        # observed, not guessed: the exception that ends the probe is the one that escaped the
+        # kernel's call (the kernel raised), or not (the probe's own code, or one it wrapped)
+        facts["raised_in_call"] = exc is ctx.call_error
         if kind is ErrorKind.DEVICE_ASSERT:
             # the per-thread assertion lines name the kernel's file:line; the log's tail does not
             lines, count = device_log.assertions_since(log_start)

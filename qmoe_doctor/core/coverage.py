@@ -23,7 +23,9 @@ _NOT_CELLS = frozenset({Condition.INTERPRETER_CHECK})
 class Coverage:
     """What a scan's verdict covers."""
 
-    cells_ran: int  # cells of the kernel that ran (not skipped), reruns left out
+    # cells of the kernel that ran, reruns left out; a skipped one did not (nor one the CPU tier
+    # could not run because it needs CUDA: its label is "skipped")
+    cells_ran: int
     conditions_ran: tuple[str, ...]  # their conditions, in run order
     unchecked: tuple[str, ...] = ()  # probe ids that passed with a blind check (docs/cells.md)
     rejected: tuple[str, ...] = ()  # probe ids whose input the kernel refused by contract
@@ -60,7 +62,7 @@ def coverage_of(outcomes: Sequence[Outcome], labels: Mapping[str, str]) -> Cover
         for o in outcomes
         if o.probe_id in labels and o.spec.condition not in _NOT_CELLS and not o.spec.placement.rerun
     ]
-    ran = [o for o in cells if o.status is not Status.SKIPPED]
+    ran = [o for o in cells if labels.get(o.probe_id) != "skipped" and o.status is not Status.SKIPPED]
     conditions = tuple(dict.fromkeys(o.spec.condition.value for o in ran))
     ran_conditions = {o.spec.condition for o in ran}
     not_covered: list[str] = []

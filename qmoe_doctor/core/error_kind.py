@@ -109,6 +109,29 @@ _TEXT_PATTERNS: tuple[tuple[ErrorKind, re.Pattern[str]], ...] = (
             re.IGNORECASE,
         ),
     ),
+    # The process has no CUDA to give (the CPU tier, CUDA_VISIBLE_DEVICES=""): the call asked for a
+    # device that is not there. Raised before anything ran, by the library, whatever the kernel's
+    # inputs:
+    # AssertionError: Torch not compiled with CUDA enabled  (a CPU build; torch/cuda/__init__.py,
+    #   _lazy_init, torch 2.13)
+    # RuntimeError: Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU
+    #   and installed a driver from http://www.nvidia.com/Download/index.aspx
+    # RuntimeError: No CUDA GPUs are available
+    # RuntimeError: CUDA driver initialization failed, you might not have a CUDA gpu.
+    #   (a CUDA build with no driver / no visible GPU: c10/cuda/CUDAFunctions.cpp, device_count_impl
+    #   and device_count_ensure_non_zero)
+    # RuntimeError: 0 active drivers ([]). There should only be one.  (triton.runtime.driver.active
+    #   with no GPU, interpreter on or off: triton/runtime/driver.py, _create_driver, triton 3.9)
+    # AssertionError: libcuda.so cannot found!  (triton/backends/nvidia/driver.py, libcuda_dirs)
+    (
+        ErrorKind.NEEDS_CUDA,
+        re.compile(
+            r"Torch not compiled with CUDA enabled|Found no NVIDIA driver on your system"
+            r"|No CUDA GPUs are available|CUDA driver initialization failed"
+            r"|\b0 active drivers\b|libcuda\.so cannot found",
+            re.IGNORECASE,
+        ),
+    ),
 )
 
 # Exception type names (the last dotted component), checked after the text patterns.

@@ -126,6 +126,9 @@ class ErrorKind(StrEnum):
     SIGNAL = "signal"  # the child died of a signal (segfault, abort)
     BAD_INPUT = "bad-input"  # the kernel's own argument checks (ValueError / TypeError)
     KERNEL_IMPORT = "kernel-import"  # the kernel under test could not be imported or resolved
+    # the call needs CUDA and the process has none ("Torch not compiled with CUDA enabled"): on the
+    # CPU tier the cell is not checked, never a fault or a refusal (docs/cells.md)
+    NEEDS_CUDA = "needs-cuda"
     OTHER = "other"
 
 

@@ -1,6 +1,8 @@
 """Diagnosis: outcomes and logs in, causes out. Pure functions over records, no I/O.
 
     matrix.py          outcomes as cells (group x condition x variant) with their labels
+    baseline.py        the canonical-input cells: a kernel that cannot be used, one the CPU tier
+                       cannot run, a hang that ends a session, what a refusal needs
     scan_rules.py      one rule per cause over the matrix; what no rule accounts for is reported
     parallel_rules.py  the per-rank rules of the parallel modes
     repro_rules.py     the repro ladder's stop rule, verdict and sanitizer decision

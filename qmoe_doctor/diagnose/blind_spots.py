@@ -18,15 +18,19 @@ Two things make a cell's plain label wrong:
     first call that did not benchmark (a result cached on disk, or one config left after
     pruning) could not show it.
 
-* **A contract refusal.** A kernel whose own Python code raises ValueError, TypeError or
-  AssertionError before any launch (``assert x.is_contiguous()``) refuses an input it does not
-  support, loudly and with nothing written: the cell is ``rejected`` (correct), and the report
-  names the refused input. A ``bad-input`` raised in the doctor's own probe code is the doctor's
-  failure and stays a failing cell. For the invalid-routing cells a device-side assert on the
-  counts (``torch._grouped_mm``'s offsets check) is a refusal too.
+* **A contract refusal.** A kernel whose call raises, any exception type, before it launched
+  anything (``assert x.is_contiguous()``, torch's ``view size is not compatible`` in a wrapper
+  that flattens ``w``), while the same kernel passed the baseline cell with the canonical inputs
+  in the same session (``baseline.baseline_passed``), refuses an input it does not support,
+  loudly and with nothing written: the cell is ``rejected`` (correct), and the report names the
+  refused input. Only the variant changed, so the refusal is about it. Not a refusal: an
+  exception raised in the doctor's own probe code, one raised after a launch, one whose launch
+  count was not observed, a device failure, a missing CUDA (``baseline.needs_cuda``), a cell
+  whose baseline failed or did not run (the kernel raises whatever it is given:
+  ``baseline.unusable``). For the invalid-routing cells a device-side assert on the counts
+  (``torch._grouped_mm``'s offsets check) is a refusal too.
 
-Pure functions of the outcome; facts a probe from before they existed did not record are
-treated as before (a refusal needs ``raised_in`` outside the invalid-routing cells).
+Pure functions of the outcome and its group's baseline.
 """
 
 from __future__ import annotations
@@ -35,11 +39,21 @@ import re
 from dataclasses import dataclass
 
 from qmoe_doctor.core.records import Condition, ErrorKind, Outcome, Status
+from qmoe_doctor.diagnose.baseline import (
+    CANONICAL_CONDITIONS,
+    PYTHON_ERROR_KINDS,
+    baseline_passed,
+    needs_cuda,
+    python_error,
+    raised_by_call,
+)
 
 #: Conditions that feed the kernel invalid input on purpose: refusing it loudly (its own
 #: ValueError, or a device-side assert such as torch._grouped_mm's offsets check) is correct.
 INVALID_INPUT_CONDITIONS = frozenset({Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES})
-REJECTION_KINDS = frozenset({ErrorKind.BAD_INPUT, ErrorKind.DEVICE_ASSERT})
+#: Error kinds a refusal can have: an exception of the kernel's Python side, or a device-side
+#: assert on the counts in the invalid-routing cells.
+REJECTION_KINDS = PYTHON_ERROR_KINDS | {ErrorKind.DEVICE_ASSERT}
 
 #: The operands each offsets variant changes (probes/conditions.OFFSET_VARIANTS says how).
 VARIANT_OPERANDS: dict[str, tuple[str, ...]] = {
@@ -87,22 +101,24 @@ def _fact_str(outcome: Outcome, key: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def refusal(outcome: Outcome) -> Refusal | None:
-    """The outcome as a contract refusal, or None (see the module docstring)."""
+def refusal(outcome: Outcome, baseline: Outcome | None = None) -> Refusal | None:
+    """The outcome as a contract refusal, or None (see the module docstring). ``baseline`` is
+    its group's baseline cell (``baseline.group_baselines``); without one that passed, and
+    without the probe's own passing call on valid input, nothing is a refusal."""
     if outcome.status is not Status.ERROR or outcome.error_kind not in REJECTION_KINDS:
         return None
-    raised_in = _fact_str(outcome, "raised_in")
-    launches = outcome.facts.get("kernel_launches")
-    invalid_input = outcome.spec.condition in INVALID_INPUT_CONDITIONS
-    if raised_in == "doctor":
-        return None  # the probe's own check: the doctor's failure, not the kernel's contract
-    if not invalid_input:
-        # valid input: only the kernel's own Python check, before it launched anything (a device
-        # assert there is a failure: TRITON_DEBUG's overflow check; no raised_in: a recording
-        # from before the probes said where a raise came from)
-        if outcome.error_kind is not ErrorKind.BAD_INPUT or raised_in != "kernel":
-            return None
-        if isinstance(launches, int) and launches > 0:
+    if outcome.spec.condition in CANONICAL_CONDITIONS or needs_cuda(outcome):
+        return None  # the canonical inputs refused: the kernel cannot be used (baseline.unusable)
+    if _fact_str(outcome, "raised_in") == "doctor" or not baseline_passed(outcome, baseline):
+        return None  # the probe's own check; or a kernel that fails the canonical inputs too
+    device_assert = outcome.error_kind is ErrorKind.DEVICE_ASSERT
+    if device_assert and outcome.spec.condition not in INVALID_INPUT_CONDITIONS:
+        return None  # a device assert on valid input is a failure (TRITON_DEBUG's overflow check)
+    if not device_assert:
+        # an exception out of the call, before it launched anything: both observed by the child
+        launches = outcome.facts.get("kernel_launches")
+        launched_nothing = isinstance(launches, int) and not isinstance(launches, bool) and launches == 0
+        if not (launched_nothing and raised_by_call(outcome) and python_error(outcome)):
             return None
     return Refusal(operand=refused_operand(outcome), statement=_statement(outcome), site=_fact_str(outcome, "raise_site"))
 
@@ -160,12 +176,13 @@ def returned_instead(outcome: Outcome) -> str | None:
     return "None" if kind == "NoneType" else f"a {kind}"
 
 
-def touches_outside(outcome: Outcome) -> bool:
+def touches_outside(outcome: Outcome, *, rejected: bool = False) -> bool:
     """Evidence of an access outside the kernel's tensors: a canary hit, or an end that is no
-    refusal and no wrong number (an illegal access, a crash, a hang)."""
+    refusal (``rejected``: the cell's label) and no wrong number (an illegal access, a crash, a
+    hang)."""
     if outcome.canary_hits:
         return True
-    return outcome.status is Status.ERROR and refusal(outcome) is None
+    return outcome.status is Status.ERROR and not rejected
 
 
 __all__ = [

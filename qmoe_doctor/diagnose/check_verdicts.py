@@ -12,13 +12,17 @@ fail     wrong, crashed, or correct but slow and cited by a diagnosis (it ran re
 skip     did not apply (its reason in the detail); or the CPU tier's interpreter check failed
          (the machine's interpreter, not the kernel: the tier did not run); or ran without a
          failure but its check could not see what the cell claims (``unchecked``, the reason in
-         the detail: docs/cells.md), never a pass
+         the detail: docs/cells.md), never a pass; or was not run after the kernel hung on the
+         canonical inputs; or, on the CPU tier, needs CUDA (not checked there: a GPU runner)
 error    the check could not run it: its child did not start, or the kernel did not import
 =======  ==================================================================================
 
 A kernel's exit code, most important first: a lint path that could not be read (2), a tier
 whose every child failed to start (4), a fault (a diagnosis, an unexplained failing cell, a
-lint finding: 1), a probe that could not run (4), no probe of the kernel ran at all (4), healthy.
+lint finding: 1), a probe that could not run (4), no probe of the kernel ran at all (4: every
+cell skipped, e.g. a CUDA-only kernel on the CPU tier), healthy. A kernel that cannot be used
+(its import died, its baseline cell raised on the canonical inputs) never gets here: the check
+stops with exit 2 (``workflows.check``).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from qmoe_doctor.core.exitcodes import ExitCode
 from qmoe_doctor.core.records import Condition, ErrorKind, Outcome, Phase, Status
 from qmoe_doctor.core.reports import CellResult, LintResult, ScanReport, Tier, TierResult, Verdict
-from qmoe_doctor.diagnose.matrix import Cell, cell_label, describe, group_of
+from qmoe_doctor.diagnose.matrix import describe, label_cells
 
 #: Exit codes of a kernel's check, most important first: the overall code is the first of these
 #: that any kernel (or the lint section) got.
@@ -44,8 +48,8 @@ def _log(o: Outcome) -> str:
 
 
 def _verdict(o: Outcome, label: str, cited: Mapping[str, str], hardened: Mapping[str, str]) -> Verdict:
-    if o.status is Status.SKIPPED:
-        return "skip"
+    if label == "skipped":
+        return "skip"  # did not apply, was not run, or needs CUDA on the CPU tier (not checked)
     if label == "rejected":
         return "pass"  # the kernel refused invalid input loudly: what it should do
     if label == "unchecked":
@@ -64,10 +68,6 @@ def _verdict(o: Outcome, label: str, cited: Mapping[str, str], hardened: Mapping
 def cell_results(report: ScanReport, tier: Tier) -> tuple[CellResult, ...]:
     """One CellResult per outcome of a scan, with its verdict and, for failures, the cause.
     Groups and names come from the probes' placements ("GPU 0 -> GPU 1", "offsets:padded-rows")."""
-    baselines: dict[str, float] = {}
-    for o in report.outcomes:
-        if o.spec.condition is Condition.GUARDED and o.status is Status.PASS and o.kernel_ms:
-            baselines[group_of(o)] = o.kernel_ms
     cited: dict[str, str] = {}
     details: dict[str, str] = {}
     for d in report.diagnoses:
@@ -84,9 +84,8 @@ def cell_results(report: ScanReport, tier: Tier) -> tuple[CellResult, ...]:
         if e.label != "pass"
     }
     cells: list[CellResult] = []
-    for o in report.outcomes:
-        base = baselines.get(group_of(o)) if o.spec.condition.is_pair else None
-        label, slowdown = cell_label(o, base)
+    for cell in label_cells(report.outcomes):
+        o, label = cell.outcome, cell.label
         verdict = _verdict(o, label, cited, hardened)
         placement = o.spec.placement
         cells.append(
@@ -99,7 +98,7 @@ def cell_results(report: ScanReport, tier: Tier) -> tuple[CellResult, ...]:
                 verdict=verdict,
                 detail=details.get(o.probe_id)
                 or (hardened[o.probe_id] if verdict == "pass" and o.probe_id in hardened else "")
-                or describe(Cell(outcome=o, label=label, slowdown=slowdown)),
+                or describe(cell),
                 cause=cited.get(o.probe_id) if verdict == "fail" else None,
                 wall_s=o.wall_s,
                 notes=o.notes,

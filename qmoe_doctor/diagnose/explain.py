@@ -742,6 +742,9 @@ def _headline(
         ErrorKind.OOM: "device memory ran out",
         ErrorKind.BAD_INPUT: "the code rejected its arguments",
         ErrorKind.KERNEL_IMPORT: "the kernel could not be imported",
+        ErrorKind.NEEDS_CUDA: (
+            "the code asked for CUDA in a process that has none (a CPU-only build, no driver, no visible GPU)"
+        ),
     }
     if kind in names:
         return names[kind]

@@ -8,10 +8,12 @@ a cell; the rules (``scan_rules``), the renderers and the check's JUnit detail r
 probe ids.
 
 A cell's label is ``pass``, ``slow`` (correct, but ``knobs.SLOW_FACTOR`` times slower than the
-guarded baseline of its pair: it ran remotely), ``wrong``, ``skipped``, ``rejected`` (an input
-the kernel's contract excludes, refused loudly before launch, which is correct),
-``unchecked`` (passed, but its check could not see what the cell claims) or the error kind.
-``blind_spots`` decides the last two from the outcome's facts.
+guarded baseline of its pair: it ran remotely), ``wrong``, ``skipped`` (did not apply, was not
+run, or, on the CPU tier, needs CUDA: not checked), ``rejected`` (an input the kernel's contract
+excludes, refused loudly before launch while the same kernel passed its group's baseline cell,
+which is correct), ``unchecked`` (passed, but its check could not see what the cell claims) or
+the error kind. ``blind_spots`` decides the last two from the outcome's facts and its group's
+baseline (``baseline``); labels are settled once a session's outcomes are all in.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from dataclasses import dataclass, field
 
 from qmoe_doctor.core import knobs
 from qmoe_doctor.core.records import Condition, ErrorKind, Evidence, Outcome, Placement, Status
+from qmoe_doctor.diagnose.baseline import cpu_cannot_run, group_baselines, needs_cuda_reason
 from qmoe_doctor.diagnose.blind_spots import (
     INVALID_INPUT_CONDITIONS,
     REJECTION_KINDS,
+    Refusal,
     refusal,
     returned_instead,
     unchecked_reason,
@@ -41,6 +45,7 @@ class Cell:
     outcome: Outcome
     label: str  # pass | slow | wrong | skipped | rejected | unchecked | <error kind>
     slowdown: float | None = None  # kernel_ms / guarded baseline kernel_ms
+    refused: Refusal | None = None  # what the kernel refused, when the label is "rejected"
 
     @property
     def ok(self) -> bool:
@@ -99,11 +104,14 @@ def debug_reruns(outcomes: Iterable[Outcome]) -> dict[str, Outcome]:
     return {o.probe_id.removesuffix(DEBUG_SUFFIX): o for o in outcomes if is_debug_rerun(o)}
 
 
-def cell_label(outcome: Outcome, baseline_ms: float | None) -> tuple[str, float | None]:
-    """(label, slowdown) of one outcome; ``baseline_ms`` is its pair's guarded kernel time."""
-    if outcome.status is Status.SKIPPED:
+def cell_label(
+    outcome: Outcome, baseline_ms: float | None, baseline: Outcome | None = None
+) -> tuple[str, float | None]:
+    """(label, slowdown) of one outcome; ``baseline_ms`` is its pair's guarded kernel time,
+    ``baseline`` its group's baseline cell (a refusal needs it to have passed)."""
+    if outcome.status is Status.SKIPPED or cpu_cannot_run(outcome):
         return "skipped", None
-    if refusal(outcome) is not None:
+    if refusal(outcome, baseline) is not None:
         return "rejected", None
     if unchecked_reason(outcome) is not None:
         return "unchecked", None
@@ -119,19 +127,31 @@ def cell_label(outcome: Outcome, baseline_ms: float | None) -> tuple[str, float 
     return "pass", slowdown
 
 
-def build_matrix(outcomes: Iterable[Outcome]) -> Matrix:
-    """The cells of a scan (debug reruns left out: they are evidence, not cells)."""
-    outcomes = [o for o in outcomes if not is_debug_rerun(o)]
-    baselines: dict[str, float] = {}
+def label_cells(outcomes: Iterable[Outcome]) -> list[Cell]:
+    """Every outcome as a cell, debug reruns included, in order: each judged against its group's
+    baselines (the guarded time of its pair; its group's baseline cell for refusals)."""
+    outcomes = list(outcomes)
+    timed: dict[str, float] = {}
     for o in outcomes:
         if o.spec.condition is Condition.GUARDED and o.status is Status.PASS and o.kernel_ms:
-            baselines[group_of(o)] = o.kernel_ms
-    cells: dict[tuple[str, Condition, str], Cell] = {}
+            timed[group_of(o)] = o.kernel_ms
+    baselines = group_baselines(outcomes)
+    cells = []
     for o in outcomes:
         group = group_of(o)
-        base = baselines.get(group) if o.spec.condition.is_pair else None
-        label, slowdown = cell_label(o, base)
-        cells[(group, o.spec.condition, variant_of(o))] = Cell(outcome=o, label=label, slowdown=slowdown)
+        base_ms = timed.get(group) if o.spec.condition.is_pair else None
+        label, slowdown = cell_label(o, base_ms, baselines.get(group))
+        refused = refusal(o, baselines.get(group)) if label == "rejected" else None
+        cells.append(Cell(outcome=o, label=label, slowdown=slowdown, refused=refused))
+    return cells
+
+
+def build_matrix(outcomes: Iterable[Outcome]) -> Matrix:
+    """The cells of a scan (debug reruns left out: they are evidence, not cells)."""
+    cells: dict[tuple[str, Condition, str], Cell] = {}
+    for cell in label_cells(o for o in outcomes if not is_debug_rerun(o)):
+        o = cell.outcome
+        cells[(group_of(o), o.spec.condition, variant_of(o))] = cell
     return Matrix(cells=cells)
 
 
@@ -140,10 +160,11 @@ def describe(cell: Cell) -> str:
     o = cell.outcome
     if cell.label == "slow" and cell.slowdown:
         return f"correct but {cell.slowdown:.1f}x slower than the guarded baseline: it ran remotely"
-    refused = refusal(o)
-    if refused is not None:
+    if cell.label == "skipped" and cpu_cannot_run(o):
+        return needs_cuda_reason(o)
+    if cell.refused is not None:
         what = f"; {o.notes[0]}" if o.notes else ""
-        return refused.render() + what
+        return cell.refused.render() + what
     blind = unchecked_reason(o)
     if blind is not None:
         return "no failure seen, but " + blind
@@ -197,5 +218,6 @@ __all__ = [
     "group_names",
     "group_of",
     "is_debug_rerun",
+    "label_cells",
     "variant_of",
 ]

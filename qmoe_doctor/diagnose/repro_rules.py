@@ -41,6 +41,7 @@ HOST_SIDE_KINDS = frozenset(
         ErrorKind.BAD_INPUT,
         ErrorKind.KERNEL_IMPORT,
         ErrorKind.OOM,
+        ErrorKind.NEEDS_CUDA,
     }
 )
 

@@ -56,7 +56,8 @@ from qmoe_doctor.core.records import (
     Phase,
     Status,
 )
-from qmoe_doctor.diagnose.blind_spots import refusal, touches_outside, unchecked_reason, writes_checked
+from qmoe_doctor.diagnose.baseline import not_run_after
+from qmoe_doctor.diagnose.blind_spots import touches_outside, unchecked_reason, writes_checked
 from qmoe_doctor.diagnose.device_assert import AssertSite, assert_sites, find_device_asserts
 from qmoe_doctor.diagnose.matrix import Cell, Matrix, build_matrix, debug_reruns, describe, evidence
 
@@ -458,11 +459,11 @@ _ROUTING_WORDS = {Condition.OVER_ROUTED: "m_sizes summing past M", Condition.NEG
 
 
 def _outside(cell: Cell) -> bool:
-    return touches_outside(cell.outcome)
+    return touches_outside(cell.outcome, rejected=cell.label == "rejected")
 
 
 def _inside(cell: Cell) -> bool:
-    return not touches_outside(cell.outcome)
+    return not _outside(cell)
 
 
 def invalid_routing(matrix: Matrix, ctx: RuleContext) -> Finding:
@@ -675,7 +676,7 @@ def contract_refusals(matrix: Matrix, ctx: RuleContext) -> Finding:
     for group in matrix.groups():
         parts = []
         for (g, _cond, _variant), c in matrix.cells.items():
-            refused = refusal(c.outcome) if g == group and c.label == "rejected" else None
+            refused = c.refused if g == group and c.label == "rejected" else None
             if refused is not None:
                 cell = c.outcome.spec.placement.cell_name(c.outcome.spec.condition)
                 parts.append(f"{cell}: {refused.operand} ({refused.statement})")
@@ -684,6 +685,23 @@ def contract_refusals(matrix: Matrix, ctx: RuleContext) -> Finding:
                 f"{ctx.where(group)}: the kernel refused inputs its contract excludes, loudly and "
                 "before any launch (rejected, not a fault): " + "; ".join(parts)
             )
+    return Finding(explanations=tuple(explanations))
+
+
+def cells_not_run(matrix: Matrix, ctx: RuleContext) -> Finding:
+    """Not a cause: cells a session did not run because an outcome before them settled them
+    (the kernel hung on the canonical inputs; on the CPU tier, it needs CUDA:
+    ``baseline.stop_reason``), said once per stopping cell with the reason."""
+    stopped: dict[str, list[Cell]] = {}
+    for c in matrix.cells.values():
+        after = not_run_after(c.outcome)
+        if after is not None:
+            stopped.setdefault(after, []).append(c)
+    explanations = []
+    for after, cells in stopped.items():
+        reason = cells[0].outcome.notes[0] if cells[0].outcome.notes else "not run"
+        names = ", ".join(c.outcome.spec.placement.cell_name(c.outcome.spec.condition) for c in cells)
+        explanations.append(f"{len(cells)} cell(s) after {after} ({names}): {reason}")
     return Finding(explanations=tuple(explanations))
 
 
@@ -712,9 +730,10 @@ RULES: tuple[Rule, ...] = (
     interpreter_unavailable,
     contract_refusals,
     unchecked_cells,
+    cells_not_run,
 )
 #: The rules that name no cause: they explain cells.
-NOTE_RULES: tuple[Rule, ...] = (interpreter_unavailable, contract_refusals, unchecked_cells)
+NOTE_RULES: tuple[Rule, ...] = (interpreter_unavailable, contract_refusals, unchecked_cells, cells_not_run)
 
 
 def classify(
@@ -757,6 +776,7 @@ __all__ = [
     "Rule",
     "RuleContext",
     "autotune_inplace_rerun",
+    "cells_not_run",
     "classify",
     "contract_refusals",
     "debug_evidence",

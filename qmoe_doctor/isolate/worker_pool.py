@@ -24,7 +24,7 @@ import os
 import select
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -180,9 +180,11 @@ class _Probe:
     start: float  # when it was asked for (monotonic), its worker's start-up included
     log_start: int  # the worker's log size when the probe was sent: its own output follows
     phase: Phase = Phase.SPAWN  # the last breadcrumb
+    step: str = ""  # the part of the phase it named ("kernel": importing the kernel under test)
 
     def ended(self, ending: Ending, *, where: str = "", **fields: Any) -> Outcome:
-        """The Outcome of this probe, its worker having ended (or misbehaved) as ``ending``."""
+        """The Outcome of this probe, its worker having ended (or misbehaved) as ``ending``; the
+        last breadcrumb's step, when it named one, is the fact ``step``."""
         end = ChildEnd(
             ending=ending,
             who=self.worker.name,
@@ -190,7 +192,8 @@ class _Probe:
             wall_s=time.monotonic() - self.start,
             **fields,
         )
-        return crash_outcome(self.spec, end, phase=self.phase, where=where)
+        facts = {"step": self.step} if self.step else None
+        return crash_outcome(self.spec, end, phase=self.phase, where=where, facts=facts)
 
 
 class _SpawnFailed(Exception):
@@ -442,6 +445,7 @@ class _Session:
                     probe.phase = Phase(str(message.get("phase")))
                 except ValueError:
                     continue
+                probe.step = str(message.get("step") or "")
                 self.emit(
                     EventKind.CRUMB,
                     probe_id=spec.probe_id,
@@ -494,6 +498,23 @@ class _Session:
         return outcome
 
 
+#: Asked after each outcome of a session: a reason ends the session there (``run_session``).
+StopAfter = Callable[[Outcome], str | None]
+
+
+def not_run(spec: ProbeSpec, reason: str, after: str) -> Outcome:
+    """The Outcome of a spec a session did not run: SKIPPED, the reason its note, the probe that
+    stopped the session its fact ``not_run_after``."""
+    return Outcome(
+        probe_id=spec.probe_id,
+        spec=spec,
+        status=Status.SKIPPED,
+        phase=Phase.SPAWN,
+        facts={"not_run_after": after},
+        notes=(reason,),
+    )
+
+
 def run_session(
     specs: Sequence[ProbeSpec],
     *,
@@ -501,6 +522,7 @@ def run_session(
     log_dir: Path,
     python: str | None = None,
     on_event: OnEvent | None = None,
+    stop_after: StopAfter | None = None,
 ) -> list[Outcome]:
     """Run ``specs`` in order, in child processes, and return one Outcome per spec, in order.
 
@@ -511,6 +533,8 @@ def run_session(
     that dies while starting is retried once, in the time left; an environment whose child could
     not start fails its later specs at once (phase SPAWN). Worker logs go to ``log_dir``.
     SIGINT, SIGTERM and SIGHUP end the session with ``Interrupted`` after killing every worker.
+    ``stop_after`` is asked after each outcome; when it gives a reason, the specs after it are not
+    run: they come back SKIPPED with that reason (``not_run``), an OUTCOME event each.
     """
     session = _Session(
         base_env=base_env,
@@ -521,11 +545,23 @@ def run_session(
     graceful = False
     with interruptible():
         try:
-            outcomes = [session.run(spec) for spec in specs]
+            outcomes: list[Outcome] = []
+            for i, spec in enumerate(specs):
+                outcome = session.run(spec)
+                outcomes.append(outcome)
+                reason = stop_after(outcome) if stop_after is not None else None
+                if reason:
+                    for later in specs[i + 1 :]:
+                        skipped = not_run(later, reason, outcome.probe_id)
+                        session.emit(
+                            EventKind.OUTCOME, probe_id=later.probe_id, outcome=skipped, phase=skipped.phase
+                        )
+                        outcomes.append(skipped)
+                    break
             graceful = True
             return outcomes
         finally:
             session.close(graceful=graceful)
 
 
-__all__ = ["WORKER_MODULE", "run_session"]
+__all__ = ["WORKER_MODULE", "StopAfter", "not_run", "run_session"]

@@ -25,7 +25,7 @@ from typing import Protocol
 from qmoe_doctor.core import knobs
 from qmoe_doctor.core.audit import first_wrapping_expert
 from qmoe_doctor.core.autotune import DEFAULT_AUTOTUNE, AutotunePolicy, probe_params, session_env
-from qmoe_doctor.core.conditions import CPU_CONDITIONS, PAIR_ORDER, SINGLE_ORDER
+from qmoe_doctor.core.conditions import CPU_CONDITIONS, PAIR_ORDER, SINGLE_ORDER, SWEEP_CONDITIONS
 from qmoe_doctor.core.launch_configs import GEMM_CONFIGS
 from qmoe_doctor.core.options import ScanOptions
 from qmoe_doctor.core.records import (
@@ -172,13 +172,25 @@ def _sweep_specs(kernel: str, where: Placement, ordinal: int | None, opts: ScanO
 
 
 def _single_specs(
-    kernel: str, where: Placement, ordinal: int | None, opts: ScanOptions, *, with_boundary: bool
+    kernel: str,
+    where: Placement,
+    ordinal: int | None,
+    opts: ScanOptions,
+    *,
+    with_boundary: bool,
+    with_sweeps: bool = False,
 ) -> list[ProbeSpec]:
+    """The single-device cells on ``where``; ``with_sweeps``: the sweeps follow them, and
+    ``single`` is planned whatever ``--only`` says (a sweep cell the kernel refuses is
+    ``rejected`` only when ``single`` passed: diagnose.baseline)."""
     cpu = ordinal is None
     specs = []
     order = CPU_CONDITIONS if cpu else SINGLE_ORDER
+    wanted = set(opts.conditions)
+    if with_sweeps and wanted & set(SWEEP_CONDITIONS):
+        wanted.add(Condition.SINGLE)
     for cond in order:
-        if cond not in opts.conditions:
+        if cond not in wanted:
             continue
         if cond in (Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES):
             shape = CPU_SHAPE if cpu else over_routed_shape(opts)
@@ -238,7 +250,9 @@ def _plan(kernel: str, gpus: Sequence[PlannedGpu], opts: ScanOptions) -> ScanPla
             shape=CPU_SHAPE,
             timeout_s=opts.timeout_s,
         )
-        specs = [check] + _single_specs(kernel, CPU_PLACEMENT, None, opts, with_boundary=False)
+        specs = [check] + _single_specs(
+            kernel, CPU_PLACEMENT, None, opts, with_boundary=False, with_sweeps=opts.sweeps
+        )
         if opts.sweeps:
             specs += _sweep_specs(kernel, CPU_PLACEMENT, None, opts)
         env = {knobs.TRITON_INTERPRET: "1", knobs.CUDA_VISIBLE_DEVICES: ""}
@@ -253,7 +267,7 @@ def _plan(kernel: str, gpus: Sequence[PlannedGpu], opts: ScanOptions) -> ScanPla
     if len(gpus) == 1:
         g = gpus[0]
         where = gpu_placement(g.index)
-        specs = _single_specs(kernel, where, 0, opts, with_boundary=True)
+        specs = _single_specs(kernel, where, 0, opts, with_boundary=True, with_sweeps=opts.sweeps)
         if opts.sweeps:
             specs += _sweep_specs(kernel, where, 0, opts)
         return ScanPlan(
@@ -278,7 +292,10 @@ def _plan(kernel: str, gpus: Sequence[PlannedGpu], opts: ScanOptions) -> ScanPla
             specs = []
             if b.index not in singles_done:
                 on_b = gpu_placement(b.index)
-                specs += _single_specs(kernel, on_b, 1, opts, with_boundary=not boundary_done)
+                sweeps_here = opts.sweeps and not boundary_done
+                specs += _single_specs(
+                    kernel, on_b, 1, opts, with_boundary=not boundary_done, with_sweeps=sweeps_here
+                )
                 if opts.sweeps and not boundary_done:  # sweeps on the first session's GPU only
                     specs += _sweep_specs(kernel, on_b, 1, opts)
                 boundary_done = True

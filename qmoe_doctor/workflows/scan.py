@@ -47,22 +47,31 @@ from qmoe_doctor.core.records import (
 )
 from qmoe_doctor.core.reports import LintResult, ScanReport, SessionInfo
 from qmoe_doctor.core.shapes import get_preset
+from qmoe_doctor.diagnose.baseline import (
+    cpu_cannot_run,
+    hang_reason,
+    needs_cuda_reason,
+    stop_reason,
+    unusable,
+)
 from qmoe_doctor.diagnose.matrix import Cell as Cell  # re-exported: the CLI draws the matrix
 from qmoe_doctor.diagnose.matrix import build_matrix as build_matrix
 from qmoe_doctor.diagnose.scan_rules import classify
 from qmoe_doctor.isolate import process
 from qmoe_doctor.isolate.logs import LogDir
 from qmoe_doctor.isolate.signals import interruptible
-from qmoe_doctor.isolate.worker_pool import run_session
+from qmoe_doctor.isolate.worker_pool import not_run, run_session
 from qmoe_doctor.machine.sanitizer import SanitizerInfo, find_compute_sanitizer
 from qmoe_doctor.plan.scan import ScanPlan, Session, debug_rerun, plan_scan
 from qmoe_doctor.workflows.blind_cells import settle_blind_cells
 
 
 class KernelUnusable(Exception):
-    """The kernel under test could not be used in the probe child: its import failed, or its
-    reference resolved to something of another signature. (A malformed reference is
-    ``core.kernel_ref.KernelRefError``, refused in the parent before any child starts.)"""
+    """The kernel under test could not be used in the probe child: its import failed, killed or
+    hung the child, its reference resolved to something of another signature, or it raised on
+    the canonical inputs of its baseline cell (``diagnose.baseline.unusable``). (A malformed
+    reference is ``core.kernel_ref.KernelRefError``, refused in the parent before any child
+    starts.)"""
 
 
 def group_names(plan: ScanPlan) -> dict[str, str]:
@@ -139,11 +148,15 @@ def _scan(
             with one_at_a_time:
                 on_event(event)
         out = event.outcome
-        if event.kind is EventKind.OUTCOME and out is not None:
-            with one_at_a_time:
-                finished.append(out)
-            if out.error_kind is ErrorKind.KERNEL_IMPORT:
-                raise KernelUnusable(out.error_message or "the kernel could not be resolved")
+        if event.kind is not EventKind.OUTCOME or out is None:
+            return
+        with one_at_a_time:
+            finished.append(out)
+        if out.error_kind is ErrorKind.KERNEL_IMPORT:
+            raise KernelUnusable(out.error_message or "the kernel could not be resolved")
+        why = unusable(out)  # its import killed or hung the child; its baseline raised
+        if why is not None:
+            raise KernelUnusable(why)
 
     outcomes: list[Outcome] = []
     finished: list[Outcome] = []  # every probe's outcome as it came, the sessions still running too
@@ -193,11 +206,17 @@ def _scan(
 
     rounds = plan.rounds
     ended: list[str] = []  # the sessions whose outcomes are in ``outcomes``
+    hung: tuple[str, str] | None = None  # (probe id, reason): the kernel hung on the canonical inputs
     try:
         for done, sessions in enumerate(rounds, start=1):
+            if hung is not None:  # every later session would wait out the same timeout
+                outcomes.extend(not_run(spec, hung[1], hung[0]) for s in sessions for spec in s.specs)
+                ended.extend(s.label for s in sessions)
+                continue
             for got in _at_once(sessions, session_outcomes, stop):
                 outcomes.extend(got)  # in plan order, whichever session finished first
             ended.extend(s.label for s in sessions)
+            hung = next(((o.probe_id, why) for o in outcomes if (why := hang_reason(o)) is not None), None)
             if on_progress is not None and done < len(rounds):
                 on_progress(report(False, tuple(s.label for later in rounds[done:] for s in later)))
     except KeyboardInterrupt:
@@ -233,7 +252,9 @@ def _run_one(
         if env_check.status is not Status.PASS:
             reason = _first_line_of(env_check.error_message) or str(env_check.status)
             return got + [_skipped(s, f"{_why_tier_skipped(env_check)}: {reason}") for s in specs]
-    ran = run_session(specs, base_env=env, log_dir=log_dir, on_event=watch)
+    # a kernel that hangs on the canonical inputs, or needs CUDA on the CPU tier, ends the
+    # session there: the cells after it come back skipped, with the reason (diagnose.baseline)
+    ran = run_session(specs, base_env=env, log_dir=log_dir, on_event=watch, stop_after=stop_reason)
     if stop.is_set():
         raise _Stopped()
     # follow-up: an invalid-routing cell whose canary could not follow the kernel's own output
@@ -309,10 +330,22 @@ def _skipped(spec: ProbeSpec, reason: str) -> Outcome:
 
 
 def nothing_ran(report: ScanReport) -> bool:
-    """No probe of the kernel under test ran (all skipped, or only the environment check)."""
+    """No cell of the kernel under test was checked: every one skipped (did not apply, was not
+    run, or needs CUDA on the CPU tier), or only the environment check ran."""
+    skipped = {c.outcome.probe_id for c in build_matrix(report.outcomes).cells.values() if c.label == "skipped"}
     return bool(report.outcomes) and all(
-        o.status is Status.SKIPPED or o.spec.condition is Condition.INTERPRETER_CHECK for o in report.outcomes
+        o.probe_id in skipped or o.spec.condition is Condition.INTERPRETER_CHECK or o.spec.placement.rerun
+        for o in report.outcomes
     )
+
+
+def not_checked_reason(report: ScanReport) -> str | None:
+    """Why the cells of the kernel were not checked when the CPU tier cannot run it (it needs
+    CUDA), in one line, or None."""
+    for o in report.outcomes:
+        if cpu_cannot_run(o):
+            return needs_cuda_reason(o)
+    return None
 
 
 def all_spawn_failures(report: ScanReport) -> bool:
@@ -343,6 +376,7 @@ __all__ = [
     "checked_nothing",
     "coverage",
     "group_names",
+    "not_checked_reason",
     "nothing_ran",
     "plan_scan",
     "report_json",

@@ -426,9 +426,11 @@ def test_refusing_invalid_routing_loudly_is_not_a_fault(kind: ErrorKind) -> None
     """torch._grouped_mm device-asserts on offsets past M (2x H200, 2026-11-22, commit ab67830): a loud refusal of
     invalid input is what a kernel should do."""
     single = healthy_single()
+    # a Python refusal is one the child saw escape the kernel's call with no launch before it
+    raised = {"raised_in": "kernel", "raised_in_call": True, "kernel_launches": 0} if kind is ErrorKind.BAD_INPUT else {}
     for cond in (Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES):
         single[cond] = mk(f"GPU 1/{cond.value}", cond, Status.ERROR, kind=kind,
-                          facts={"baseline_ok": True, "variant_ok": False})
+                          facts={"baseline_ok": True, "variant_ok": False, **raised})
     result = classify(list(single.values()), kernel="k:fn")
     assert result.diagnoses == () and result.unexplained == ()
     cell = build_matrix(single.values()).get("GPU 1", Condition.OVER_ROUTED)
@@ -589,22 +591,26 @@ def _refused(base: Outcome, *, message: str, source: str, raised_in: str = "kern
         error_message=message,
         rel_error=None,
         facts={**base.facts, "raised_in": raised_in, "raise_site": "contig.py:32", "raise_source": source,
-               "kernel_launches": launches},
+               "kernel_launches": launches, "raised_in_call": True},
         notes=("x rows padded: row stride K + 24 (a slice of a wider buffer)",),
     )
 
 
 def test_a_contract_refusal_is_rejected_and_names_the_input() -> None:
     base = _recorded("2026-11-22-2xh200-b7713e6", "sweep-offsets", "GPU 0/offsets:padded-rows")
+    single = _recorded("2026-11-22-2xh200-b7713e6", "sweep-offsets", "GPU 0/single")  # passed
     bare = _refused(base, message="AssertionError()", source="assert x.is_contiguous()")
-    assert cell_label(bare, None)[0] == "rejected"
-    from qmoe_doctor.diagnose.matrix import Cell, describe
+    assert cell_label(bare, None, single)[0] == "rejected"
+    assert cell_label(bare, None)[0] == "bad-input"  # no baseline that passed: not a refusal
+    from qmoe_doctor.diagnose.matrix import describe
 
-    text = describe(Cell(outcome=bare, label="rejected"))
+    cell = build_matrix([single, bare]).get("GPU 0", Condition.OFFSETS, "padded-rows")
+    assert cell is not None and cell.label == "rejected"
+    text = describe(cell)
     assert text.startswith("the kernel refuses x before launch (`assert x.is_contiguous()` at contig.py:32)")
     transposed = _recorded("2026-11-22-2xh200-b7713e6", "sweep-offsets", "GPU 0/offsets:transposed-w")
     named = _refused(transposed, message="w must be contiguous (E, N, K)", source='assert w.is_contiguous(), "..."')
-    assert cell_label(named, None)[0] == "rejected"
+    assert cell_label(named, None, single)[0] == "rejected"
     doc = json.loads((RECORDED / "2026-11-22-2xh200-b7713e6" / "sweep-offsets.json").read_text())
     outcomes = [from_jsonable(Outcome, o) for o in doc["outcomes"]]
     outcomes = [{bare.probe_id: bare, named.probe_id: named}.get(o.probe_id, o) for o in outcomes]
@@ -617,15 +623,17 @@ def test_a_contract_refusal_is_rejected_and_names_the_input() -> None:
 
 @pytest.mark.parametrize(
     ("raised_in", "launches", "label"),
-    [("doctor", 0, "bad-input"), ("triton", 0, "bad-input"), ("kernel", 2, "bad-input"), ("kernel", 0, "rejected")],
+    [("doctor", 0, "bad-input"), ("triton", 2, "bad-input"), ("kernel", 2, "bad-input"), ("kernel", 0, "rejected"),
+     ("torch", 0, "rejected"), ("triton", 0, "rejected")],
 )
-def test_only_the_kernel_s_own_check_before_launch_is_a_refusal(raised_in: str, launches: int, label: str) -> None:
-    """A ValueError the doctor's probe code raised, one from inside Triton, or one the wrapper
-    raised after it had launched, is a failing cell; only the kernel's own check before any
-    launch is its contract."""
+def test_only_a_raise_before_any_launch_is_a_refusal(raised_in: str, launches: int, label: str) -> None:
+    """A ValueError the doctor's probe code raised, or one the kernel raised after it had
+    launched, is a failing cell; one out of the kernel's call before any launch is its contract,
+    whichever code raised it (its own check, a torch op in its wrapper)."""
     base = _recorded("2026-11-22-2xh200-b7713e6", "sweep-offsets", "GPU 0/offsets:padded-rows")
+    single = _recorded("2026-11-22-2xh200-b7713e6", "sweep-offsets", "GPU 0/single")
     o = _refused(base, message="x must be contiguous", source="raise ValueError(...)", raised_in=raised_in, launches=launches)
-    assert cell_label(o, None)[0] == label
+    assert cell_label(o, None, single)[0] == label
 
 
 def test_invalid_routing_refused_by_a_device_assert_stays_rejected() -> None:

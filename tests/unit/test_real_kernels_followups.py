@@ -149,7 +149,9 @@ def _blind_scan(monkeypatch: Any, tmp_path: Path) -> Any:
     from qmoe_doctor.plan.scan import plan_scan
     from qmoe_doctor.workflows import scan as scan_workflow
 
-    def run_session(specs: Any, *, base_env: Any, log_dir: Path, on_event: Any = None) -> list[Outcome]:
+    def run_session(
+        specs: Any, *, base_env: Any, log_dir: Path, on_event: Any = None, stop_after: Any = None
+    ) -> list[Outcome]:
         return [
             Outcome(
                 probe_id=s.probe_id,

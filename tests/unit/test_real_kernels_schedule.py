@@ -143,7 +143,9 @@ class _FakeSessions:
         self.done = {s.label: threading.Event() for s in plan.sessions}
         self.session_of = {spec.probe_id: s for s in plan.sessions for spec in s.specs}
 
-    def __call__(self, specs: Any, *, base_env: Any, log_dir: Path, on_event: Any = None) -> list[Outcome]:
+    def __call__(
+        self, specs: Any, *, base_env: Any, log_dir: Path, on_event: Any = None, stop_after: Any = None
+    ) -> list[Outcome]:
         session = self.session_of[specs[0].probe_id]
         with self.lock:
             self.log.append(("start", session.label))
@@ -216,7 +218,9 @@ def test_a_kernel_that_cannot_be_used_stops_the_sessions_beside_it(
     stopped: list[str] = []
     second_running = threading.Event()
 
-    def run_session(specs: Any, *, base_env: Any, log_dir: Path, on_event: Any = None) -> list[Outcome]:
+    def run_session(
+        specs: Any, *, base_env: Any, log_dir: Path, on_event: Any = None, stop_after: Any = None
+    ) -> list[Outcome]:
         spec = specs[0]
         if spec.probe_id == first.specs[0].probe_id:
             assert second_running.wait(timeout=60)  # both at once: the second must be stopped

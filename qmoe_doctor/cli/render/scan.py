@@ -14,7 +14,7 @@ from qmoe_doctor.core.causes import get_cause
 from qmoe_doctor.core.conditions import PAIR_ORDER, SINGLE_ORDER, SWEEP_CONDITIONS
 from qmoe_doctor.core.records import Condition, Diagnosis, Phase, Status
 from qmoe_doctor.core.reports import ScanReport
-from qmoe_doctor.workflows.scan import Cell, all_spawn_failures, build_matrix, nothing_ran
+from qmoe_doctor.workflows.scan import Cell, all_spawn_failures, build_matrix, not_checked_reason, nothing_ran
 
 #: Colour of a cell label; error kinds not listed are red.
 STYLE = {
@@ -229,6 +229,9 @@ def could_not_run(report: ScanReport) -> str | None:
         return f"no probe child could start: {_first_line(env.error_message)}"
     if env is not None and env.failed:
         return f"the Triton interpreter cannot run here: {_first_line(env.error_message)}"
+    cuda = not_checked_reason(report)
+    if cuda is not None:
+        return cuda
     notes = sorted({n for o in report.outcomes if o.status is Status.SKIPPED for n in o.notes})
     return "every probe was skipped" + (f": {notes[0]}" if notes else "")
 
