@@ -94,8 +94,18 @@ def stream_device(m: Module, expr: ast.expr, depth: int = 0) -> StreamDevice:
     return "none" if "current device" in desc else "literal"
 
 
-def is_guard_cm(m: Module, expr: ast.expr) -> bool:
-    """``expr`` (a ``with`` item) makes a device current."""
+def is_guard_cm(m: Module, expr: ast.expr, depth: int = 0) -> bool:
+    """``expr`` (a ``with`` item) makes a device current. A guard taken only for CUDA tensors
+    (``torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()``) is one, and so
+    is a local bound to a guard before the ``with``."""
+    if isinstance(expr, ast.IfExp):
+        branches = (expr.body, expr.orelse)
+        return any(is_guard_cm(m, b, depth) for b in branches) and all(
+            is_guard_cm(m, b, depth) or _null_context(m, b) for b in branches
+        )
+    if isinstance(expr, ast.Name) and depth < 2:
+        value = m.local_value(expr)
+        return value is not None and is_guard_cm(m, value, depth + 1)
     if not isinstance(expr, ast.Call):
         return False
     name = m.canon(expr.func) or ""
@@ -107,6 +117,11 @@ def is_guard_cm(m: Module, expr: ast.expr) -> bool:
         stream = arg(expr, 0, "stream")
         return stream is not None and stream_device(m, stream) == "explicit"
     return False
+
+
+def _null_context(m: Module, expr: ast.expr) -> bool:
+    """``contextlib.nullcontext()`` / ``nullcontext()``: the no-op branch of a conditional guard."""
+    return isinstance(expr, ast.Call) and last(m.canon(expr.func) or "") == "nullcontext"
 
 
 def lexical_guard(m: Module, node: ast.AST) -> bool:

@@ -120,7 +120,21 @@ def _caller_holds_it(func: ast.FunctionDef) -> list[ast.stmt]:
     return [func, *caller]
 
 
+def _guard_in_a_local(func: ast.FunctionDef) -> list[ast.stmt]:
+    """``guard = torch.cuda.device(t.device)`` first, then ``with guard:`` around the body."""
+    tensor = func.args.args[0].arg
+    head = ast.parse(f"guard = torch.cuda.device({tensor}.device)\nwith guard:\n    pass").body
+    assert isinstance(head[1], ast.With)
+    head[1].body = func.body
+    func.body = head
+    return [func]
+
+
 GUARDS: dict[str, Callable[[ast.FunctionDef], list[ast.stmt]]] = {
+    "with torch.cuda.device(t.device) if t.is_cuda else nullcontext()": _with(
+        "torch.cuda.device({t}.device) if {t}.is_cuda else contextlib.nullcontext()"
+    ),
+    "a local bound to the guard": _guard_in_a_local,
     "with torch.cuda.device(t.device)": _with("torch.cuda.device({t}.device)"),
     "with torch.cuda.device_of(t)": _with("torch.cuda.device_of({t})"),
     "with torch.cuda.device(t.get_device())": _with("torch.cuda.device({t}.get_device())"),
