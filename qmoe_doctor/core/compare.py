@@ -109,6 +109,9 @@ class CompareProcesses:
     printed: int  # launches the subject printed
     stop: str = ""  # where and why the launch sequences stop matching ("" when they do not)
     nondeterministic: int = 0  # compared launches whose prints differ between reference runs
+    #: of those, the launches whose inputs were equal between those runs and outputs not: the
+    #: kernel itself is nondeterministic (atomic adds, split-K, a race inside)
+    nondeterministic_in_kernel: int = 0
     divergent: int = 0  # compared launches whose subject prints differ beyond the references'
     first_divergent: int | None = None  # its launch number (seq) in the subject
     first_nondeterministic: int | None = None  # its seq in the first run that differs

@@ -93,7 +93,7 @@ class Contents:
     @classmethod
     def from_vector(cls, vector: Sequence[float]) -> Contents:
         """From what the monitor reads per tensor: [sum, sum |x|, non-finite count, *sampled values]."""
-        values = [float(v) for v in vector[HEAD:]]
+        values = list(vector[HEAD:])  # floats already (Tensor.tolist of a float64 tensor)
         return cls(
             total=float(vector[0]),
             total_abs=float(vector[1]),
@@ -164,8 +164,49 @@ def prints_name(pid: int, token: str) -> str:
     return f"prints-{pid}-{token}.jsonl"
 
 
+def _contents(c: Contents) -> dict[str, object]:
+    return {
+        "total": c.total,
+        "total_abs": c.total_abs,
+        "nonfinite": c.nonfinite,
+        "sample_hash": c.sample_hash,
+        "sample": list(c.sample),
+    }
+
+
+def _site(site: SourceSite | None) -> dict[str, object] | None:
+    return None if site is None else {"file": site.file, "line": site.line, "function": site.function}
+
+
 def launch_line(launch: LaunchPrint) -> str:
-    return '{"launch":' + to_json(launch) + "}\n"
+    """``{"launch": ...}`` and a newline: what ``to_json`` writes, spelt out (the generic writer
+    took most of a print's time, on the path of every printed launch)."""
+    body = {
+        "seq": launch.seq,
+        "kernel": launch.kernel,
+        "ordinal": launch.ordinal,
+        "config": launch.config,
+        "scalars": launch.scalars,
+        "grid": None if launch.grid is None else list(launch.grid),
+        "device": launch.device,
+        "stream": launch.stream,
+        "call_site": _site(launch.call_site),
+        "launch_site": _site(launch.launch_site),
+        "thread": launch.thread,
+        "tensors": [
+            {
+                "name": t.name,
+                "device": t.device,
+                "dtype": t.dtype,
+                "shape": list(t.shape),
+                "numel": t.numel,
+                "before": _contents(t.before),
+                "after": None if t.after is None else _contents(t.after),
+            }
+            for t in launch.tensors
+        ],
+    }
+    return json.dumps({"launch": body}, separators=(",", ":"), allow_nan=True) + "\n"
 
 
 def state_line(state: PrintsState) -> str:

@@ -34,10 +34,11 @@ from qmoe_doctor.core.fingerprints import (
     state_line,
 )
 from qmoe_doctor.core.launches import SourceSite
-from qmoe_doctor.core.records import Confidence, from_jsonable
+from qmoe_doctor.core.records import Confidence, from_jsonable, to_json
 from qmoe_doctor.core.reports import RunPass, RunReport
 from qmoe_doctor.diagnose.compare import (
     FACTOR,
+    NOISE_FLOOR,
     PassPrints,
     ProcessRun,
     align,
@@ -140,6 +141,7 @@ def test_a_prints_file_reads_back_and_counts_a_cut_line() -> None:
         + state_line(PrintsState(pid=7, printed=2, final=True))
         + launch_line(first)[:40]  # a hard end mid-line
     )
+    assert json.loads(launch_line(first)) == json.loads('{"launch":' + to_json(first) + "}")  # the generic writer's
     back = read_prints(text)
     assert [p.seq for p in back.launches] == [1, 2]  # in launch order
     assert back.launches[1] == first
@@ -273,11 +275,21 @@ def test_nondeterministic_launches_are_marked_and_compared_within_the_references
     assert quiet.divergence is None
     assert quiet.processes[0].nondeterministic == 2 and quiet.nondeterminism is not None
     assert quiet.nondeterminism.where == "in-kernel" and quiet.nondeterminism.launch.kernel == "shift"
-    assert "within the tolerance" in quiet.verdict and f"{FACTOR:g} x the largest spread" in quiet.tolerance
+    assert "within the tolerance" in quiet.verdict and f"{FACTOR:g} x the largest relative spread" in quiet.tolerance
     loud = compare(CompareKind.BLOCKING, run_of(noisy([2e-6, 0.5])), *refs)
     d = loud.divergence
     assert d is not None and (d.launch.kernel, d.launch.ordinal) == ("shift", 2) and d.noisy
     assert d.deltas[0].tolerance is not None and d.deltas[0].tolerance < 0.5
+
+
+def test_a_spread_two_runs_underestimate_is_floored_at_a_fraction_of_the_sum_of_abs() -> None:
+    refs = (run_of(noisy([1e-9, 1e-9])), run_of(noisy([1.1e-9, 1e-9])))  # a spread of 1e-10 per element
+    scale = sum(abs(v) for v in refs[0].processes[0].prints.launches[1].tensors[1].final.sample)
+    below = NOISE_FLOOR * scale / len(X) / 2  # per element: half the floor in the sum
+    assert compare(CompareKind.BLOCKING, run_of(noisy([below, 1e-9])), *refs).divergence is None
+    above = NOISE_FLOOR * scale / len(X) * 2
+    d = compare(CompareKind.BLOCKING, run_of(noisy([above, 1e-9])), *refs).divergence
+    assert d is not None and d.launch.ordinal == 1
 
 
 def test_a_kernel_nondeterministic_at_one_launch_is_compared_within_tolerance_at_all() -> None:
@@ -295,6 +307,7 @@ def test_repeat_names_the_first_nondeterministic_launch_and_finds_no_fault() -> 
     assert n is not None and (n.launch.kernel, n.launch.ordinal, n.where) == ("shift", 1, "in-kernel")
     assert result.verdict.startswith("nondeterministic from `shift` (its launch 1)") and "not a fault" in result.verdict
     assert any("--compare blocking" in line for line in result.explanation)
+    assert result.processes[0].nondeterministic == 1 and result.processes[0].nondeterministic_in_kernel == 1
     same = compare(CompareKind.REPEAT, run_of(program(X)), run_of(program(X)))
     assert same.verdict == "deterministic: 4 launches gave equal prints in all 2 runs" and same.nondeterminism is None
 

@@ -130,7 +130,7 @@ def render_compare(out: Console, report: RunReport) -> None:
         refs = ", ".join(r or "none" for r in proc.references)
         line = f"  {proc.subject} against {refs}: {proc.compared:,} of {proc.printed:,} printed launches compared"
         if proc.nondeterministic:
-            line += f", {proc.nondeterministic:,} nondeterministic"
+            line += f", {proc.nondeterministic:,} nondeterministic ({proc.nondeterministic_in_kernel:,} in the kernel)"
         if proc.divergent:
             line += f", {proc.divergent:,} divergent"
         out.print(Text(line, style="dim"), soft_wrap=True)
