@@ -28,8 +28,8 @@
 #   overhead   benchmarks/monitor_overhead.py: the MoE block training step with and without the
 #              launch monitor (2048 and 128 tokens), with a profile of each child's host time
 #   compare    (not a default step; about 7 minutes) qmoe-doctor run --compare on the example:
-#              --race side-stream against blocking (want: wrong-device-stream at the first
-#              _grouped_gemm_kernel launch, before it), our kernel against blocking and repeat
+#              --race side-stream against blocking (want: wrong-device-stream at a
+#              _grouped_gemm_kernel launch, "before" it), our kernel against blocking and repeat
 #              (want: no divergence, no launch nondeterministic in the kernel), --race producer
 #              against blocking (want: no divergence), the atomic split-K GPU test (marked
 #              nondeterministic, not a fault), and the cost: the example's median step in a plain
