@@ -25,6 +25,9 @@ takes one for the first ``--call-sites`` launches of each kernel, then every
 ``SAMPLE_EVERY``-th); ``first launch`` is a kernel's first launch (describe it, lint the files
 its launch came through, flush the record soon after); ``first launch, cold`` the first of the
 process (nothing linted yet). ``flush`` is writing the record with a full ring (256 launches).
+The ``compare pass`` rows are a ``run --compare`` pass's monitor (``monitor/fingerprint.py``):
+each launch's tensors read before and after it (CPU tensors, so at once), and a kernel past its
+``--compare-launches`` (counted, not read).
 
 To compare with an earlier design, run this file against that commit's package (``git archive
 COMMIT qmoe_doctor | tar -x -C DIR``, then ``PYTHONPATH=DIR python3 benchmarks/monitor_hot_path.py``
@@ -235,6 +238,32 @@ def measure(args: argparse.Namespace) -> list[tuple[str, float, float]]:
         rows.append(("patch (attach)", 0.0, patched_ns))
         if args.profile:
             _profile(kernels[7], tensors[7], args.launches)
+        rows += _compare_rows(args, folder, tensors[7], plain["7 positional"])
+    return rows
+
+
+def _compare_rows(
+    args: argparse.Namespace, folder: str, tensors: dict[str, torch.Tensor], plain_ns: float
+) -> list[tuple[str, float, float]]:
+    """A compare pass's monitor (``run --compare``): every launch's 7 tensors fingerprinted
+    before and after it (CPU tensors: read at once), and a kernel past its printed launches (the
+    steady state of a long run). A tenth of the launches: each print is kept until the flush."""
+    try:
+        monitor = Monitor(Settings(folder=folder, call_sites=args.call_sites, prints=10**9), stderr=io.StringIO())
+    except TypeError:  # a package from before compare passes
+        return []
+    module = jit_module()
+    hook.patch_jit(module, monitor)
+    launches = max(1, args.launches // 10)
+    printed = by_position(module.JITFunction(gemm_7), tensors)
+    printed(args.call_sites + 1)
+    rows = [("compare pass, 7 tensors, printed", plain_ns, best_ns(printed, launches, args.repeats))]
+    monitor.prints.limit = 0  # type: ignore[union-attr]  # every later launch is past the limit
+    past = by_position(module.JITFunction(gemm_7), tensors)
+    past(args.call_sites + 1)
+    rows.append(("compare pass, 7 tensors, past the limit", plain_ns, best_ns(past, args.launches, args.repeats)))
+    if launch_observer is not None:
+        launch_observer.install(None)
     return rows
 
 

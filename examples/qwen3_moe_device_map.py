@@ -10,6 +10,8 @@ placed over GPUs with ``device_map`` and trained for a few steps: a user's progr
         --preset qwen3-coder-480b-a35b --layers 1 --tokens 256 --steps 1
     qmoe-doctor run -- python examples/qwen3_moe_device_map.py --gpus 0,1 --side-stream \\
         --kernel specimen:wrong_stream                                       # a kernel on the default stream
+    qmoe-doctor run --compare blocking -- python examples/qwen3_moe_device_map.py --gpus 0 \\
+        --race side-stream                                                   # only a compare sees it
     python examples/qwen3_moe_device_map.py --cpu --steps 1                  # Triton interpreter, float32
 
 The model is built from a config (no download): attention, norms and embeddings are Transformers'
@@ -26,6 +28,20 @@ with a new stream current on every GPU the model uses, as a program that overlap
 kernel that launches on the default stream instead of the caller's current one then stands out
 (on the CPU there is no stream: it is ignored, with a message).
 
+``--race side-stream`` plants a fault no launch shows by itself, which only ``run --compare
+blocking`` sees: the forward kernel's input is produced on its device's current stream behind a
+hold of that stream (``RACE_HOLD_S``), and the kernel is called on a side stream of the same
+device that does not wait for it (a consumer without ``wait_stream`` on its producer): it reads
+the input before it is written. Every tensor is on the launch device, so the device checks see
+nothing; with ``CUDA_LAUNCH_BLOCKING=1`` the producer is done before the kernel is called, so the
+blocking run is right. Over ``--gpus 0,1`` it happens on both GPUs, the second GPU's layers
+reading hidden states that came across from the first. ``--race producer`` makes only the held
+producer: a kernel launched on the current stream of its tensors' device is ordered after it
+(ours: no divergence); an unguarded one (``--kernel specimen:unguarded`` over two GPUs) runs on
+the first GPU's stream, unordered against it (a cross-device race, placement compare:
+``run --compare "python ... --gpus 0 --layers 4 ..."`` over ``--gpus 0,1 --layers 4``). On the
+CPU there is no stream: ignored, with a message.
+
 Needs ``pip install "qmoe-doctor[example]"`` (transformers, accelerate).
 """
 
@@ -39,6 +55,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+#: ``--race``: a consumer on a side stream without a wait on its producer, or the held producer only.
+RACES = ("side-stream", "producer")
+#: Seconds the forward kernel's input waits on its stream under ``--race`` (the host is on to the
+#: kernel's launch within microseconds; a stream held this long is still busy then).
+RACE_HOLD_S = 0.02
 #: Attention head size of the presets (Qwen3-MoE's); tiny hidden sizes use smaller heads.
 HEAD_DIM = 128
 VOCAB = 512
@@ -56,6 +77,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=3, help="training steps")
     p.add_argument("--over-route", type=int, default=0, metavar="ROWS", help="rows added to the last expert's count")
     p.add_argument("--side-stream", action="store_true", help="train with a side stream current on every GPU")
+    p.add_argument(
+        "--race",
+        choices=RACES,
+        default=None,
+        help="plant a stream race no launch shows by itself: the forward kernel's input produced behind a hold of "
+        "its stream, and (side-stream) the kernel called on a side stream that does not wait for it",
+    )
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     for name in ("layers", "tokens", "steps"):
@@ -72,6 +100,39 @@ def over_routed(kernel: Callable[..., Any], rows: int) -> Callable[..., Any]:
         counts = m_sizes.clone()
         counts[-1] += rows
         return kernel(x, w, counts, **kwargs)
+
+    return forward
+
+
+def raced(kernel: Callable[..., Any], race: str) -> Callable[..., Any]:
+    """``kernel`` whose input is produced behind a hold of its device's current stream, called
+    (``race == "side-stream"``) on a side stream of that device that does not wait for it. Under
+    ``CUDA_LAUNCH_BLOCKING=1`` the producer is done before the call, so the result is right."""
+    import torch
+
+    from qmoe_doctor.probes.stream_hold import hold_stream
+
+    sides: dict[Any, Any] = {}
+
+    def forward(x: Any, w: Any, m_sizes: Any, **kwargs: Any) -> Any:
+        if x.device.type != "cuda":
+            return kernel(x, w, m_sizes, **kwargs)
+        with torch.cuda.device(x.device):
+            # what came before (routing: m_sizes) is finished, so the one input that races is x_in
+            torch.cuda.current_stream(x.device).synchronize()
+            hold_stream(RACE_HOLD_S)  # the stream that produces the kernel's input is busy ...
+            x_in = x.clone()  # ... so this producer is still queued when the kernel is called
+        if race == "producer":  # ordered after it on the current stream of x's device, unless unguarded
+            return kernel(x_in, w, m_sizes, **kwargs)
+        side = sides.get(x.device)
+        if side is None:
+            side = sides[x.device] = torch.cuda.Stream(device=x.device)
+        # PLANTED: the consumer runs on a side stream with no side.wait_stream(current): it reads x_in
+        # before the clone has written it
+        with torch.cuda.stream(side):
+            y = kernel(x_in, w, m_sizes, **kwargs)
+        torch.cuda.current_stream(x.device).wait_stream(side)  # what follows waits for y: only the input races
+        return y
 
     return forward
 
@@ -125,6 +186,8 @@ def build(args: argparse.Namespace, devices: list[Any], dtype: Any) -> tuple[Any
     kernel = load_kernel(args.kernel)
     if args.over_route:
         kernel = over_routed(kernel, args.over_route)
+    if args.race and not args.cpu:
+        kernel = raced(kernel, args.race)
 
     class FusedMoE(nn.Module):
         """The Qwen3-MoE sparse block on the fused kernel: (batch, seq, hidden) in and out."""
@@ -175,6 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(args.seed)
     print(f"{args.kernel}: {len(model.model.layers)} layers over {', '.join(placed)}, {tokens} tokens a step", flush=True)
+    if args.race and args.cpu:
+        print("--race: the CPU has no CUDA stream; ignored", file=sys.stderr)
     if args.side_stream and args.cpu:
         print("--side-stream: the CPU has no CUDA stream; ignored", file=sys.stderr)
     elif args.side_stream:

@@ -27,6 +27,9 @@ QMOE_RUN_CALL_SITES = "QMOE_DOCTOR_RUN_CALL_SITES"
 #: The folder holding the qmoe_doctor package that started the run, for a command whose
 #: interpreter cannot import it (another venv's python).
 QMOE_RUN_HOME = "QMOE_DOCTOR_RUN_HOME"
+#: Compare passes (`run --compare`): launches of each kernel whose tensors are fingerprinted
+#: before and after the launch (``core.fingerprints``); unset or "0": none (a plain run).
+QMOE_RUN_PRINTS = "QMOE_DOCTOR_RUN_PRINTS"
 # The child side reads these (kernels, probes; both may import core), through the functions below.
 #: Escape hatch: a config table file used instead of the one chosen for the device (a tuning
 #: run measures its own table before it is committed or installed; a user pins one for a CI).
@@ -158,6 +161,12 @@ def run_ring(environ: Mapping[str, str] | None = None) -> int:
 def run_call_sites(environ: Mapping[str, str] | None = None) -> int:
     """$QMOE_DOCTOR_RUN_CALL_SITES: launches of each kernel with a call site. Raises ValueError."""
     return _int_var(QMOE_RUN_CALL_SITES, DEFAULT_RUN_CALL_SITES, environ)
+
+
+def run_prints(environ: Mapping[str, str] | None = None) -> int:
+    """$QMOE_DOCTOR_RUN_PRINTS: launches of each kernel a compare pass fingerprints (0: not a
+    compare pass). Raises ValueError."""
+    return _int_var(QMOE_RUN_PRINTS, 0, environ)
 
 
 def run_strict(environ: Mapping[str, str] | None = None) -> bool:

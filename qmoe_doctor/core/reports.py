@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from qmoe_doctor import __version__
 from qmoe_doctor.core.audit import AuditReport
+from qmoe_doctor.core.compare import RunCompare
 from qmoe_doctor.core.coverage import Coverage
 from qmoe_doctor.core.exitcodes import ExitCode
 from qmoe_doctor.core.launches import FindingKind, Launch, LaunchFinding, ProcessRecord, SourceLint
@@ -359,7 +360,8 @@ class ReproReport:
 #: The passes of one run: the command as given, then the reruns asked for (each only when the
 #: first pass gives it something to confirm): with CUDA_LAUNCH_BLOCKING=1, and under
 #: compute-sanitizer memcheck with the caching allocator off.
-RunPassLabel = Literal["run", "blocking", "sanitize"]
+#: "reference": a pass of ``run --compare``'s reference (``RunReport.reference_passes``).
+RunPassLabel = Literal["run", "blocking", "sanitize", "reference"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -475,6 +477,8 @@ class RunReport:
     sanitizer: SanitizerRun | None = None
     record_dir: str = ""  # where the records stay ("" once removed: a healthy run)
     notes: tuple[str, ...] = ()
+    compare: RunCompare | None = None  # run --compare: the subject (the run pass) against a reference
+    reference_passes: tuple[RunPass, ...] = ()  # run --compare: the reference's passes
 
     @property
     def cuda_errors(self) -> tuple[RunCudaError, ...]:
@@ -482,4 +486,6 @@ class RunReport:
 
     @property
     def healthy(self) -> bool:
-        return not self.diagnoses and not self.cuda_errors
+        """No diagnosis, no CUDA error in the passes, and (with --compare) no divergent launch."""
+        diverged = self.compare is not None and self.compare.diverged
+        return not self.diagnoses and not self.cuda_errors and not diverged

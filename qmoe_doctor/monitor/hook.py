@@ -22,6 +22,10 @@
 Launches through PyTorch's static launcher (``torch.compile``'s Inductor kernels) bypass both:
 the monitor does not see them.
 
+In a compare pass (``run --compare``, ``Monitor.prints`` set) the three are replaced by those of
+``monitor/fingerprint.py``, which do the same and read each launch's tensors before and after it;
+a plain run never loads that module.
+
 The wrappers never change what Triton does: the monitor's own failures are noted in its record
 and the launch goes on; only ``--strict`` raises (``CrossDeviceLaunchError``), before the launch.
 """
@@ -82,6 +86,11 @@ def patch_jit(module: ModuleType, monitor: Monitor) -> bool:
     if getattr(original, MARK, False):
         return True
     driver = getattr(module, "driver", None)
+    if monitor.prints is not None:  # a compare pass: the same, with each launch's tensors read
+        from qmoe_doctor.monitor import fingerprint
+
+        return _install_jit(cls, original, fingerprint.jit_wrapper(original, monitor, driver, _spied), monitor,
+                            fingerprint.lean_observer(monitor))  # fmt: skip
 
     def run(self: Any, *args: Any, grid: Any, warmup: Any, **kwargs: Any) -> Any:
         if warmup:
@@ -113,11 +122,17 @@ def patch_jit(module: ModuleType, monitor: Monitor) -> bool:
             monitor.ended(entry, None)
         return result
 
+    return _install_jit(cls, original, run, monitor, monitor.observe)
+
+
+def _install_jit(
+    cls: Any, original: Callable[..., Any], run: Callable[..., Any], monitor: Monitor, observer: Any
+) -> bool:
     setattr(run, MARK, True)
     run.__wrapped__ = original  # type: ignore[attr-defined]
     run.__doc__ = original.__doc__
     cls.run = run
-    launch_observer.install(monitor.observe)
+    launch_observer.install(observer)
     monitor.hooks.append(HookPoint.JIT_RUN)
     return True
 
@@ -131,6 +146,10 @@ def patch_interpreter(module: ModuleType, monitor: Monitor) -> bool:
         return False
     if getattr(original, MARK, False):
         return True
+    if monitor.prints is not None:  # a compare pass
+        from qmoe_doctor.monitor import fingerprint
+
+        return _install_interpreter(cls, original, fingerprint.interpreter_wrapper(original, monitor, _spied), monitor)
 
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("warmup"):
@@ -153,6 +172,10 @@ def patch_interpreter(module: ModuleType, monitor: Monitor) -> bool:
             monitor.ended(entry, None)
         return result
 
+    return _install_interpreter(cls, original, call, monitor)
+
+
+def _install_interpreter(cls: Any, original: Callable[..., Any], call: Callable[..., Any], monitor: Monitor) -> bool:
     setattr(call, MARK, True)
     call.__wrapped__ = original  # type: ignore[attr-defined]
     cls.__call__ = call

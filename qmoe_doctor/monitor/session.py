@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qmoe_doctor.core import knobs
 from qmoe_doctor.core.error_kind import match_text
@@ -55,6 +55,9 @@ from qmoe_doctor.monitor.callsite import Places, call_path, find_sites
 from qmoe_doctor.monitor.kernels import KernelInfo, SourceCache, describe_kernel, lint_kernel
 from qmoe_doctor.monitor.layout import Layout, make_layout
 from qmoe_doctor.monitor.writer import CUDA_ERROR_KINDS, RecordWriter, exception_text
+
+if TYPE_CHECKING:
+    from qmoe_doctor.monitor.fingerprint import Fingerprints
 
 #: After a kernel's first ``call_sites`` launches, every SAMPLE_EVERY-th is sampled too: a long
 #: run keeps call sites and whole tensors in its ring (a fault after hours is near a sample).
@@ -81,6 +84,7 @@ class Settings:
     call_sites: int = knobs.DEFAULT_RUN_CALL_SITES
     strict: bool = False
     flush_interval_s: float = knobs.RUN_FLUSH_INTERVAL_S
+    prints: int = 0  # a compare pass: launches of each kernel fingerprinted (monitor/fingerprint.py)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings | None:
@@ -94,6 +98,7 @@ class Settings:
             ring=knobs.run_ring(environ),
             call_sites=knobs.run_call_sites(environ),
             strict=knobs.run_strict(environ),
+            prints=knobs.run_prints(environ),
         )
 
 
@@ -140,6 +145,12 @@ class Monitor:
         self.cuda_error = ""
         self.problems: list[str] = []
         self.warned: set[tuple[str, ...]] = set()
+        # a compare pass's fingerprints (None in a plain run, which never loads their module)
+        self.prints: Fingerprints | None = None
+        if self.settings.prints:
+            from qmoe_doctor.monitor.fingerprint import Fingerprints
+
+            self.prints = Fingerprints(self, self.settings.prints)
 
     def forked(self) -> None:
         """In the child of a fork: a process of its own, with an empty ring and its own record."""
@@ -521,6 +532,8 @@ class Monitor:
         """Write the record now. Never raises: a failure is noted and the program goes on."""
         self.last_flush = time.monotonic()
         self._flush_at = self.last_flush + self.settings.flush_interval_s
+        if self.prints is not None:
+            self.prints.flush(final=self.end is not None)
         try:
             self.writer.write(self.record())
         except Exception as exc:

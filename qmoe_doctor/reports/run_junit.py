@@ -6,6 +6,8 @@
         testcase[classname="run.<pass>", name=<process>]     error: a CUDA error, with its last launches
         testcase[classname="run.diagnoses", name=<cause> <kernel>]   failure, type = cause id
         testcase[classname="run.diagnoses", name="device checks"]    passes when nothing was found
+        testcase[classname="run.compare", name="compare with <kind>"]  run --compare: failure at a
+                                                         divergent launch, type = its cause id (or "divergence")
 
 Reads only ``core`` records.
 """
@@ -81,6 +83,19 @@ def run_junit_element(report: RunReport) -> ET.Element:
         failure.text = _clean("\n".join(body))
     if not report.diagnoses:
         case("run.diagnoses", "device checks")
+    compared = report.compare
+    if compared is not None:  # run --compare: one case, failing at a divergent launch
+        c = case("run.compare", f"compare with {compared.kind.value}")
+        body = [compared.verdict, *compared.explanation]
+        if compared.scan:
+            body.append(f"prove it: {compared.scan}")
+        body += [f"note: {note}" for note in compared.notes]
+        if compared.divergence is not None:
+            failures += 1
+            kind = compared.cause or "divergence"
+            ET.SubElement(c, "failure", {"message": _line(compared.verdict), "type": kind}).text = _clean("\n".join(body))
+        else:
+            ET.SubElement(c, "system-out").text = _clean("\n".join(body))
     for element in (root, suite):
         element.set("tests", str(tests))
         element.set("failures", str(failures))

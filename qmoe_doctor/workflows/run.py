@@ -33,8 +33,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from qmoe_doctor.core import knobs
+from qmoe_doctor.core.compare import RunCompare
 from qmoe_doctor.core.error_kind import describe_exit
 from qmoe_doctor.core.exitcodes import ExitCode
+from qmoe_doctor.core.fingerprints import DEFAULT_PRINTED_LAUNCHES
 from qmoe_doctor.core.inputs import InputError, read_text
 from qmoe_doctor.core.launches import ProcessRecord, SourceLint
 from qmoe_doctor.core.records import from_json
@@ -52,6 +54,7 @@ from qmoe_doctor.isolate.foreground import run_foreground
 from qmoe_doctor.isolate.logs import LogDir
 from qmoe_doctor.isolate.process import SpawnError
 from qmoe_doctor.machine.sanitizer import SanitizerTool, find_compute_sanitizer, sanitizer_command
+from qmoe_doctor.workflows import compare as compare_flow
 
 #: A record larger than this is not read (a ring of 256 launches is well under 1 MB).
 MAX_RECORD_BYTES = 32 * 2**20
@@ -72,6 +75,9 @@ class RunOptions:
     sanitize: bool = False  # rerun under compute-sanitizer memcheck
     fail_on_finding: bool = False  # a clean exit with a diagnosis or CUDA error exits 1
     log_dir: Path | None = None  # where the records go (default: a temp folder, kept when needed)
+    compare: str | None = None  # --compare REFERENCE: blocking, repeat, or a command (workflows.compare)
+    repeat: int = 2  # --repeat N: runs of the reference
+    compare_launches: int = DEFAULT_PRINTED_LAUNCHES  # launches of each kernel printed per process
 
 
 #: Told when a pass starts (label, what runs, why), for the CLI's stderr line.
@@ -164,11 +170,17 @@ def _run_pass(
     extra_env: Mapping[str, str],
     environ: Mapping[str, str],
     prefix: Sequence[str] = (),
+    prints: int = 0,
 ) -> tuple[RunPass, int | None]:
-    """Run the command once; its pass and the signal passed on to it (None: none)."""
+    """Run the command once; its pass and the signal passed on to it (None: none). ``prints``:
+    a compare pass, its launches fingerprinted (that many of each kernel)."""
     folder.mkdir(parents=True, exist_ok=True)
     env = monitor_env(folder, options, environ)
     env.update(extra_env)
+    if prints:
+        env[knobs.QMOE_RUN_PRINTS] = str(prints)
+    else:
+        env.pop(knobs.QMOE_RUN_PRINTS, None)
     full = [*prefix, *argv]
     try:
         end = run_foreground(full, env)
@@ -370,6 +382,41 @@ def _merged_diagnoses(passes: Sequence[RunPass]) -> tuple[RunDiagnosis, ...]:
     return tuple(seen.values())
 
 
+def _compare(
+    plan: compare_flow.ReferencePlan,
+    first: RunPass,
+    root: Path,
+    options: RunOptions,
+    environ: Mapping[str, str],
+    on_pass: OnPass | None,
+) -> tuple[RunCompare, list[RunPass], bool]:
+    """The reference passes and the compare section; whether the user interrupted them. Raises
+    RunInputError for a reference that launched nothing while the subject did."""
+    if not compare_flow.read_pass_prints(root / "run")[0].launches:
+        return compare_flow.nothing_to_compare(plan, options.compare_launches), [], False
+    done: list[tuple[RunPass, Path]] = []
+    for k in range(1, plan.repeat + 1):
+        if on_pass is not None:
+            on_pass("reference", plan.argv, f"reference run {k} of {plan.repeat}: {plan.name}")
+        folder = root / f"reference-{k}"
+        ran, signalled = _run_pass(
+            "reference", plan.argv, folder=folder, options=options, extra_env=plan.env, environ=environ,
+            prints=options.compare_launches,
+        )  # fmt: skip
+        done.append((ran, folder))
+        if signalled is not None:
+            interrupted = RunCompare(
+                kind=plan.kind, reference=plan.argv, reference_env=plan.env, repeat=len(done),
+                limit=options.compare_launches, verdict="nothing compared: the reference runs were interrupted",
+            )  # fmt: skip
+            return interrupted, [p for p, _ in done], True
+    try:
+        result = compare_flow.compare_passes(plan, first, root / "run", done, limit=options.compare_launches)
+    except compare_flow.CompareInputError as exc:
+        raise RunInputError(str(exc)) from None
+    return result, [p for p, _ in done], False
+
+
 def run_program(
     argv: Sequence[str],
     options: RunOptions | None = None,
@@ -386,15 +433,28 @@ def run_program(
     command = resolve_command(argv, env)
     if options.sanitize:
         knobs.compute_sanitizer(env)  # a $QMOE_DOCTOR_COMPUTE_SANITIZER naming nothing: before the run
+    plan = None
+    if options.compare is not None:  # a reference that cannot run: refused before the command runs
+        try:
+            plan = compare_flow.reference_plan(options.compare, command, options.repeat, resolve_command, env)
+        except compare_flow.CompareInputError as exc:
+            raise RunInputError(str(exc)) from None
+    prints = options.compare_launches if plan is not None else 0
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.monotonic()
     notes: list[str] = []
     with LogDir.open(options.log_dir, prefix="qmoe-doctor-run-") as logs:
         first, signalled = _run_pass(
-            "run", command, folder=logs.path / "run", options=options, extra_env={}, environ=env
+            "run", command, folder=logs.path / "run", options=options, extra_env={}, environ=env, prints=prints
         )
         passes = [first]
         stop = signalled is not None  # the user interrupted the command: no rerun
+        compared: RunCompare | None = None
+        references: list[RunPass] = []
+        if plan is not None and stop:
+            notes.append("the command was interrupted: the reference was not run")
+        elif plan is not None:
+            compared, references, stop = _compare(plan, first, logs.path, options, env, on_pass)
         if stop and (options.blocking or options.sanitize):
             notes.append("the command was interrupted: the reruns asked for were not made")
         if options.blocking and not stop:
@@ -441,6 +501,8 @@ def run_program(
             lint=_merged_lint(passes),
             sanitizer=sanitizer,
             notes=tuple(notes),
+            compare=compared,
+            reference_passes=tuple(references),
         )
         if not report.healthy or first.exit_code != 0:
             logs.keep()

@@ -39,6 +39,24 @@ def test_the_example_trains_on_our_kernels_with_no_finding(tmp_path: Path) -> No
     assert {t.name for t in forward.tensors} >= {"x_ptr", "w_ptr", "y_ptr", "m_sizes_ptr"}
 
 
+def test_the_example_on_our_kernels_is_deterministic_under_compare_repeat(tmp_path: Path) -> None:
+    """Our kernels, fingerprinted launch by launch in two runs of the example: every launch equal."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    report = run_program(
+        [sys.executable, str(EXAMPLE), "--cpu", "--steps", "1"],
+        RunOptions(log_dir=tmp_path, compare="repeat", repeat=1),
+        environ={**os.environ, "TRITON_INTERPRET": "1"},
+    )
+    assert report.exit_code == 0, report.passes[0].end
+    c = report.compare
+    assert c is not None and c.divergence is None and c.nondeterminism is None, c.verdict
+    (proc,) = c.processes
+    assert proc.compared == proc.printed > 0 and not proc.stop
+    assert c.verdict.startswith(f"deterministic: {proc.compared} launches gave equal prints in all 2 runs")
+    assert report.healthy
+
+
 def _load(path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
@@ -98,3 +116,22 @@ def test_the_device_map_example_takes_side_stream_and_ignores_it_on_the_cpu(
     assert example.main(["--cpu", "--side-stream", "--steps", "1"]) == 0
     out, err = capsys.readouterr()
     assert "--side-stream: the CPU has no CUDA stream; ignored" in err and "step 1/1" in out
+    assert example.parse_args(["--race", "side-stream"]).race == "side-stream" and example.parse_args([]).race is None
+    with pytest.raises(SystemExit):
+        example.parse_args(["--race", "sometimes"])
+    assert example.main(["--cpu", "--race", "producer", "--steps", "1"]) == 0
+    assert "--race: the CPU has no CUDA stream; ignored" in capsys.readouterr().err
+
+
+def test_the_race_wrapper_passes_cpu_tensors_straight_through() -> None:
+    import torch
+
+    example = _load(EXAMPLE)
+    calls = []
+
+    def kernel(x: torch.Tensor, w: torch.Tensor, m_sizes: torch.Tensor) -> torch.Tensor:
+        calls.append(x)
+        return x
+
+    x = torch.ones(2)
+    assert example.raced(kernel, "side-stream")(x, x, x) is x and calls == [x]  # no stream, no copy

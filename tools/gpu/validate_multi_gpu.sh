@@ -30,6 +30,11 @@
 #   verdict    time to a verdict: scan and repro of specimen:unguarded from an empty Triton
 #              cache, then again warm
 #   tests      pytest tests/gpu -m "gpu or multigpu"
+#   compare    (not a default step; about 5 minutes) qmoe-doctor run --compare on the example
+#              over GPUS: --race side-stream against blocking (want: wrong-device-stream),
+#              specimen:unguarded --race producer over the pair against the same on one GPU
+#              (want: missing-device-guard at its first launch from the second GPU's layers), our
+#              kernel the same way (want: no divergence)
 #   evidence   tools/evidence/record_sanitizer_logs.py: real compute-sanitizer logs and
 #              tracebacks of probe runs (what tests/fixtures/ hold), under $R/evidence
 # Knobs: GPUS (default 0,1), ALL_PAIRS, BUDGET (default 560), TEST_TIMEOUT (default 300),
@@ -128,5 +133,32 @@ if has evidence; then
   # shellcheck disable=SC2086  # SANITIZER_CASES is a list of case names
   t evidence "$(cap 400)" python3 tools/evidence/record_sanitizer_logs.py "$R/evidence" ${SANITIZER_CASES:-}
   tail -20 "$R/evidence.log" | tee -a "$S"
+fi
+if has compare; then
+  E=examples/qwen3_moe_device_map.py
+  FIRST=${GPUS%%,*}
+  verdict() {  # one line from a saved run --compare report
+    python3 - "$1" <<'PY' | tee -a "$S"
+import json, sys
+try:
+    c = json.load(open(sys.argv[1]))["compare"]
+except Exception as exc:
+    print(f"   no report ({exc})"); sys.exit()
+d = c["divergence"]
+at = f"{d['launch']['kernel']} #{d['launch']['ordinal']} {d['where']} on {d['launch']['device']}" if d else "-"
+print(f"   verdict: {c['verdict'][:160]} | cause {c['cause']} | divergent {at}")
+PY
+  }
+  t compare-race-pair "$(cap 150)" qmoe-doctor run --compare blocking --repeat 1 --save "$R/compare-race-pair.json" -- \
+    python3 $E --gpus "$GPUS" --race side-stream --steps 2
+  verdict "$R/compare-race-pair.json"
+  common="--layers 4 --steps 1 --race producer"
+  t compare-placement-unguarded "$(cap 150)" qmoe-doctor run --repeat 1 --save "$R/compare-placement-unguarded.json" \
+    --compare "python3 $E --gpus $FIRST $common --kernel specimen:unguarded" -- \
+    python3 $E --gpus "$GPUS" $common --kernel specimen:unguarded
+  verdict "$R/compare-placement-unguarded.json"
+  t compare-placement-ours "$(cap 150)" qmoe-doctor run --repeat 1 --save "$R/compare-placement-ours.json" \
+    --compare "python3 $E --gpus $FIRST $common" -- python3 $E --gpus "$GPUS" $common
+  verdict "$R/compare-placement-ours.json"
 fi
 finish

@@ -27,6 +27,13 @@
 #              (int32-offset-overflow from lint + size, live)
 #   overhead   benchmarks/monitor_overhead.py: the MoE block training step with and without the
 #              launch monitor (2048 and 128 tokens), with a profile of each child's host time
+#   compare    (not a default step; about 7 minutes) qmoe-doctor run --compare on the example:
+#              --race side-stream against blocking (want: wrong-device-stream at a
+#              _grouped_gemm_kernel launch, "before" it), our kernel against blocking and repeat
+#              (want: no divergence, no launch nondeterministic in the kernel), --race producer
+#              against blocking (want: no divergence), the atomic split-K GPU test (marked
+#              nondeterministic, not a fault), and the cost: the example's median step in a plain
+#              run and in a compare pass
 # Knobs: BUDGET (seconds for the whole call, default 560), TEST_TIMEOUT (default 300), SHARDS
 # (tests: that many pytest processes share the GPU tests, pytest --shard; default 1).
 # Results: $OUT/summary.txt (one line per step, verdicts), logs and JSON reports in
@@ -116,5 +123,39 @@ fi
 if has overhead; then
   t overhead "$(cap 240)" python3 -m benchmarks.monitor_overhead --profile 25
   tail -4 "$R/overhead.log" | tee -a "$S"
+fi
+if has compare; then
+  E=examples/qwen3_moe_device_map.py
+  verdict() {  # one line from a saved run --compare report
+    python3 - "$1" <<'PY' | tee -a "$S"
+import json, sys
+try:
+    c = json.load(open(sys.argv[1]))["compare"]
+except Exception as exc:
+    print(f"   no report ({exc})"); sys.exit()
+d = c["divergence"]
+at = f"{d['launch']['kernel']} #{d['launch']['ordinal']} {d['where']}" if d else "-"
+inner = sum(p["nondeterministic_in_kernel"] for p in c["processes"])
+print(f"   verdict: {c['verdict'][:160]} | cause {c['cause']} | divergent {at} | in-kernel nondeterministic {inner}")
+PY
+  }
+  t compare-race "$(cap 150)" qmoe-doctor run --compare blocking --repeat 1 --save "$R/compare-race.json" -- \
+    python3 $E --gpus 0 --race side-stream --steps 2
+  verdict "$R/compare-race.json"
+  t compare-plain "$(cap 90)" qmoe-doctor run -- python3 $E --gpus 0 --steps 6
+  grep -E "median step" "$R/compare-plain.log" | tee -a "$S"
+  t compare-ours-blocking "$(cap 150)" qmoe-doctor run --compare blocking --repeat 1 --save "$R/compare-ours-blocking.json" -- \
+    python3 $E --gpus 0 --steps 6
+  grep -E "median step" "$R/compare-ours-blocking.log" | tee -a "$S"
+  verdict "$R/compare-ours-blocking.json"
+  t compare-ours-repeat "$(cap 150)" qmoe-doctor run --compare repeat --save "$R/compare-ours-repeat.json" -- \
+    python3 $E --gpus 0 --steps 2
+  verdict "$R/compare-ours-repeat.json"
+  t compare-producer "$(cap 150)" qmoe-doctor run --compare blocking --repeat 1 --save "$R/compare-producer.json" -- \
+    python3 $E --gpus 0 --race producer --steps 2
+  verdict "$R/compare-producer.json"
+  t compare-splitk "$(cap 150)" python3 -m pytest tests/gpu/test_run_compare_gpu.py -m "gpu and not multigpu" -k atomic -q \
+    -p no:cacheprovider -rfE
+  tail -1 "$R/compare-splitk.log" | tee -a "$S"
 fi
 finish

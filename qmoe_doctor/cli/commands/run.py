@@ -27,6 +27,7 @@ from qmoe_doctor.cli.output import (
 )
 from qmoe_doctor.cli.render.run import render_run
 from qmoe_doctor.core import knobs
+from qmoe_doctor.core.fingerprints import DEFAULT_PRINTED_LAUNCHES
 from qmoe_doctor.core.reports import RunPassLabel, RunReport
 from qmoe_doctor.reports.json import json_document
 from qmoe_doctor.reports.run_junit import run_junit_text
@@ -87,6 +88,38 @@ SanitizeOpt = Annotated[
         "to the faulting kernel, and place each invalid address against the recorded tensors.",
     ),
 ]
+CompareOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--compare",
+        metavar="REFERENCE",
+        help="Run the command as a subject and again as a reference, with every Triton launch's tensors "
+        "fingerprinted before and after it (sums, non-finite count, sampled values), and name the first "
+        "launch whose results differ, in the kernel or before it. REFERENCE: 'blocking' (the command with "
+        "CUDA_LAUNCH_BLOCKING=1: an ordering fault), 'repeat' (the command again: nondeterminism), or "
+        "another command in quotes, e.g. \"python train.py --gpus 0\" (a placement fault).",
+    ),
+]
+RepeatOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--repeat",
+        metavar="N",
+        show_default=False,
+        help="With --compare: runs of the reference (default 2). A launch whose prints differ between them "
+        "is nondeterministic and compared within their spread.",
+    ),
+]
+CompareLaunchesOpt = Annotated[
+    int,
+    typer.Option(
+        "--compare-launches",
+        metavar="N",
+        min=1,
+        max=1_000_000,
+        help="With --compare: launches of each kernel fingerprinted per process (the first N).",
+    ),
+]
 FailOpt = Annotated[
     bool,
     typer.Option(
@@ -126,6 +159,9 @@ def run_command(
     blocking: BlockingOpt = False,
     sanitize: SanitizeOpt = False,
     fail_on_finding: FailOpt = False,
+    compare: CompareOpt = None,
+    repeat: RepeatOpt = None,
+    compare_launches: CompareLaunchesOpt = DEFAULT_PRINTED_LAUNCHES,
     json_out: RunJsonOpt = False,
     save: opt.SaveOpt = None,
     junit: JunitOpt = None,
@@ -136,11 +172,21 @@ def run_command(
     another GPU than the launch's, mixed devices, CPU tensors, int32 offsets past 2**31 by size),
     the last launches are kept, and the report names the cause, the call site and the fix.
 
+    With --compare REFERENCE the command runs as a subject and the reference --repeat times, each
+    launch's tensors fingerprinted on their own device, and the report names the first launch
+    whose results differ: blocking (CUDA_LAUNCH_BLOCKING=1: a race, a missing stream wait),
+    repeat (run-to-run nondeterminism), or "python train.py --gpus 0" (another placement).
+
     Exit status: the command's own (128 + N after signal N); 1 with --fail-on-finding or --strict
-    when it exited 0 but something was found; 2 for a bad command line or a command that cannot be
-    started; 4 when the doctor itself failed.
+    when it exited 0 but something was found (a divergent launch too); 2 for a bad command line, a
+    command or reference that cannot be started, or a reference that launched nothing; 4 when the
+    doctor itself failed.
     """
     command = _command_line(ctx)
+    if compare is None and repeat is not None:
+        raise CliError("--repeat counts the runs of a --compare reference: give --compare too")
+    if repeat is not None and repeat < 1:
+        raise CliError(f"--repeat {repeat}: the reference runs at least once (the default is 2)")
     check_outputs(files={"--save": save, "--junit": junit}, dirs={"--log-dir": log_dir})
     err = stderr_console()
 
@@ -156,6 +202,9 @@ def run_command(
             sanitize=sanitize,
             fail_on_finding=fail_on_finding,
             log_dir=log_dir,
+            compare=compare,
+            repeat=2 if repeat is None else repeat,
+            compare_launches=compare_launches,
         ),
         on_pass=on_pass,
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.text import Text
 
+from qmoe_doctor.cli.render.run_compare import render_compare
 from qmoe_doctor.core.causes import CAUSES
 from qmoe_doctor.core.launches import FindingKind, Launch, LaunchFinding, ProcessRecord, SourceSite, TensorArg
 from qmoe_doctor.core.reports import RunCudaError, RunDiagnosis, RunPass, RunReport
@@ -145,6 +146,7 @@ def render_run(out: Console, report: RunReport) -> None:
             continue  # under memcheck the error is the tool's stop; its records follow below
         for e in p.cuda_errors:
             render_cuda_error(out, p.label, e)
+    render_compare(out, report)
     s = report.sanitizer
     if s is not None:
         style = "bold" if s.ran else "yellow"
@@ -198,9 +200,10 @@ def render_run(out: Console, report: RunReport) -> None:
     else:
         n = len(report.diagnoses)
         errors = len(report.cuda_errors)
+        diverged = ", 1 divergent launch" if report.compare is not None and report.compare.diverged else ""
         out.print(
             Text(
-                f"{n} diagnos{'is' if n == 1 else 'es'}, {errors} CUDA error{'s' if errors != 1 else ''}; "
+                f"{n} diagnos{'is' if n == 1 else 'es'}, {errors} CUDA error{'s' if errors != 1 else ''}{diverged}; "
                 f"exit {report.exit_code}",
                 style="bold",
             )
