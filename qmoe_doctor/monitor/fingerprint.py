@@ -43,7 +43,7 @@ from typing import Any
 from qmoe_doctor.core import fingerprints as F
 from qmoe_doctor.core.launches import SourceSite, element_span
 from qmoe_doctor.monitor import ring as R
-from qmoe_doctor.monitor.callsite import find_sites
+from qmoe_doctor.monitor.callsite import Sites, find_sites
 from qmoe_doctor.monitor.layout import PLAIN, make_layout
 
 #: Launches whose prints may be outstanding on the GPU; past this the oldest is waited for.
@@ -125,7 +125,7 @@ class _Job:
         scalars: str | None,
         tensors: tuple[Any, ...],
         meta: tuple[_Meta, ...],
-        sites: tuple[SourceSite | None, SourceSite | None],
+        sites: Sites,
         thread: str,
     ) -> None:
         self.entry = entry
@@ -469,7 +469,7 @@ class Fingerprints:
                 )  # fmt: skip
             )
         entry = job.entry
-        launch_site, call_site = job.sites
+        launch_site, call_site = job.sites.launch, job.sites.call
         return F.LaunchPrint(
             seq=entry[R.SEQ],
             kernel=job.kernel,
