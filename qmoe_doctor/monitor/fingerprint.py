@@ -41,7 +41,7 @@ from types import FrameType
 from typing import Any
 
 from qmoe_doctor.core import fingerprints as F
-from qmoe_doctor.core.launches import SourceSite, element_span
+from qmoe_doctor.core.launches import element_span
 from qmoe_doctor.monitor import ring as R
 from qmoe_doctor.monitor.callsite import Sites, find_sites
 from qmoe_doctor.monitor.layout import PLAIN, make_layout
