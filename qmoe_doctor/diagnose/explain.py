@@ -18,8 +18,8 @@ from typing import Literal
 
 from qmoe_doctor.core.causes import CAUSES
 from qmoe_doctor.core.conditions import DEFAULT_CONDITIONS
-from qmoe_doctor.core.error_kind import classify_error, pointer_arg_index
-from qmoe_doctor.core.records import SCHEMA_VERSION, Condition, ErrorKind
+from qmoe_doctor.core.error_kind import CUDA_ERROR_OF, classify_error, cuda_error_kind, pointer_arg_index
+from qmoe_doctor.core.records import SCHEMA_VERSION, Condition, ErrorKind, is_cuda_error
 from qmoe_doctor.diagnose.device_assert import overflow_check
 from qmoe_doctor.diagnose.log_lines import LogNumberError, parse_int
 from qmoe_doctor.diagnose.sanitizer_log import (
@@ -146,6 +146,7 @@ _GUARD = SETTLED_BY["missing-device-guard"]
 _BUFFER = SETTLED_BY["default-device-buffer"]
 _INT32 = SETTLED_BY["int32-offset-overflow"]
 _STREAM = SETTLED_BY["wrong-device-stream"]
+_ALIGNMENT = SETTLED_BY["misaligned-operand"]
 # narrower sets, where the text already rules part of a cause's cells out
 _SIZES_RACE = (Condition.PEER, Condition.SIZES_RACE)
 _PRODUCER_RACE = (Condition.PEER, Condition.PRODUCER_RACE)
@@ -268,9 +269,13 @@ def _sanitizer_fits(report: SanitizerReport, kernel: str, gpus: str) -> tuple[li
             )
             continue
         if e.category == "invalid-access" and e.misaligned:
-            caveats.append(
-                "A misaligned access is a pointer-arithmetic or dtype mistake, not a placement one."
+            add(
+                "misaligned-operand",
+                "the address is misaligned for the access's size: a base or stride off the 16-byte grid (a "
+                "sliced view, a storage offset) fed to vectorized or TMA accesses",
+                _scan(_first_gpu(gpus), kernel, _ALIGNMENT),
             )
+            caveats.append("A misaligned access is not a placement fault: no cross-GPU cause fits it.")
             continue
         if e.category == "invalid-access":
             n = e.nearest
@@ -324,7 +329,11 @@ def _sanitizer_fits(report: SanitizerReport, kernel: str, gpus: str) -> tuple[li
                     )
         elif e.category == "api-error":
             err = (e.cuda_error or "").lower()
-            if "illegaladdress" in err:
+            api_kind = cuda_error_kind(e.cuda_error or "")
+            if api_kind in (ErrorKind.MISALIGNED_ADDRESS, ErrorKind.ILLEGAL_INSTRUCTION):
+                for fit in _misaligned_or_tma_fits(api_kind, kernel, gpus):
+                    add(fit.cause, f"{e.cuda_error} at a CUDA API call: {fit.why}", fit.settle)
+            elif "illegaladdress" in err:
                 add("invalid-routing", "an illegal address surfaced at a CUDA API call", _scan(gpus, kernel))
                 add(
                     "cross-device-stream-race",
@@ -370,7 +379,30 @@ def _sanitizer_fits(report: SanitizerReport, kernel: str, gpus: str) -> tuple[li
     return fits, caveats
 
 
+def _misaligned_or_tma_fits(kind: ErrorKind, kernel: str, gpus: str) -> list[CauseFit]:
+    """The causes that fit a misaligned address or an illegal instruction, most likely first."""
+    alignment = _fit(
+        "misaligned-operand",
+        "CUDA refused an access off its width's grid: TMA descriptors and vectorized loads need "
+        "16-byte-aligned bases and strides, and a sliced view (a storage offset) breaks that"
+        if kind is ErrorKind.MISALIGNED_ADDRESS
+        else "a TMA copy whose address is not 16-byte aligned ends in an illegal instruction (triton #7385): "
+        "a sliced view (a storage offset) fed to a TMA-descriptor kernel fits",
+        _scan(_first_gpu(gpus), kernel, _ALIGNMENT),
+    )
+    if kind is ErrorKind.MISALIGNED_ADDRESS:
+        return [alignment]
+    routing = _fit(
+        "invalid-routing",
+        "a TMA store past the end of its tensor ends in an illegal instruction, not an illegal address "
+        "(measured: a persistent TMA-descriptor grouped GEMM over-routed by 64 rows on an H100)",
+        _scan(gpus, kernel, _ROUTING),
+    )
+    return [routing, alignment]
+
+
 def _traceback_fits(tb: TracebackReport, kind: ErrorKind | None, kernel: str, gpus: str) -> list[CauseFit]:
+    """The causes that fit the error ``kind`` a traceback (or any text: an empty ``tb``) shows."""
     fits: list[CauseFit] = []
     msg = tb.exception.message if tb.exception else ""
     if kind is ErrorKind.POINTER_INACCESSIBLE:
@@ -466,6 +498,49 @@ def _traceback_fits(tb: TracebackReport, kind: ErrorKind | None, kernel: str, gp
                 _scan(gpus, kernel),
             )
         )
+    elif kind in (ErrorKind.MISALIGNED_ADDRESS, ErrorKind.ILLEGAL_INSTRUCTION):
+        fits += _misaligned_or_tma_fits(kind, kernel, gpus)
+    elif kind is ErrorKind.LAUNCH_FAILURE:
+        fits.append(
+            _fit(
+                "invalid-routing",
+                "an unspecified launch failure is a kernel that faulted (under memcheck: stopped at an "
+                "out-of-bounds access; measured: our over-routed cell on 2x H200)",
+                _scan(gpus, kernel, _ROUTING),
+            )
+        )
+        fits.append(
+            _fit(
+                "int32-offset-overflow",
+                "a wrapped int32 offset that leaves its allocation ends the kernel the same way",
+                _scan(_first_gpu(gpus), kernel, _INT32),
+            )
+        )
+    elif kind is ErrorKind.LAUNCH_TIMEOUT:
+        fits.append(
+            _fit(
+                "cross-device-stream-race",
+                "a kernel past the watchdog: counts read before their producer finished writing them can be "
+                "huge, and a persistent kernel walks them for ever",
+                _scan(gpus, kernel, _SIZES_RACE),
+            )
+        )
+        fits.append(
+            _fit(
+                "invalid-routing",
+                "m_sizes summing far past M make a kernel that trusts them walk that many rows",
+                _scan(gpus, kernel, _ROUTING),
+            )
+        )
+    elif kind is ErrorKind.ERROR_CONTAINED:
+        fits.append(
+            _fit(
+                "missing-device-guard",
+                "CUDA contains certain invalid accesses of peer GPU memory over NVLink this way: a kernel "
+                "launched on one GPU dereferencing another's memory fits",
+                _scan(gpus, kernel, _GUARD),
+            )
+        )
     elif kind is ErrorKind.OUT_OF_RESOURCES:
         fits.append(
             _fit(
@@ -533,6 +608,9 @@ def explain_text(text: str, *, source: str = "<text>") -> Explanation:
 def _explain(text: str, source: str) -> Explanation:
     if not text.strip():
         raise NothingToExplain("it is empty")
+    # a sticky CUDA error anywhere in the text (a traceback's, the program's own output between a
+    # log's records, a C++ program's line): never a clean run, whatever else the text shows
+    named = cuda_error_kind(text)
     is_log = looks_like_sanitizer_log(text)
     report = parse_sanitizer_log(text) if is_log else None
     is_tb = looks_like_traceback(text)
@@ -560,6 +638,9 @@ def _explain(text: str, source: str) -> Explanation:
     if tb is not None:
         if tb.exception is not None:
             error_kind = classify_error(tb.exception.type, tb.exception.message)
+            if error_kind is ErrorKind.OTHER:
+                # torch's "Search for `cudaError...'" line below the exception's first line
+                error_kind = cuda_error_kind(text) or error_kind
             facts.append(f"{tb.exception.type}: {tb.exception.message}")
             if _HUGE_POINTER_ARG.search(tb.exception.message):  # "(at 999...)": no kernel has that many
                 raise LogNumberError("its pointer argument index has thousands of digits")
@@ -601,11 +682,7 @@ def _explain(text: str, source: str) -> Explanation:
                 facts.append(f"Triton kernel launched: {kernel_name} (from {_frame_str(f)})")
                 break
         launched_here = any(_TRITON_LAUNCH.search(f.file) for f in frames)
-        if (
-            error_kind in (ErrorKind.ILLEGAL_ADDRESS, ErrorKind.DEVICE_ASSERT)
-            and frames
-            and not launched_here
-        ):
+        if is_cuda_error(error_kind) and frames and not launched_here:
             caveats.append(
                 "the error surfaced at a later CUDA call (kernel errors are asynchronous): these frames show "
                 "where it was noticed, not the launch; CUDA_LAUNCH_BLOCKING=1 makes it surface at the launch"
@@ -650,13 +727,13 @@ def _explain(text: str, source: str) -> Explanation:
         ):
             caveats.append("the host backtrace shows the Python interpreter but no Python source frames")
         if report.errors and error_kind in (None, ErrorKind.OTHER):
-            cats = {e.category for e in report.errors}
-            if "invalid-access" in cats or any(
-                "illegaladdress" in (e.cuda_error or "").lower() for e in report.errors
-            ):
-                error_kind = ErrorKind.ILLEGAL_ADDRESS
-            elif any("assert" in (e.cuda_error or "").lower() for e in report.errors):
-                error_kind = ErrorKind.DEVICE_ASSERT
+            accesses = [e for e in report.errors if e.category == "invalid-access"]
+            api_kinds = [k for e in report.errors if (k := cuda_error_kind(e.cuda_error or "")) is not None]
+            if accesses:
+                misaligned = all(e.misaligned for e in accesses)
+                error_kind = ErrorKind.MISALIGNED_ADDRESS if misaligned else ErrorKind.ILLEGAL_ADDRESS
+            elif api_kinds:
+                error_kind = api_kinds[0]
         if report.truncated:
             caveats.append(
                 "the log has no ERROR SUMMARY line: the run was cut, killed, or the paste is incomplete"
@@ -680,17 +757,35 @@ def _explain(text: str, source: str) -> Explanation:
         fits += s_fits
         caveats += s_caveats
 
-    if tb is not None:
-        for fit in _traceback_fits(tb, error_kind, kernel_spec, gpus):
+    from_text = named is not None and error_kind in (None, ErrorKind.OTHER)
+    if named is not None and from_text:
+        error_kind = named
+        said = next(ln.strip() for ln in text.splitlines() if cuda_error_kind(ln) is named)
+        facts.append(f"the text names a CUDA error ({named}): {said[:200]}")
+        if report is not None and report.clean:
+            caveats.append(
+                f"compute-sanitizer reported no error in what it checked, yet the program met {named}: the "
+                "fault is in a kernel it did not check (a --kernel-name filter, a --launch-count bound) or is "
+                "not an access memcheck sees"
+            )
+    if tb is not None or from_text:
+        for fit in _traceback_fits(tb or TracebackReport(), error_kind, kernel_spec, gpus):
             if fit.cause not in {x.cause for x in fits}:
                 fits.append(fit)
 
-    findings = bool(tb and (tb.exception or tb.asserts)) or bool(report and report.has_findings)
-    clean = bool(report and report.clean) and not (tb and (tb.exception or tb.asserts))
+    findings = bool(tb and (tb.exception or tb.asserts)) or bool(report and report.has_findings) or bool(named)
+    clean = bool(report and report.clean) and not (tb and (tb.exception or tb.asserts)) and named is None
     if clean:
         caveats.append(
             "0 errors does not clear the kernel: compute-sanitizer cannot see races across streams or GPUs, "
             "and the caching allocator hides out-of-bounds accesses that stay inside a pooled segment"
+        )
+    if error_kind in _NO_CAUSE and not fits:
+        caveats.append(f"no cause of the catalogue fits {error_kind}: {_NO_CAUSE[error_kind]}")
+    if is_cuda_error(error_kind):
+        caveats.append(
+            "the CUDA error is sticky: every later CUDA call of the process fails too (often as "
+            "'unspecified launch failure'); the first CUDA error the process printed is the fault"
         )
     next_steps: list[str] = []
     for fit in fits:
@@ -722,6 +817,32 @@ def _explain(text: str, source: str) -> Explanation:
     )
 
 
+#: How a headline names each sticky CUDA error the ``names`` of ``_headline`` leave out.
+_CUDA_WORDS = {
+    ErrorKind.MISALIGNED_ADDRESS: "a misaligned memory access",
+    ErrorKind.ILLEGAL_INSTRUCTION: "an illegal instruction",
+    ErrorKind.LAUNCH_FAILURE: "an unspecified launch failure (a kernel faulted)",
+    ErrorKind.LAUNCH_TIMEOUT: "a kernel stopped by the watchdog (the launch timed out)",
+    ErrorKind.HARDWARE_STACK_ERROR: "a hardware stack error (a call stack corrupt or past its limit)",
+    ErrorKind.INVALID_PC: "an invalid program counter",
+    ErrorKind.INVALID_ADDRESS_SPACE: "an instruction on an address space it does not support",
+    ErrorKind.ECC_UNCORRECTABLE: "an uncorrectable ECC error of the GPU's memory",
+    ErrorKind.ERROR_CONTAINED: "a device fault caught by the GPU's error containment",
+}
+
+#: The sticky CUDA errors no cause of the catalogue fits, and why.
+_NO_CAUSE = {
+    ErrorKind.HARDWARE_STACK_ERROR: "deep recursion or a stack overflow in device code, not a placement, "
+    "offset or routing fault",
+    ErrorKind.INVALID_PC: "a jump to an invalid instruction address: a miscompiled kernel or a corrupt "
+    "function pointer, not a placement, offset or routing fault",
+    ErrorKind.INVALID_ADDRESS_SPACE: "a shared- or global-only instruction given the other kind of "
+    "address: a kernel or compiler bug, not a placement, offset or routing fault",
+    ErrorKind.ECC_UNCORRECTABLE: "the GPU's memory failed (Xid 48): no kernel change fixes it; check "
+    "`nvidia-smi -q -d ECC` and have the GPU reset or replaced",
+}
+
+
 def _headline(
     kind: ErrorKind | None,
     report: SanitizerReport | None,
@@ -747,11 +868,18 @@ def _headline(
     }
     if kind in names:
         return names[kind]
+    api_only = None
+    if report is not None and report.errors:
+        api = next((e for e in report.errors if e.category == "api-error"), None)
+        if api is not None and {e.category for e in report.errors} == {"api-error"}:
+            api_only = f"{api.cuda_error} returned by {api.api_call or 'a CUDA API call'}"
+    if kind is not None and kind in _CUDA_WORDS and (api_only is None or tb is not None):
+        info = CUDA_ERROR_OF[kind]
+        return f"{_CUDA_WORDS[kind]}{in_kernel} ({info.runtime}, CUDA error {info.code})"
+    if api_only is not None:
+        return api_only
     if report is not None and report.errors:
         cats = {e.category for e in report.errors}
-        api = next((e for e in report.errors if e.category == "api-error"), None)
-        if api is not None and cats == {"api-error"}:
-            return f"{api.cuda_error} returned by {api.api_call or 'a CUDA API call'}"
         if "race" in cats:
             return f"shared-memory race hazards{in_kernel}"
         if "uninitialized" in cats:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from qmoe_doctor.core.error_kind import classify_error
+from qmoe_doctor.core.error_kind import classify_error, cuda_error_kind
 from qmoe_doctor.core.records import SCHEMA_VERSION, ErrorKind
 from qmoe_doctor.diagnose.device_assert import DeviceAssert, is_device_assert_line, parse_device_assert
 from qmoe_doctor.diagnose.log_lines import LogNumberError, parse_int, strip_prefix
@@ -76,6 +76,9 @@ def looks_like_traceback(text: str) -> bool:
             or _FRAME.match(line)
             or is_device_assert_line(line)
             or _CXX_THROW.search(line)
+            # "CUDA error: misaligned address" as a C++ program prints it (compute-sanitizer's own
+            # "========= Program hit cudaError..." records are the log's, not a traceback's)
+            or (not line.startswith("=========") and cuda_error_kind(line) is not None)
         ):
             return True
         m = _EXC.match(line.strip())
