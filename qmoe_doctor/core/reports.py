@@ -451,5 +451,13 @@ class RunReport:
         return tuple(e for p in self.passes for e in p.cuda_errors)
 
     @property
+    def sanitizer_errors(self) -> int:
+        """The errors compute-sanitizer memcheck reported in the ``--sanitize`` pass (invalid
+        accesses, the CUDA errors they ended in); 0 when it found none or did not run."""
+        s = self.sanitizer
+        return s.errors if s is not None and s.ran else 0
+
+    @property
     def healthy(self) -> bool:
-        return not self.diagnoses and not self.cuda_errors
+        """Nothing found: no diagnosis, no CUDA error in any pass, no memcheck error."""
+        return not self.diagnoses and not self.cuda_errors and not self.sanitizer_errors
