@@ -758,7 +758,7 @@ def _explain(text: str, source: str) -> Explanation:
         caveats += s_caveats
 
     from_text = named is not None and error_kind in (None, ErrorKind.OTHER)
-    if named is not None and from_text:
+    if from_text and named is not None:
         error_kind = named
         said = next(ln.strip() for ln in text.splitlines() if cuda_error_kind(ln) is named)
         facts.append(f"the text names a CUDA error ({named}): {said[:200]}")
@@ -821,9 +821,9 @@ def _explain(text: str, source: str) -> Explanation:
 _CUDA_WORDS = {
     ErrorKind.MISALIGNED_ADDRESS: "a misaligned memory access",
     ErrorKind.ILLEGAL_INSTRUCTION: "an illegal instruction",
-    ErrorKind.LAUNCH_FAILURE: "an unspecified launch failure (a kernel faulted)",
-    ErrorKind.LAUNCH_TIMEOUT: "a kernel stopped by the watchdog (the launch timed out)",
-    ErrorKind.HARDWARE_STACK_ERROR: "a hardware stack error (a call stack corrupt or past its limit)",
+    ErrorKind.LAUNCH_FAILURE: "an unspecified launch failure: a kernel faulted",
+    ErrorKind.LAUNCH_TIMEOUT: "a kernel stopped by the watchdog",
+    ErrorKind.HARDWARE_STACK_ERROR: "a hardware stack error",
     ErrorKind.INVALID_PC: "an invalid program counter",
     ErrorKind.INVALID_ADDRESS_SPACE: "an instruction on an address space it does not support",
     ErrorKind.ECC_UNCORRECTABLE: "an uncorrectable ECC error of the GPU's memory",
