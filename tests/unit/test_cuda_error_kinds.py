@@ -1,8 +1,12 @@
 """Every sticky CUDA error is a CUDA error, each with its own kind: to the classifier (exception
 text, a dead child's stderr), to ``explain`` and to the records read back.
 
-The texts: only two sticky CUDA errors have been recorded on our GPUs (an illegal memory access
-and a device-side assert, tests/fixtures). For the others the tests DERIVE the message from the
+The texts: four sticky CUDA errors have been recorded on our GPUs (tests/fixtures): an illegal
+memory access, a device-side assert, and, from a device-side TMA-descriptor kernel on one H100
+(2026-12-07), a misaligned address and an illegal instruction, in each of the forms a program
+shows them (a Python traceback at the next synchronize, Triton's launcher under
+CUDA_LAUNCH_BLOCKING=1, a C++ abort when the caching allocator is off, memcheck's log); the
+first tests below read those. For the others the tests DERIVE the message from the
 recorded one by putting CUDA's own text and enum name where the recorded ones stand: torch 2.11
 prints ``torch.AcceleratorError: CUDA error: <cudaGetErrorString text>`` and ``Search for
 `<cudaError name>' in ...`` (recorded: traceback-unmasked-far-overrouted.stderr); Triton's
@@ -72,6 +76,70 @@ def triton_message(e: CudaError) -> str:
 
 def _id(e: CudaError) -> str:
     return str(e.kind)
+
+
+H100_TRACEBACKS = FIXTURES / "tracebacks" / "2026-12-07-h100-3d8e2cb"
+H100_MEMCHECK = FIXTURES / "sanitizer" / "2026-12-07-h100-3d8e2cb" / "memcheck-tma-misaligned.log"
+#: Each recorded file, the kind it must be read as, and how the program ended (the recording).
+RECORDED_H100 = {
+    # Python traceback at torch.cuda.synchronize(): exit 1
+    "traceback-tma-misaligned.stderr": (ErrorKind.MISALIGNED_ADDRESS, 1),
+    # Triton's launcher under CUDA_LAUNCH_BLOCKING=1: exit 1
+    "traceback-tma-misaligned-blocking.stderr": (ErrorKind.MISALIGNED_ADDRESS, 1),
+    # caching allocator off: a C++ exception when the scratch buffer is freed, SIGABRT
+    "traceback-tma-misaligned-nocache.stderr": (ErrorKind.MISALIGNED_ADDRESS, -6),
+    "traceback-tma-overrun-nocache.stderr": (ErrorKind.ILLEGAL_INSTRUCTION, -6),
+    "traceback-tma-overrun-nocache-blocking.stderr": (ErrorKind.ILLEGAL_INSTRUCTION, -6),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED_H100))
+def test_recorded_h100_ends_are_read_as_their_kind_by_the_crash_classifier_and_explain(name: str) -> None:
+    kind, code = RECORDED_H100[name]
+    text = (H100_TRACEBACKS / name).read_text()
+    assert classify_exit(code, text) is kind
+    outcome = crash_outcome(SPEC, ChildEnd(ending=Ending.EXITED, who="worker 1", exit_code=code, tail=text), phase=Phase.SYNC)
+    assert outcome.error_kind is kind and kind in POISONING_KINDS
+    x = explain_text(text)
+    assert x.findings and x.error_kind is kind
+    expected = ["misaligned-operand"] if kind is ErrorKind.MISALIGNED_ADDRESS else ["invalid-routing", "misaligned-operand"]
+    assert [f.cause for f in x.fits] == expected
+
+
+def test_recorded_h100_blocking_launch_names_the_kernel_and_no_later_call() -> None:
+    x = explain_text((H100_TRACEBACKS / "traceback-tma-misaligned-blocking.stderr").read_text())
+    assert x.facts[0] == "RuntimeError: Triton Error [CUDA]: misaligned address"
+    assert x.kernel == "k" and x.headline.startswith("a misaligned memory access in k (cudaErrorMisalignedAddress")
+    assert not any("surfaced at a later CUDA call" in c for c in x.caveats)
+    later = explain_text((H100_TRACEBACKS / "traceback-tma-misaligned.stderr").read_text())
+    assert any("surfaced at a later CUDA call" in c for c in later.caveats)
+
+
+def test_recorded_h100_memcheck_hardware_exception_is_a_misaligned_address() -> None:
+    """memcheck reports the misaligned TMA access as a hardware exception, "Misaligned shared or
+    local address", not as an invalid __global__ access."""
+    x = explain_text(H100_MEMCHECK.read_text())
+    assert x.input_kind == "sanitizer-log" and x.findings
+    assert x.error_kind is ErrorKind.MISALIGNED_ADDRESS and x.kernel == "k"
+    assert [(f.cause, f.settle) for f in x.fits] == [
+        ("misaligned-operand", "qmoe-doctor scan --gpus 0 --kernel t.py:fn --only offsets")
+    ]
+    assert "Misaligned shared or local address: 100 times" in x.facts
+
+
+def test_the_derived_texts_are_the_recorded_ones() -> None:
+    """Where a recording exists, the derived form the other tests use is what the GPU printed."""
+    misaligned = (H100_TRACEBACKS / "traceback-tma-misaligned.stderr").read_text()
+    derived = torch_traceback(CUDA_ERROR_OF[ErrorKind.MISALIGNED_ADDRESS])
+    tail = misaligned[misaligned.index("torch.AcceleratorError:") :]
+    assert tail.strip() == derived[derived.index("torch.AcceleratorError:") :].strip()
+    blocking = (H100_TRACEBACKS / "traceback-tma-misaligned-blocking.stderr").read_text().strip().splitlines()[-1]
+    assert blocking == triton_message(CUDA_ERROR_OF[ErrorKind.MISALIGNED_ADDRESS])
+    overrun = (H100_TRACEBACKS / "traceback-tma-overrun-nocache-blocking.stderr").read_text()
+    assert triton_message(ILLEGAL) in overrun.splitlines()
+
+
+ILLEGAL = CUDA_ERROR_OF[ErrorKind.ILLEGAL_INSTRUCTION]
 
 
 def test_each_sticky_cuda_error_has_its_own_kind_and_poisons_the_worker() -> None:
