@@ -525,8 +525,10 @@ def _interpreter_check(ctx: ProbeContext) -> dict[str, Any]:
 # Offset / stride variants: (what the operands are, what edge it covers). Each is compared with
 # the twin on the same values; the kernel must handle any strides and any storage offset.
 OFFSET_VARIANTS: dict[str, str] = {
-    "storage-offset-1": "x and w start 1 element into their buffers (breaks 16-byte alignment)",
-    "storage-offset-8": "x and w start 8 elements (16 bytes) into their buffers",
+    # the pair that isolates alignment (scan_rules.misaligned_operand): the same values and strides,
+    # a base off the 16-byte grid that TMA descriptors and vector loads need, and one on it
+    "storage-offset-1": "x and w start 1 element into their buffers (2 bytes in bf16/fp16, 4 in fp32: not 16-byte aligned)",
+    "storage-offset-8": "x and w start 8 elements into their buffers (16 bytes in bf16/fp16, 32 in fp32: 16-byte aligned)",
     "padded-rows": "x rows padded: row stride K + 24 (a slice of a wider buffer)",
     "transposed-w": "w is a transposed view of an (E, K, N) buffer (non-contiguous)",
     "empty-experts": "every other expert gets no rows",

@@ -12,43 +12,169 @@ from __future__ import annotations
 
 import re
 import signal
+from dataclasses import dataclass
 
-from qmoe_doctor.core.records import ErrorKind
+from qmoe_doctor.core.records import ErrorKind, is_cuda_error
 
-# Ordered: the first pattern that matches names the kind. A message can carry several fragments
-# (``RuntimeError: CUDA error: device-side assert triggered`` after a stderr line
-# ``Assertion `...` failed``); the order says which one wins.
-_TEXT_PATTERNS: tuple[tuple[ErrorKind, re.Pattern[str]], ...] = (
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CudaError:
+    """One sticky CUDA error (``records.CUDA_ERROR_KINDS``) as CUDA names it: its number, the
+    runtime's and the driver's enum names, and the text cudaGetErrorString / cuGetErrorString
+    give (the same for both, CUDA runtime and driver API references, "Error types")."""
+
+    kind: ErrorKind
+    code: int
+    runtime: str  # cudaErrorIllegalAddress
+    driver: str  # CUDA_ERROR_ILLEGAL_ADDRESS
+    text: str | None  # "an illegal memory access was encountered"; None: not quoted here
+    more: tuple[str, ...] = ()  # further fragments (regular expressions) that name it
+
+    @property
+    def pattern(self) -> re.Pattern[str]:
+        parts = [rf"\b{self.runtime}\b", rf"\b{self.driver}\b", *self.more]
+        if self.text is not None:
+            parts.insert(0, re.escape(self.text))
+        return re.compile("|".join(parts), re.IGNORECASE)
+
+
+# Each sticky CUDA error is matched three ways: the text (torch 2.11 prints
+# ``torch.AcceleratorError: CUDA error: <text>`` and a line ``Search for `cudaError<Name>' in
+# https://docs.nvidia.com/...``, as the recordings under tests/fixtures show; Triton's launcher
+# prints ``RuntimeError: Triton Error [CUDA]: <text>``, cuGetErrorString's text), the runtime
+# enum name and the driver's (cuda-python, CuPy, compute-sanitizer's "Program hit
+# cudaErrorLaunchFailure (error 719) due to ..."). In match order: a message can carry several
+# (a process that met an illegal instruction reports "unspecified launch failure" at its later
+# calls; ``Assertion `...` failed`` lines precede "device-side assert triggered"), so the
+# hardware's own faults come first, then the specific kernel faults, then the device-side
+# assert, then the generic "unspecified launch failure" and the watchdog's timeout, which other
+# faults leave behind.
+CUDA_ERRORS: tuple[CudaError, ...] = (
+    # CUDA error: uncorrectable ECC error encountered (the GPU's memory; Xid 48)
+    CudaError(
+        kind=ErrorKind.ECC_UNCORRECTABLE,
+        code=214,
+        runtime="cudaErrorECCUncorrectable",
+        driver="CUDA_ERROR_ECC_UNCORRECTABLE",
+        text="uncorrectable ECC error encountered",
+    ),
+    # CUDA 12.8+: "an exception occurred on the device that is now contained by the GPU's error
+    # containment capability" (certain invalid accesses of peer GPU memory over NVLink); its
+    # printed text is not quoted here: matched by its enum names
+    CudaError(
+        kind=ErrorKind.ERROR_CONTAINED,
+        code=226,
+        runtime="cudaErrorContained",
+        driver="CUDA_ERROR_CONTAINED",
+        text=None,
+    ),
     # torch.AcceleratorError: CUDA error: an illegal memory access was encountered
     # RuntimeError: Triton Error [CUDA]: an illegal memory access was encountered
-    # cudaErrorIllegalAddress / CUDA_ERROR_ILLEGAL_ADDRESS (driver and runtime enum names)
-    # "misaligned address" (cudaErrorMisalignedAddress) is the same fault class: a global access
-    # the MMU refused, sticky for the context.
-    # "CUDA error: unspecified launch failure" (cudaErrorLaunchFailure) is what a kernel that
-    # memcheck stopped at a bad access reports (recorded under compute-sanitizer 2025.3 on H200:
-    # tests/fixtures/sanitizer/2026-11-22-2xh200-7ada31c/memcheck-unmasked-overrouted-nocache.stdout).
-    (
-        ErrorKind.ILLEGAL_ADDRESS,
-        re.compile(
-            r"illegal memory access|cudaErrorIllegalAddress|CUDA_ERROR_ILLEGAL_ADDRESS"
-            r"|misaligned address|cudaErrorMisalignedAddress|CUDA_ERROR_MISALIGNED_ADDRESS"
-            r"|unspecified launch failure|cudaErrorLaunchFailure|CUDA_ERROR_LAUNCH_FAILED",
-            re.IGNORECASE,
-        ),
+    # (both recorded: tests/fixtures/tracebacks, FINDINGS.md)
+    CudaError(
+        kind=ErrorKind.ILLEGAL_ADDRESS,
+        code=700,
+        runtime="cudaErrorIllegalAddress",
+        driver="CUDA_ERROR_ILLEGAL_ADDRESS",
+        text="an illegal memory access was encountered",
+        # older wrappings: "cuda runtime error (77) : an illegal memory access was encountered"
+        more=("illegal memory access",),
+    ),
+    # CUDA error: misaligned address: a load or store on an address its width does not divide;
+    # measured on an H100 as the end of a TMA-descriptor kernel given x two bytes into its
+    # storage (FINDINGS.md, 2026-12-06)
+    CudaError(
+        kind=ErrorKind.MISALIGNED_ADDRESS,
+        code=716,
+        runtime="cudaErrorMisalignedAddress",
+        driver="CUDA_ERROR_MISALIGNED_ADDRESS",
+        text="misaligned address",
+    ),
+    # CUDA error: an illegal instruction was encountered: measured on an H100 as the end of a
+    # persistent TMA-descriptor grouped GEMM over-routed by 64 rows (FINDINGS.md, 2026-12-06); a
+    # TMA copy at an offset that is not 16-byte aligned ends the same way (Triton's gluon tutorial
+    # 09-tma-gather-scatter.py). Never the bare "Illegal instruction": that is SIGILL's name
+    # (faulthandler's "Fatal Python error: Illegal instruction", the shell's "Illegal instruction
+    # (core dumped)"), a fault of the CPU.
+    CudaError(
+        kind=ErrorKind.ILLEGAL_INSTRUCTION,
+        code=715,
+        runtime="cudaErrorIllegalInstruction",
+        driver="CUDA_ERROR_ILLEGAL_INSTRUCTION",
+        text="an illegal instruction was encountered",
+    ),
+    # CUDA error: operation not supported on global/shared address space
+    CudaError(
+        kind=ErrorKind.INVALID_ADDRESS_SPACE,
+        code=717,
+        runtime="cudaErrorInvalidAddressSpace",
+        driver="CUDA_ERROR_INVALID_ADDRESS_SPACE",
+        text="operation not supported on global/shared address space",
+    ),
+    # CUDA error: invalid program counter
+    CudaError(
+        kind=ErrorKind.INVALID_PC,
+        code=718,
+        runtime="cudaErrorInvalidPc",
+        driver="CUDA_ERROR_INVALID_PC",
+        text="invalid program counter",
+    ),
+    # CUDA error: hardware stack error (the call stack corrupt or past its size limit)
+    CudaError(
+        kind=ErrorKind.HARDWARE_STACK_ERROR,
+        code=714,
+        runtime="cudaErrorHardwareStackError",
+        driver="CUDA_ERROR_HARDWARE_STACK_ERROR",
+        text="hardware stack error",
     ),
     # RuntimeError: CUDA error: device-side assert triggered
     # <file>.py:<line>: <kernel>: block: [..], thread: [..] Assertion `int32 overflow detected for
     #   operation mul` failed.   (TRITON_DEBUG=1, printed by the device on stderr)
-    # cudaErrorAssert / CUDA_ERROR_ASSERT
+    CudaError(
+        kind=ErrorKind.DEVICE_ASSERT,
+        code=710,
+        runtime="cudaErrorAssert",
+        driver="CUDA_ERROR_ASSERT",
+        # "device-side assert triggered", never torch's boilerplate "Compile with
+        # `TORCH_USE_CUDA_DSA` to enable device-side assertions." that follows every CUDA error
+        text="device-side assert triggered",
+        more=(r"int32 overflow detected", r"Assertion [`'\"].*[`'\"] failed"),
+    ),
+    # CUDA error: unspecified launch failure: what a kernel that memcheck stopped at a bad access
+    # reports (recorded under compute-sanitizer 2025.3 on H200: tests/fixtures/sanitizer/
+    # 2026-11-22-2xh200-7ada31c/memcheck-unmasked-overrouted-nocache.stdout), and what the calls
+    # after an illegal instruction report (FINDINGS.md, 2026-12-06)
+    CudaError(
+        kind=ErrorKind.LAUNCH_FAILURE,
+        code=719,
+        runtime="cudaErrorLaunchFailure",
+        driver="CUDA_ERROR_LAUNCH_FAILED",
+        text="unspecified launch failure",
+    ),
+    # CUDA error: the launch timed out and was terminated (the display watchdog, Xid 8)
+    CudaError(
+        kind=ErrorKind.LAUNCH_TIMEOUT,
+        code=702,
+        runtime="cudaErrorLaunchTimeout",
+        driver="CUDA_ERROR_LAUNCH_TIMEOUT",
+        text="the launch timed out and was terminated",
+    ),
+)
+CUDA_ERROR_OF: dict[ErrorKind, CudaError] = {e.kind: e for e in CUDA_ERRORS}
+
+# Ordered: the first pattern that matches names the kind. The sticky CUDA errors first (they
+# poison the context and their text is wrapped by many exception types), then launch-time
+# checks, then resources and memory.
+_TEXT_PATTERNS: tuple[tuple[ErrorKind, re.Pattern[str]], ...] = (
+    *((e.kind, e.pattern) for e in CUDA_ERRORS),
+    # triton.runtime.interpreter.InterpreterError: AssertionError('base must be 16-byte aligned')
+    # ('stride must be 16-byte aligned', 'block offset start must be 16-byte aligned'; the host-side
+    # triton.tools.tensor_descriptor says 'strides must ...'): under TRITON_INTERPRET=1 the
+    # interpreter checks a tensor descriptor where a GPU's TMA faults with 716 (triton 3.9,
+    # runtime/interpreter.py; seen on the CPU tier with specimen:tma_misaligned's offset cell)
     (
-        ErrorKind.DEVICE_ASSERT,
-        re.compile(
-            # "device-side assert triggered", never torch's boilerplate "Compile with
-            # `TORCH_USE_CUDA_DSA` to enable device-side assertions." that follows every CUDA error
-            r"device-side assert triggered|cudaErrorAssert\b|CUDA_ERROR_ASSERT\b"
-            r"|int32 overflow detected|Assertion [`'\"].*[`'\"] failed",
-            re.IGNORECASE,
-        ),
+        ErrorKind.MISALIGNED_ADDRESS,
+        re.compile(r"(?:base|strides?|block offset start) must be 16-byte aligned", re.IGNORECASE),
     ),
     # ValueError: Pointer argument (at 0) cannot be accessed from Triton (cpu tensor?)
     # (Triton's launcher checks every pointer argument with cuPointerGetAttribute; raised when the
@@ -93,7 +219,7 @@ _TEXT_PATTERNS: tuple[tuple[ErrorKind, re.Pattern[str]], ...] = (
     # (torch._grouped_mm's argument check, a TORCH_CHECK raised before any launch: recorded on an
     # H100 80GB, torch 2.11, for x and w that start one element into their buffers.) An input the
     # op refuses, like a ValueError from a Python wrapper; CUDA's own "misaligned address" (a
-    # fault of a running kernel) is matched above and never reaches this.
+    # fault of a running kernel, ``misaligned-address``) is matched above and never reaches this.
     (
         ErrorKind.BAD_INPUT,
         re.compile(r"\bexpected \w+ to be aligned to \d+ bytes", re.IGNORECASE),
@@ -170,6 +296,25 @@ def match_text(text: str) -> ErrorKind | None:
     return None
 
 
+def cuda_error_kind(text: str) -> ErrorKind | None:
+    """The sticky CUDA error ``text`` names (``records.CUDA_ERROR_KINDS``), or None."""
+    kind = match_text(text)
+    return kind if is_cuda_error(kind) else None
+
+
+def legacy_error_kind(kind: ErrorKind | None, text: str) -> ErrorKind | None:
+    """COMPAT, applied only when reading a record: before each sticky CUDA error had a kind of
+    its own, "misaligned address" and "unspecified launch failure" were read as
+    ``illegal-address`` and "an illegal instruction was encountered" (with the rest of the
+    list) as ``other``. Such a record's kind is read again from its text; any other kind, and
+    every kind this classifier writes, comes back unchanged."""
+    if kind in (ErrorKind.ILLEGAL_ADDRESS, ErrorKind.OTHER) and text:
+        found = cuda_error_kind(text)
+        if found is not None:
+            return found
+    return kind
+
+
 def exception_type_in(text: str) -> str | None:
     """The exception type named by the last traceback-style ``Type: message`` line, if any."""
     names = _TRACEBACK_TYPE.findall(text)
@@ -233,10 +378,15 @@ def describe_exit(returncode: int) -> str:
 
 
 __all__ = [
+    "CUDA_ERRORS",
+    "CUDA_ERROR_OF",
+    "CudaError",
     "classify_error",
     "classify_exit",
     "describe_exit",
+    "cuda_error_kind",
     "exception_type_in",
+    "legacy_error_kind",
     "match_text",
     "pointer_arg_index",
 ]

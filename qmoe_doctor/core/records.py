@@ -114,8 +114,19 @@ class Status(StrEnum):
 class ErrorKind(StrEnum):
     """What kind of failure ended a probe, classified from exception text and exit status."""
 
-    ILLEGAL_ADDRESS = "illegal-address"  # CUDA illegal memory access (async, poisons context)
-    DEVICE_ASSERT = "device-assert"  # device-side assert (e.g. TRITON_DEBUG int32 overflow)
+    # The sticky CUDA errors (``CUDA_ERROR_KINDS``), one kind each: the cudaError / CUresult
+    # number, then the error it stands for (``core.error_kind`` quotes the texts).
+    ILLEGAL_ADDRESS = "illegal-address"  # 700: a load or store on an invalid address
+    LAUNCH_TIMEOUT = "launch-timeout"  # 702: the kernel ran past the watchdog
+    DEVICE_ASSERT = "device-assert"  # 710: device-side assert (e.g. TRITON_DEBUG int32 overflow)
+    HARDWARE_STACK_ERROR = "hardware-stack-error"  # 714: call stack corrupt or overflowed
+    ILLEGAL_INSTRUCTION = "illegal-instruction"  # 715: e.g. a TMA store past its descriptor
+    MISALIGNED_ADDRESS = "misaligned-address"  # 716: a load or store on a misaligned address
+    INVALID_ADDRESS_SPACE = "invalid-address-space"  # 717: a global/shared-only instruction elsewhere
+    INVALID_PC = "invalid-pc"  # 718: an invalid program counter
+    LAUNCH_FAILURE = "launch-failure"  # 719: "unspecified launch failure"
+    ECC_UNCORRECTABLE = "ecc-uncorrectable"  # 214: an uncorrectable ECC error (hardware)
+    ERROR_CONTAINED = "error-contained"  # 226: a fault the GPU's error containment caught
     POINTER_INACCESSIBLE = "pointer-inaccessible"  # Triton launch check: "Pointer argument ...
     # cannot be accessed from Triton"
     DEVICE_MISMATCH = "device-mismatch"  # aten: "Expected all tensors to be on the same device"
@@ -132,16 +143,37 @@ class ErrorKind(StrEnum):
     OTHER = "other"
 
 
-#: Error kinds after which the child's CUDA context cannot be trusted: the worker is replaced.
-POISONING_KINDS = frozenset(
+#: The CUDA errors that end the CUDA context of the process that met them: "This leaves the
+#: process in an inconsistent state and any further CUDA work will return the same error. To
+#: continue using CUDA, the process must be terminated and relaunched" (the CUDA runtime API's
+#: cudaError enum, for 700, 702, 710, 714-719 and 226; PyTorch's c10/cuda/CUDAMiscFunctions.cpp
+#: keeps the same list). An uncorrectable ECC error (214) ends the work on that GPU too. The one
+#: notion of "a CUDA error" every command shares: ``run`` records it, ``scan`` retires the
+#: worker, ``explain`` and the crash classifier name it (``is_cuda_error``).
+CUDA_ERROR_KINDS = frozenset(
     {
         ErrorKind.ILLEGAL_ADDRESS,
+        ErrorKind.LAUNCH_TIMEOUT,
         ErrorKind.DEVICE_ASSERT,
-        ErrorKind.TIMEOUT,
-        ErrorKind.SIGNAL,
-        ErrorKind.OTHER,
+        ErrorKind.HARDWARE_STACK_ERROR,
+        ErrorKind.ILLEGAL_INSTRUCTION,
+        ErrorKind.MISALIGNED_ADDRESS,
+        ErrorKind.INVALID_ADDRESS_SPACE,
+        ErrorKind.INVALID_PC,
+        ErrorKind.LAUNCH_FAILURE,
+        ErrorKind.ECC_UNCORRECTABLE,
+        ErrorKind.ERROR_CONTAINED,
     }
 )
+
+
+def is_cuda_error(kind: ErrorKind | None) -> bool:
+    """Whether ``kind`` is a sticky CUDA error (``CUDA_ERROR_KINDS``)."""
+    return kind in CUDA_ERROR_KINDS
+
+
+#: Error kinds after which the child's CUDA context cannot be trusted: the worker is replaced.
+POISONING_KINDS = CUDA_ERROR_KINDS | {ErrorKind.TIMEOUT, ErrorKind.SIGNAL, ErrorKind.OTHER}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -430,6 +462,10 @@ def _convert(tp: Any, value: Any) -> Any:
     return value
 
 
+#: The fields that hold a record's error text, beside its ``error_kind``.
+_ERROR_TEXT_FIELDS = ("error_message", "detail", "message")
+
+
 def from_jsonable(cls: type[T], data: dict[str, Any]) -> T:
     """Rebuild a record from ``to_jsonable`` output. Unknown keys are ignored (forward
     compatibility); a ``schema_version`` newer than ours is refused."""
@@ -447,6 +483,14 @@ def from_jsonable(cls: type[T], data: dict[str, Any]) -> T:
             kwargs[f.name] = _convert(hints[f.name], data[f.name])
     if cls is ProbeSpec and "placement" not in data and isinstance(kwargs.get("probe_id"), str):
         kwargs["placement"] = legacy_placement(kwargs["probe_id"])  # written before the field
+    if kwargs.get("error_kind") in (ErrorKind.ILLEGAL_ADDRESS, ErrorKind.OTHER):
+        # written before each sticky CUDA error had its own kind (Outcome, ProcessEnd,
+        # RunCudaError): read again from the record's own text. error_kind imports this module,
+        # so it is imported here, when a record is read.
+        from qmoe_doctor.core.error_kind import legacy_error_kind
+
+        text = next((v for k in _ERROR_TEXT_FIELDS if isinstance(v := data.get(k), str) and v), "")
+        kwargs["error_kind"] = legacy_error_kind(kwargs["error_kind"], text)
     return cls(**kwargs)
 
 

@@ -485,7 +485,15 @@ class RunReport:
         return tuple(e for p in self.passes for e in p.cuda_errors)
 
     @property
+    def sanitizer_errors(self) -> int:
+        """The errors compute-sanitizer memcheck reported in the ``--sanitize`` pass (invalid
+        accesses, the CUDA errors they ended in); 0 when it found none or did not run."""
+        s = self.sanitizer
+        return s.errors if s is not None and s.ran else 0
+
+    @property
     def healthy(self) -> bool:
-        """No diagnosis, no CUDA error in the passes, and (with --compare) no divergent launch."""
+        """Nothing found: no diagnosis, no CUDA error in any pass, no memcheck error, and (with
+        --compare) no divergent launch."""
         diverged = self.compare is not None and self.compare.diverged
-        return not self.diagnoses and not self.cuda_errors and not diverged
+        return not self.diagnoses and not self.cuda_errors and not self.sanitizer_errors and not diverged

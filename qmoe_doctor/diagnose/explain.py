@@ -18,8 +18,8 @@ from typing import Literal
 
 from qmoe_doctor.core.causes import CAUSES
 from qmoe_doctor.core.conditions import DEFAULT_CONDITIONS
-from qmoe_doctor.core.error_kind import classify_error, pointer_arg_index
-from qmoe_doctor.core.records import SCHEMA_VERSION, Condition, ErrorKind
+from qmoe_doctor.core.error_kind import CUDA_ERROR_OF, classify_error, cuda_error_kind, pointer_arg_index
+from qmoe_doctor.core.records import SCHEMA_VERSION, Condition, ErrorKind, is_cuda_error
 from qmoe_doctor.diagnose.device_assert import overflow_check
 from qmoe_doctor.diagnose.log_lines import LogNumberError, parse_int
 from qmoe_doctor.diagnose.sanitizer_log import (
@@ -36,6 +36,7 @@ from qmoe_doctor.diagnose.scan_rules import SETTLED_BY
 from qmoe_doctor.diagnose.traceback import (
     PyFrame,
     TracebackReport,
+    bare_cuda_error,
     is_user_path,
     looks_like_traceback,
     parse_traceback,
@@ -48,9 +49,12 @@ _HUGE_POINTER_ARG = re.compile(r"Pointer argument \(at \d{1000,}\)", re.IGNORECA
 _RESOURCES = re.compile(
     r"out of resource: (?P<what>[\w ]+?), Required: (?P<req>\d+), Hardware limit: (?P<lim>\d+)"
 )
-# the source line of a launch: `kernel[grid](...)`, or Inductor's `triton_poi_..._0.run(...)`
-_LAUNCH_CODE = re.compile(r"(?P<jit>\w+)\[[^\]]*\]\(|\b(?P<inductor>triton_\w+)\.run\(")
+# the source line of a launch: `kernel[grid](...)` (the grid may index: `k[(cdiv(x.shape[0], 64),)](`),
+# or Inductor's `triton_poi_..._0.run(...)`
+_LAUNCH_CODE = re.compile(r"(?P<jit>\w+)\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(|\b(?P<inductor>triton_\w+)\.run\(")
 _TRITON_LAUNCH = re.compile(r"/triton/(runtime|backends|compiler)/")
+# torch's line under a CUDA error: "Search for `cudaErrorMisalignedAddress' in https://docs.nvidia..."
+_TORCH_SEARCH = re.compile(r"Search for `(cudaError\w+)'")
 _FAR = 64 * 2**20  # an access this far from any allocation is not an off-by-a-few row
 
 
@@ -146,6 +150,7 @@ _GUARD = SETTLED_BY["missing-device-guard"]
 _BUFFER = SETTLED_BY["default-device-buffer"]
 _INT32 = SETTLED_BY["int32-offset-overflow"]
 _STREAM = SETTLED_BY["wrong-device-stream"]
+_ALIGNMENT = SETTLED_BY["misaligned-operand"]
 # narrower sets, where the text already rules part of a cause's cells out
 _SIZES_RACE = (Condition.PEER, Condition.SIZES_RACE)
 _PRODUCER_RACE = (Condition.PEER, Condition.PRODUCER_RACE)
@@ -266,9 +271,13 @@ def _sanitizer_fits(report: SanitizerReport, kernel: str, gpus: str) -> tuple[li
             )
             continue
         if e.category == "invalid-access" and e.misaligned:
-            caveats.append(
-                "A misaligned access is a pointer-arithmetic or dtype mistake, not a placement one."
+            add(
+                "misaligned-operand",
+                "the address is misaligned for the access's size: a base or stride off the 16-byte grid (a "
+                "sliced view, a storage offset) fed to vectorized or TMA accesses",
+                _scan(_first_gpu(gpus), kernel, _ALIGNMENT),
             )
+            caveats.append("A misaligned access is not a placement fault: no cross-GPU cause fits it.")
             continue
         if e.category == "invalid-access":
             n = e.nearest
@@ -322,7 +331,11 @@ def _sanitizer_fits(report: SanitizerReport, kernel: str, gpus: str) -> tuple[li
                     )
         elif e.category == "api-error":
             err = (e.cuda_error or "").lower()
-            if "illegaladdress" in err:
+            api_kind = cuda_error_kind(e.cuda_error or "")
+            if api_kind in (ErrorKind.MISALIGNED_ADDRESS, ErrorKind.ILLEGAL_INSTRUCTION):
+                for fit in _misaligned_or_tma_fits(api_kind, kernel, gpus):
+                    add(fit.cause, f"{e.cuda_error} at a CUDA API call: {fit.why}", fit.settle)
+            elif "illegaladdress" in err:
                 add("invalid-routing", "an illegal address surfaced at a CUDA API call", _scan(gpus, kernel))
                 add(
                     "cross-device-stream-race",
@@ -348,6 +361,9 @@ def _sanitizer_fits(report: SanitizerReport, kernel: str, gpus: str) -> tuple[li
                     "a device-side assert at a CUDA API call",
                     _scan(_first_gpu(gpus), kernel, _INT32),
                 )
+        elif e.category == "other" and (hw := hardware_exception_kind(e.message)) is not None:
+            for fit in _misaligned_or_tma_fits(hw, kernel, gpus):
+                add(fit.cause, f"memcheck: {e.message}: {fit.why}", fit.settle)
         elif e.category == "uninitialized":
             add(
                 "cross-device-stream-race",
@@ -368,7 +384,47 @@ def _sanitizer_fits(report: SanitizerReport, kernel: str, gpus: str) -> tuple[li
     return fits, caveats
 
 
+#: memcheck's hardware-exception records that name a sticky CUDA error. "Misaligned shared or local
+#: address": recorded on one H100 (compute-sanitizer of CUDA 13.0, 2026-12-07) for a device-side
+#: TMA descriptor of a global x two bytes off the 16-byte grid, the program ending in "CUDA
+#: error: misaligned address" (tests/fixtures/sanitizer/2026-12-07-h100-3d8e2cb); "Illegal
+#: Instruction" by its name (not recorded yet). A misaligned PC is no data access: left out.
+_HARDWARE_EXCEPTIONS = (
+    (re.compile(r"\bmisaligned\b(?!.*\bpc\b)", re.IGNORECASE), ErrorKind.MISALIGNED_ADDRESS),
+    (re.compile(r"\billegal instruction\b", re.IGNORECASE), ErrorKind.ILLEGAL_INSTRUCTION),
+)
+
+
+def hardware_exception_kind(message: str) -> ErrorKind | None:
+    """The CUDA error a memcheck hardware-exception record ("Misaligned shared or local
+    address") stands for, or None."""
+    return next((kind for pattern, kind in _HARDWARE_EXCEPTIONS if pattern.search(message)), None)
+
+
+def _misaligned_or_tma_fits(kind: ErrorKind, kernel: str, gpus: str) -> list[CauseFit]:
+    """The causes that fit a misaligned address or an illegal instruction, most likely first."""
+    alignment = _fit(
+        "misaligned-operand",
+        "CUDA refused an access off its width's grid: TMA descriptors and vectorized loads need "
+        "16-byte-aligned bases and strides, and a sliced view (a storage offset) breaks that"
+        if kind is ErrorKind.MISALIGNED_ADDRESS
+        else "a TMA copy whose address is not 16-byte aligned ends in an illegal instruction (triton #7385): "
+        "a sliced view (a storage offset) fed to a TMA-descriptor kernel fits",
+        _scan(_first_gpu(gpus), kernel, _ALIGNMENT),
+    )
+    if kind is ErrorKind.MISALIGNED_ADDRESS:
+        return [alignment]
+    routing = _fit(
+        "invalid-routing",
+        "a TMA store past the end of its tensor ends in an illegal instruction, not an illegal address "
+        "(measured: a persistent TMA-descriptor grouped GEMM over-routed by 64 rows on an H100)",
+        _scan(gpus, kernel, _ROUTING),
+    )
+    return [routing, alignment]
+
+
 def _traceback_fits(tb: TracebackReport, kind: ErrorKind | None, kernel: str, gpus: str) -> list[CauseFit]:
+    """The causes that fit the error ``kind`` a traceback (or any text: an empty ``tb``) shows."""
     fits: list[CauseFit] = []
     msg = tb.exception.message if tb.exception else ""
     if kind is ErrorKind.POINTER_INACCESSIBLE:
@@ -464,6 +520,49 @@ def _traceback_fits(tb: TracebackReport, kind: ErrorKind | None, kernel: str, gp
                 _scan(gpus, kernel),
             )
         )
+    elif kind in (ErrorKind.MISALIGNED_ADDRESS, ErrorKind.ILLEGAL_INSTRUCTION):
+        fits += _misaligned_or_tma_fits(kind, kernel, gpus)
+    elif kind is ErrorKind.LAUNCH_FAILURE:
+        fits.append(
+            _fit(
+                "invalid-routing",
+                "an unspecified launch failure is a kernel that faulted (under memcheck: stopped at an "
+                "out-of-bounds access; measured: our over-routed cell on 2x H200)",
+                _scan(gpus, kernel, _ROUTING),
+            )
+        )
+        fits.append(
+            _fit(
+                "int32-offset-overflow",
+                "a wrapped int32 offset that leaves its allocation ends the kernel the same way",
+                _scan(_first_gpu(gpus), kernel, _INT32),
+            )
+        )
+    elif kind is ErrorKind.LAUNCH_TIMEOUT:
+        fits.append(
+            _fit(
+                "cross-device-stream-race",
+                "a kernel past the watchdog: counts read before their producer finished writing them can be "
+                "huge, and a persistent kernel walks them for ever",
+                _scan(gpus, kernel, _SIZES_RACE),
+            )
+        )
+        fits.append(
+            _fit(
+                "invalid-routing",
+                "m_sizes summing far past M make a kernel that trusts them walk that many rows",
+                _scan(gpus, kernel, _ROUTING),
+            )
+        )
+    elif kind is ErrorKind.ERROR_CONTAINED:
+        fits.append(
+            _fit(
+                "missing-device-guard",
+                "CUDA contains certain invalid accesses of peer GPU memory over NVLink this way: a kernel "
+                "launched on one GPU dereferencing another's memory fits",
+                _scan(gpus, kernel, _GUARD),
+            )
+        )
     elif kind is ErrorKind.OUT_OF_RESOURCES:
         fits.append(
             _fit(
@@ -531,6 +630,10 @@ def explain_text(text: str, *, source: str = "<text>") -> Explanation:
 def _explain(text: str, source: str) -> Explanation:
     if not text.strip():
         raise NothingToExplain("it is empty")
+    # a bare "CUDA error: ..." line (a C++ program's, the program's own output beside a log's
+    # records): never a clean run, whatever else the text shows
+    bare = bare_cuda_error(text)
+    named = bare[0] if bare is not None else None
     is_log = looks_like_sanitizer_log(text)
     report = parse_sanitizer_log(text) if is_log else None
     is_tb = looks_like_traceback(text)
@@ -558,6 +661,10 @@ def _explain(text: str, source: str) -> Explanation:
     if tb is not None:
         if tb.exception is not None:
             error_kind = classify_error(tb.exception.type, tb.exception.message)
+            searched = _TORCH_SEARCH.search(text)
+            if error_kind is ErrorKind.OTHER and searched is not None:
+                # torch's "Search for `cudaError...'" line below the exception's first line
+                error_kind = cuda_error_kind(searched.group(1)) or error_kind
             facts.append(f"{tb.exception.type}: {tb.exception.message}")
             if _HUGE_POINTER_ARG.search(tb.exception.message):  # "(at 999...)": no kernel has that many
                 raise LogNumberError("its pointer argument index has thousands of digits")
@@ -599,11 +706,7 @@ def _explain(text: str, source: str) -> Explanation:
                 facts.append(f"Triton kernel launched: {kernel_name} (from {_frame_str(f)})")
                 break
         launched_here = any(_TRITON_LAUNCH.search(f.file) for f in frames)
-        if (
-            error_kind in (ErrorKind.ILLEGAL_ADDRESS, ErrorKind.DEVICE_ASSERT)
-            and frames
-            and not launched_here
-        ):
+        if is_cuda_error(error_kind) and frames and not launched_here:
             caveats.append(
                 "the error surfaced at a later CUDA call (kernel errors are asynchronous): these frames show "
                 "where it was noticed, not the launch; CUDA_LAUNCH_BLOCKING=1 makes it surface at the launch"
@@ -648,13 +751,16 @@ def _explain(text: str, source: str) -> Explanation:
         ):
             caveats.append("the host backtrace shows the Python interpreter but no Python source frames")
         if report.errors and error_kind in (None, ErrorKind.OTHER):
-            cats = {e.category for e in report.errors}
-            if "invalid-access" in cats or any(
-                "illegaladdress" in (e.cuda_error or "").lower() for e in report.errors
-            ):
-                error_kind = ErrorKind.ILLEGAL_ADDRESS
-            elif any("assert" in (e.cuda_error or "").lower() for e in report.errors):
-                error_kind = ErrorKind.DEVICE_ASSERT
+            accesses = [e for e in report.errors if e.category == "invalid-access"]
+            api_kinds = [k for e in report.errors if (k := cuda_error_kind(e.cuda_error or "")) is not None]
+            hardware = [k for e in report.errors if e.category == "other" and (k := hardware_exception_kind(e.message))]
+            if accesses:
+                misaligned = all(e.misaligned for e in accesses)
+                error_kind = ErrorKind.MISALIGNED_ADDRESS if misaligned else ErrorKind.ILLEGAL_ADDRESS
+            elif hardware:
+                error_kind = hardware[0]
+            elif api_kinds:
+                error_kind = api_kinds[0]
         if report.truncated:
             caveats.append(
                 "the log has no ERROR SUMMARY line: the run was cut, killed, or the paste is incomplete"
@@ -678,17 +784,35 @@ def _explain(text: str, source: str) -> Explanation:
         fits += s_fits
         caveats += s_caveats
 
-    if tb is not None:
-        for fit in _traceback_fits(tb, error_kind, kernel_spec, gpus):
+    from_text = named is not None and error_kind in (None, ErrorKind.OTHER)
+    if from_text and named is not None:
+        error_kind = named
+        assert bare is not None
+        facts.append(f"the text names a CUDA error ({named}): {bare[1][:200]}")
+        if report is not None and report.clean:
+            caveats.append(
+                f"compute-sanitizer reported no error in what it checked, yet the program met {named}: the "
+                "fault is in a kernel it did not check (a --kernel-name filter, a --launch-count bound) or is "
+                "not an access memcheck sees"
+            )
+    if tb is not None or from_text:
+        for fit in _traceback_fits(tb or TracebackReport(), error_kind, kernel_spec, gpus):
             if fit.cause not in {x.cause for x in fits}:
                 fits.append(fit)
 
-    findings = bool(tb and (tb.exception or tb.asserts)) or bool(report and report.has_findings)
-    clean = bool(report and report.clean) and not (tb and (tb.exception or tb.asserts))
+    findings = bool(tb and (tb.exception or tb.asserts)) or bool(report and report.has_findings) or bool(named)
+    clean = bool(report and report.clean) and not (tb and (tb.exception or tb.asserts)) and named is None
     if clean:
         caveats.append(
             "0 errors does not clear the kernel: compute-sanitizer cannot see races across streams or GPUs, "
             "and the caching allocator hides out-of-bounds accesses that stay inside a pooled segment"
+        )
+    if error_kind in _NO_CAUSE and not fits:
+        caveats.append(f"no cause of the catalogue fits {error_kind}: {_NO_CAUSE[error_kind]}")
+    if is_cuda_error(error_kind):
+        caveats.append(
+            "the CUDA error is sticky: every later CUDA call of the process fails too (often as "
+            "'unspecified launch failure'); the first CUDA error the process printed is the fault"
         )
     next_steps: list[str] = []
     for fit in fits:
@@ -720,6 +844,32 @@ def _explain(text: str, source: str) -> Explanation:
     )
 
 
+#: How a headline names each sticky CUDA error the ``names`` of ``_headline`` leave out.
+_CUDA_WORDS = {
+    ErrorKind.MISALIGNED_ADDRESS: "a misaligned memory access",
+    ErrorKind.ILLEGAL_INSTRUCTION: "an illegal instruction",
+    ErrorKind.LAUNCH_FAILURE: "an unspecified launch failure: a kernel faulted",
+    ErrorKind.LAUNCH_TIMEOUT: "a kernel stopped by the watchdog",
+    ErrorKind.HARDWARE_STACK_ERROR: "a hardware stack error",
+    ErrorKind.INVALID_PC: "an invalid program counter",
+    ErrorKind.INVALID_ADDRESS_SPACE: "an instruction on an address space it does not support",
+    ErrorKind.ECC_UNCORRECTABLE: "an uncorrectable ECC error of the GPU's memory",
+    ErrorKind.ERROR_CONTAINED: "a device fault caught by the GPU's error containment",
+}
+
+#: The sticky CUDA errors no cause of the catalogue fits, and why.
+_NO_CAUSE = {
+    ErrorKind.HARDWARE_STACK_ERROR: "deep recursion or a stack overflow in device code, not a placement, "
+    "offset or routing fault",
+    ErrorKind.INVALID_PC: "a jump to an invalid instruction address: a miscompiled kernel or a corrupt "
+    "function pointer, not a placement, offset or routing fault",
+    ErrorKind.INVALID_ADDRESS_SPACE: "a shared- or global-only instruction given the other kind of "
+    "address: a kernel or compiler bug, not a placement, offset or routing fault",
+    ErrorKind.ECC_UNCORRECTABLE: "the GPU's memory failed (Xid 48): no kernel change fixes it; check "
+    "`nvidia-smi -q -d ECC` and have the GPU reset or replaced",
+}
+
+
 def _headline(
     kind: ErrorKind | None,
     report: SanitizerReport | None,
@@ -748,11 +898,18 @@ def _headline(
     }
     if kind in names:
         return names[kind]
+    api_only = None
+    if report is not None and report.errors:
+        api = next((e for e in report.errors if e.category == "api-error"), None)
+        if api is not None and {e.category for e in report.errors} == {"api-error"}:
+            api_only = f"{api.cuda_error} returned by {api.api_call or 'a CUDA API call'}"
+    if kind is not None and kind in _CUDA_WORDS and (api_only is None or tb is not None):
+        info = CUDA_ERROR_OF[kind]
+        return f"{_CUDA_WORDS[kind]}{in_kernel} ({info.runtime}, CUDA error {info.code})"
+    if api_only is not None:
+        return api_only
     if report is not None and report.errors:
         cats = {e.category for e in report.errors}
-        api = next((e for e in report.errors if e.category == "api-error"), None)
-        if api is not None and cats == {"api-error"}:
-            return f"{api.cuda_error} returned by {api.api_call or 'a CUDA API call'}"
         if "race" in cats:
             return f"shared-memory race hazards{in_kernel}"
         if "uninitialized" in cats:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from qmoe_doctor.core import knobs
 from qmoe_doctor.core.allocator import AllocatorSnapshot
 from qmoe_doctor.core.records import (
+    CUDA_ERROR_KINDS,
     Condition,
     Confidence,
     Diagnosis,
@@ -29,8 +30,14 @@ from qmoe_doctor.diagnose.matrix import build_matrix
 from qmoe_doctor.diagnose.sanitizer_log import SanitizerReport
 from qmoe_doctor.diagnose.scan_rules import classify
 
-#: Outcomes memcheck can see: a device access the MMU or the sanitizer refuses.
-ACCESS_FAULT_KINDS = frozenset({ErrorKind.ILLEGAL_ADDRESS, ErrorKind.SIGNAL})
+#: Outcomes memcheck can see: a device access the MMU or the sanitizer refuses. Every sticky
+#: CUDA error but the kernel's own assert, the watchdog's timeout and the hardware's faults: an
+#: illegal instruction is how a TMA store past its tensor ends (memcheck placed those writes:
+#: FINDINGS.md, 2026-12-06), a launch failure how memcheck itself stops a kernel.
+ACCESS_FAULT_KINDS = (
+    CUDA_ERROR_KINDS
+    - {ErrorKind.DEVICE_ASSERT, ErrorKind.LAUNCH_TIMEOUT, ErrorKind.ECC_UNCORRECTABLE, ErrorKind.ERROR_CONTAINED}
+) | {ErrorKind.SIGNAL}
 #: Failures raised on the host before the kernel touches device memory.
 HOST_SIDE_KINDS = frozenset(
     {

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from qmoe_doctor.core.error_kind import match_text
+from qmoe_doctor.core.error_kind import cuda_error_kind
 from qmoe_doctor.core.launches import FindingKind, Launch, LaunchFinding, ProcessRecord, TensorArg
-from qmoe_doctor.core.records import Confidence, ErrorKind, TensorInfo
+from qmoe_doctor.core.records import Confidence, TensorInfo, is_cuda_error
 from qmoe_doctor.core.reports import AddressNote, PlacedFit, RunCudaError, RunDiagnosis, RunPassLabel
 from qmoe_doctor.diagnose.attribution import attribute, describe_tensor
 from qmoe_doctor.diagnose.sanitizer_log import SanitizerReport
@@ -31,7 +31,6 @@ MAX_SANITIZED_KERNELS = 8
 #: Launches per kernel a sanitizer rerun checks when no fault points at one.
 SANITIZE_FIRST_LAUNCHES = 2
 
-_CUDA_KINDS = (ErrorKind.ILLEGAL_ADDRESS, ErrorKind.DEVICE_ASSERT)
 #: Observed at a launch: the tensors' devices (and the rank's LOCAL_RANK) were read, not inferred.
 #: The int32 finding joins a static finding (the lint) to an observed size: it shows the wrap is
 #: reachable, not that it ran. The default-stream finding is a heuristic over the ring
@@ -111,7 +110,17 @@ def diagnoses(records: Sequence[ProcessRecord], label: RunPassLabel = "run") -> 
 
 
 def _cuda_launch(launch: Launch) -> bool:
-    return bool(launch.raised) and match_text(launch.raised) in _CUDA_KINDS
+    return bool(launch.raised) and cuda_error_kind(launch.raised) is not None
+
+
+def _cuda_end(record: ProcessRecord) -> str:
+    """The text of the CUDA error the process ended on, or "". Read again from the end's text
+    too: a monitor from before each sticky CUDA error had its kind recorded an illegal
+    instruction as a plain exception."""
+    end = record.end
+    if end is None or not (is_cuda_error(end.error_kind) or cuda_error_kind(end.detail)):
+        return ""
+    return end.detail
 
 
 def cuda_errors(records: Sequence[ProcessRecord], *, blocking: bool) -> tuple[RunCudaError, ...]:
@@ -121,7 +130,7 @@ def cuda_errors(records: Sequence[ProcessRecord], *, blocking: bool) -> tuple[Ru
     out: list[RunCudaError] = []
     for record in _processes_in_order(records):
         end = record.end
-        message = record.cuda_error or (end.detail if end is not None and end.error_kind in _CUDA_KINDS else "")
+        message = record.cuda_error or _cuda_end(record)
         if not message:
             continue
         ring = record.ring
@@ -152,7 +161,9 @@ def cuda_errors(records: Sequence[ProcessRecord], *, blocking: bool) -> tuple[Ru
                 pid=record.pid,
                 rank=record.rank,
                 message=message,
-                error_kind=end.error_kind if end is not None and end.error_kind is not None else match_text(message),
+                # the kind of the first CUDA error (the one the message quotes)
+                error_kind=cuda_error_kind(message)
+                or (end.error_kind if end is not None and is_cuda_error(end.error_kind) else None),
                 last_launches=tuple(last),
                 faulting=faulting,
                 exact=exact,

@@ -22,6 +22,9 @@ invalid-routing            single (valid m_sizes), or the same  m_sizes summing 
                            in the probe
 int32-offset-overflow      single (experts below 2**31)         rows on the first expert whose
                                                                 offset passes 2**31 - 1
+misaligned-operand         single, and x and w 16 bytes into    x and w 2 bytes (bf16) into
+                           their buffers (storage-offset-8)     their buffers: a base that is
+                                                                not 16-byte aligned
 autotune-inplace-rerun     second call of the process           first call of the process
 launch-config-fault        single (the kernel's own config)     a pinned config that runs
                                                                 wrong; any cell the device
@@ -59,7 +62,15 @@ from qmoe_doctor.core.records import (
 from qmoe_doctor.diagnose.baseline import not_run_after
 from qmoe_doctor.diagnose.blind_spots import touches_outside, unchecked_reason, writes_checked
 from qmoe_doctor.diagnose.device_assert import AssertSite, assert_sites, find_device_asserts
-from qmoe_doctor.diagnose.matrix import Cell, Matrix, build_matrix, debug_reruns, describe, evidence
+from qmoe_doctor.diagnose.matrix import (
+    Cell,
+    Matrix,
+    build_matrix,
+    debug_reruns,
+    describe,
+    evidence,
+    variant_of,
+)
 
 #: The scan cells whose differential evidence settles each cause: the ``--only`` of its repro
 #: command (a single-device cause cites the conditions that failed, in this order).
@@ -70,6 +81,7 @@ SETTLED_BY: dict[str, tuple[Condition, ...]] = {
     "wrong-device-stream": (Condition.SIDE_STREAM,),
     "invalid-routing": (Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES),
     "int32-offset-overflow": (Condition.INT32_BOUNDARY,),
+    "misaligned-operand": (Condition.OFFSETS,),
     "autotune-inplace-rerun": (Condition.REPEAT_CALL,),
     "launch-config-fault": (Condition.LAUNCH_CONFIG,),
 }
@@ -550,6 +562,93 @@ def int32_offset_overflow(matrix: Matrix, ctx: RuleContext) -> Finding:
     )
 
 
+#: The offsets cell whose x and w start off the 16-byte grid, and its aligned twin: the same
+#: values, the same strides, a storage offset of 8 elements (16 bytes in bf16/fp16, 32 in fp32).
+MISALIGNED_VARIANT = "storage-offset-1"
+ALIGNED_VARIANT = "storage-offset-8"
+#: How a misaligned operand shows, and how sure each ending makes the diagnosis: CUDA names the
+#: fault (misaligned address); a TMA copy off the 16-byte grid ends in an illegal instruction
+#: (triton #7385); a device-side descriptor with a misaligned stride reads shifted tiles and
+#: gives wrong values without an error (triton #10927).
+_MISALIGNED_ENDINGS = {
+    ErrorKind.MISALIGNED_ADDRESS: Confidence.HIGH,
+    ErrorKind.ILLEGAL_INSTRUCTION: Confidence.MEDIUM,
+}
+_OPERANDS = ("x", "w")
+_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def _alignment(cell: Cell) -> str:
+    """Which operands the cell offsets and by how many bytes: from the tensors the probe handed
+    the kernel (their data_ptr), else from the variant and the dtype."""
+    o = cell.outcome
+    variant = variant_of(o)
+    dtype = o.spec.shape.dtype
+    recorded = {t.name: t for t in o.tensors if t.name in _OPERANDS}
+    if set(recorded) == set(_OPERANDS):
+        offs = [recorded[n].data_ptr % 16 for n in _OPERANDS]
+        if offs[0] == offs[1]:
+            return f"x and w data_ptr % 16 == {offs[0]}"
+        return ", ".join(f"{n} data_ptr % 16 == {off}" for n, off in zip(_OPERANDS, offs, strict=True))
+    elements = int(variant.rsplit("-", 1)[1])
+    nbytes = elements * _ITEMSIZE.get(dtype, 2)
+    return f"x and w {nbytes} byte{'s' if nbytes != 1 else ''} into their buffers"
+
+
+def misaligned_operand(matrix: Matrix, ctx: RuleContext) -> Finding:
+    """Operands off the 16-byte grid fail where the same operands 16 bytes in pass: the kernel
+    needs aligned bases (TMA descriptors, vectorized loads) and does not check. Silent when the
+    aligned twin or ``single`` fails too (then the storage offset itself is mishandled)."""
+    ev: list[Evidence] = []
+    places: list[str] = []
+    explained: set[str] = set()
+    confidence = Confidence.HIGH
+    endings: list[str] = []
+    offsets: list[str] = []
+    for group in matrix.groups():
+        bad = matrix.get(group, Condition.OFFSETS, MISALIGNED_VARIANT)
+        good = matrix.get(group, Condition.OFFSETS, ALIGNED_VARIANT)
+        base = matrix.get(group, Condition.SINGLE)
+        if bad is None or good is None or base is None or not (good.ok and base.ok) or not bad.failed:
+            continue
+        kind = bad.outcome.error_kind if bad.outcome.status is Status.ERROR else None
+        if kind in _MISALIGNED_ENDINGS:
+            sure = _MISALIGNED_ENDINGS[kind]
+            ending = f"`{kind}`"
+        elif bad.outcome.status is Status.WRONG:
+            sure, ending = Confidence.MEDIUM, "wrong values"
+        else:
+            continue  # another failure: not what a misaligned base does
+        if sure is Confidence.MEDIUM:
+            confidence = Confidence.MEDIUM
+        endings.append(ending)
+        offsets.append(_alignment(bad))
+        base_ev = evidence(base, "correct on the same device with contiguous, freshly allocated operands")
+        if base_ev not in ev:
+            ev.append(base_ev)
+        ev.append(evidence(good, f"{_alignment(good)} (16-byte aligned): " + describe(good)))
+        ev.append(evidence(bad, f"{_alignment(bad)} (not 16-byte aligned): " + describe(bad)))
+        explained.add(bad.outcome.probe_id)
+        if ctx.where(group) not in places:
+            places.append(ctx.where(group))
+    how = " or ".join(dict.fromkeys(endings)) or "a failure"
+    where = "; ".join(dict.fromkeys(offsets))
+    return _found(
+        "misaligned-operand",
+        ctx,
+        summary=(
+            f"correct with x and w 16-byte aligned ({ALIGNED_VARIANT}), {how} with {where} "
+            f"({MISALIGNED_VARIANT}), the same values and strides: the kernel needs 16-byte-aligned "
+            "bases (TMA descriptors, vectorized loads) and does not check data_ptr() % 16 where it "
+            "makes its descriptors"
+        ),
+        evidence=ev,
+        places=places,
+        confidence=confidence,
+        accounts_for=explained,
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # First call against second call; launch configs; the CPU tier itself
 # ---------------------------------------------------------------------------------------------
@@ -725,6 +824,7 @@ RULES: tuple[Rule, ...] = (
     wrong_device_stream,
     invalid_routing,
     int32_offset_overflow,
+    misaligned_operand,
     autotune_inplace_rerun,
     launch_config_fault,
     interpreter_unavailable,
@@ -768,6 +868,8 @@ def classify(
 
 
 __all__ = [
+    "ALIGNED_VARIANT",
+    "MISALIGNED_VARIANT",
     "NOTE_RULES",
     "RULES",
     "SETTLED_BY",
@@ -786,6 +888,7 @@ __all__ = [
     "interpreter_unavailable",
     "invalid_routing",
     "launch_config_fault",
+    "misaligned_operand",
     "missing_device_guard",
     "unchecked_cells",
     "wrong_device_stream",

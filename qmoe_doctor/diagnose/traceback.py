@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from qmoe_doctor.core.error_kind import classify_error
+from qmoe_doctor.core.error_kind import classify_error, cuda_error_kind
 from qmoe_doctor.core.records import SCHEMA_VERSION, ErrorKind
 from qmoe_doctor.diagnose.device_assert import DeviceAssert, is_device_assert_line, parse_device_assert
 from qmoe_doctor.diagnose.log_lines import LogNumberError, parse_int, strip_prefix
@@ -68,6 +68,25 @@ def is_user_path(path: str) -> bool:
     return not _LIBRARY_PATH.search(path)
 
 
+def _bare_cuda_error(line: str) -> ErrorKind | None:
+    """The sticky CUDA error of a line that is one, as a C++ program or a logger prints it:
+    ``CUDA error: misaligned address`` at the start of the line (after a rank prefix); never a
+    line of prose that quotes one in a code span."""
+    body = line.strip()
+    return cuda_error_kind(body) if body.startswith("CUDA error: ") and "`" not in body else None
+
+
+def bare_cuda_error(text: str) -> tuple[ErrorKind, str] | None:
+    """The first line of ``text`` that is a bare CUDA error (no exception type before it), with
+    its kind."""
+    for raw in text.splitlines():
+        _, line = strip_prefix(raw)
+        kind = _bare_cuda_error(line)
+        if kind is not None:
+            return kind, line.strip()
+    return None
+
+
 def looks_like_traceback(text: str) -> bool:
     for raw in text.splitlines():
         _, line = strip_prefix(raw)
@@ -76,6 +95,7 @@ def looks_like_traceback(text: str) -> bool:
             or _FRAME.match(line)
             or is_device_assert_line(line)
             or _CXX_THROW.search(line)
+            or _bare_cuda_error(line) is not None
         ):
             return True
         m = _EXC.match(line.strip())
@@ -180,6 +200,7 @@ __all__ = [
     "PyException",
     "PyFrame",
     "TracebackReport",
+    "bare_cuda_error",
     "is_user_path",
     "looks_like_traceback",
     "parse_traceback",

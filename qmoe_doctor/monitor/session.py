@@ -47,14 +47,14 @@ from qmoe_doctor.core.launches import (
     ProcessRecord,
     element_span,
 )
-from qmoe_doctor.core.records import ErrorKind
+from qmoe_doctor.core.records import ErrorKind, is_cuda_error
 from qmoe_doctor.diagnose.launch_rules import check_launch, cross_device
 from qmoe_doctor.diagnose.stream_rules import shows, wrong_stream
 from qmoe_doctor.monitor import ring as R
 from qmoe_doctor.monitor.callsite import Places, call_path, find_sites
 from qmoe_doctor.monitor.kernels import KernelInfo, SourceCache, describe_kernel, lint_kernel
 from qmoe_doctor.monitor.layout import Layout, make_layout
-from qmoe_doctor.monitor.writer import CUDA_ERROR_KINDS, RecordWriter, exception_text
+from qmoe_doctor.monitor.writer import RecordWriter, exception_text
 
 if TYPE_CHECKING:
     from qmoe_doctor.monitor.fingerprint import Fingerprints
@@ -325,7 +325,7 @@ class Monitor:
         kind = match_text(text)
         if entry[R.FLAGGED]:
             self._settle(entry, "refused" if kind is ErrorKind.POINTER_INACCESSIBLE else "raised")
-        if kind in CUDA_ERROR_KINDS:
+        if is_cuda_error(kind):
             if not self.cuda_error:
                 self.cuda_error = text
             self.flush()
@@ -543,7 +543,7 @@ class Monitor:
         """The process ends (or raised, or got a signal): the first end is the one kept."""
         if self.end is None:
             self.end = end
-        if end.error_kind in CUDA_ERROR_KINDS and not self.cuda_error:
+        if is_cuda_error(end.error_kind) and not self.cuda_error:
             self.cuda_error = end.detail
         self.flush()
 

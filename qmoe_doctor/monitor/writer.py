@@ -25,10 +25,8 @@ from typing import Any, Protocol
 
 from qmoe_doctor.core.error_kind import match_text
 from qmoe_doctor.core.launches import EndKind, ProcessEnd, ProcessRecord
-from qmoe_doctor.core.records import ErrorKind, to_json
+from qmoe_doctor.core.records import is_cuda_error, to_json
 
-#: Error kinds that are CUDA errors: the context is poisoned and the process will not launch again.
-CUDA_ERROR_KINDS = frozenset({ErrorKind.ILLEGAL_ADDRESS, ErrorKind.DEVICE_ASSERT})
 #: The signals whose arrival writes the record before the user's handler (or death) follows.
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT") if hasattr(signal, name))
 #: Characters of an exception's text a record keeps.
@@ -67,7 +65,7 @@ def end_of(exc: BaseException, seq: int) -> ProcessEnd:
     """An uncaught exception as a process end: a CUDA error when its text is one."""
     text = exception_text(exc)
     kind = match_text(text)
-    if kind in CUDA_ERROR_KINDS:
+    if is_cuda_error(kind):
         return ProcessEnd(kind=EndKind.CUDA_ERROR, detail=text, error_kind=kind, seq=seq)
     return ProcessEnd(kind=EndKind.EXCEPTION, detail=text, error_kind=kind, seq=seq)
 
@@ -128,7 +126,6 @@ def _chained(monitor: Ends, signum: int, previous: _Handler) -> Callable[[int, F
 
 
 __all__ = [
-    "CUDA_ERROR_KINDS",
     "SIGNALS",
     "RecordWriter",
     "end_of",

@@ -5,6 +5,7 @@
         testcase[classname="run", name="command"]           the command's exit status
         testcase[classname="run.<pass>", name=<process>]     error: a CUDA error, with its last launches
         testcase[classname="run.diagnoses", name=<cause> <kernel>]   failure, type = cause id
+        testcase[classname="run.sanitize", name="compute-sanitizer memcheck"]  failure: its errors
         testcase[classname="run.diagnoses", name="device checks"]    passes when nothing was found
         testcase[classname="run.compare", name="compare with <kind>"]  run --compare: failure at a
                                                          divergent launch, type = its cause id (or "divergence")
@@ -81,6 +82,12 @@ def run_junit_element(report: RunReport) -> ET.Element:
         if cause is not None:
             body += ["fix:", cause.fix, f"docs: {cause.docs}"]
         failure.text = _clean("\n".join(body))
+    s = report.sanitizer
+    if s is not None and report.sanitizer_errors:
+        failures += 1
+        c = case("run.sanitize", "compute-sanitizer memcheck")
+        failure = ET.SubElement(c, "failure", {"message": _line(s.note), "type": "memcheck"})
+        failure.text = _clean("\n".join([s.note, *(line for a in s.addresses for line in a.sentences)]))
     if not report.diagnoses:
         case("run.diagnoses", "device checks")
     compared = report.compare

@@ -476,7 +476,7 @@ def test_one_rule_per_cause_named_after_it_and_the_docstring_table_lists_them() 
     from qmoe_doctor.diagnose import scan_rules
 
     causes = [r.__name__.replace("_", "-") for r in scan_rules.RULES if r not in scan_rules.NOTE_RULES]
-    assert len(causes) == 8 and set(causes) <= set(CAUSES)
+    assert len(causes) == 9 and set(causes) <= set(CAUSES)
     assert set(scan_rules.SETTLED_BY) == set(causes)
     assert all(set(conds) <= DEFAULT_CONDITIONS for conds in scan_rules.SETTLED_BY.values())
     lines = (scan_rules.__doc__ or "").splitlines()

@@ -48,8 +48,8 @@ CASES = [
     (
         "RuntimeError",
         "CUDA error: misaligned address",
-        ErrorKind.ILLEGAL_ADDRESS,
-        "misaligned global access: same fault class",
+        ErrorKind.MISALIGNED_ADDRESS,
+        "misaligned global access: a sticky CUDA error of its own kind",
     ),
     (
         "RuntimeError",

@@ -284,8 +284,9 @@ def test_launch_failure_under_memcheck_from_a_recorded_outcome() -> None:
     o = from_json(Outcome, line.splitlines()[-1])
     assert o.error_type is not None and o.error_message is not None
     e = explain_text(f"{o.error_type}: {o.error_message}\n")
-    assert e.error_kind is ErrorKind.ILLEGAL_ADDRESS
+    assert e.error_kind is ErrorKind.LAUNCH_FAILURE  # its own kind, no longer read as illegal-address
     assert e.facts[0] == "torch.AcceleratorError: CUDA error: unspecified launch failure"
+    assert [f.cause for f in e.fits] == ["invalid-routing", "int32-offset-overflow"]
     check_commands(e)
 
 
@@ -476,11 +477,13 @@ def test_shared_memory_access_is_not_a_cross_gpu_cause() -> None:
     check_commands(e)  # falls back to a full scan
 
 
-def test_misaligned_access_is_not_a_placement_cause() -> None:
+def test_misaligned_access_fits_a_misaligned_operand_and_no_placement_cause() -> None:
     e = explain_text(_one_record(swap=("is out of bounds", "is misaligned")))
-    assert e.fits == ()
-    assert any("misaligned" in c for c in e.caveats)
+    assert e.error_kind is ErrorKind.MISALIGNED_ADDRESS
+    assert [(f.cause, f.settle.split(" --only ")[-1]) for f in e.fits] == [("misaligned-operand", "offsets")]
+    assert any("not a placement fault" in c for c in e.caveats)
     assert any("is misaligned" in f for f in e.facts)
+    check_commands(e)
 
 
 def test_log_starting_mid_record_and_cut_at_the_end() -> None:

@@ -162,7 +162,7 @@ def test_torch_argument_check_before_any_launch_is_bad_input_not_a_fault() -> No
 
     recorded = "expected data_ptr to be aligned to 16 bytes"
     assert classify_error("RuntimeError", recorded) is ErrorKind.BAD_INPUT
-    assert classify_error("RuntimeError", "CUDA error: misaligned address") is ErrorKind.ILLEGAL_ADDRESS
+    assert classify_error("RuntimeError", "CUDA error: misaligned address") is ErrorKind.MISALIGNED_ADDRESS
     assert classify_error("RuntimeError", "expected scalar type BFloat16 but found Float") is ErrorKind.OTHER
 
 

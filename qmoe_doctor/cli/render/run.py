@@ -192,22 +192,30 @@ def render_run(out: Console, report: RunReport) -> None:
         out.print(Text(f"note: {note}", style="yellow"), soft_wrap=True)
     if report.record_dir:
         out.print(Text(f"records: {report.record_dir}", style="dim"), soft_wrap=True)
+    out.print(summary_line(report))
+
+
+def summary_line(report: RunReport) -> Text:
+    """The last line. "No finding" only when nothing was found: no diagnosis, no CUDA error in
+    any pass, no error of compute-sanitizer's; a command that failed anyway says so."""
     launched = any(r.launches for p in report.passes for r in p.processes)
-    if report.healthy and not launched:
-        out.print(Text("No Triton launch was monitored.", style="yellow"))
-    elif report.healthy:
-        out.print(Text("No finding: every monitored launch kept its tensors on its device.", style="green"))
-    else:
-        n = len(report.diagnoses)
-        errors = len(report.cuda_errors)
-        diverged = ", 1 divergent launch" if report.compare is not None and report.compare.diverged else ""
-        out.print(
-            Text(
-                f"{n} diagnos{'is' if n == 1 else 'es'}, {errors} CUDA error{'s' if errors != 1 else ''}{diverged}; "
-                f"exit {report.exit_code}",
-                style="bold",
-            )
-        )
+    if report.healthy:
+        ended = report.passes[0].end if report.passes else f"exit {report.command_exit}"
+        failed = f"; the command itself failed ({ended})" if report.command_exit != 0 else ""
+        if not launched:
+            return Text("No Triton launch was monitored" + failed + ".", style="yellow")
+        if failed:
+            return Text("No finding in the monitored launches" + failed + ".", style="yellow")
+        return Text("No finding: every monitored launch kept its tensors on its device.", style="green")
+    n = len(report.diagnoses)
+    errors = len(report.cuda_errors)
+    parts = [f"{n} diagnos{'is' if n == 1 else 'es'}", f"{errors} CUDA error{'s' if errors != 1 else ''}"]
+    if report.sanitizer_errors:
+        k = report.sanitizer_errors
+        parts.append(f"{k:,} compute-sanitizer error{'s' if k != 1 else ''}")
+    if report.compare is not None and report.compare.diverged:
+        parts.append("1 divergent launch")
+    return Text(f"{', '.join(parts)}; exit {report.exit_code}", style="bold red")
 
 
-__all__ = ["render_cuda_error", "render_diagnosis", "render_run"]
+__all__ = ["render_cuda_error", "render_diagnosis", "render_run", "summary_line"]
