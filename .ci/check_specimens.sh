@@ -14,9 +14,8 @@
 #                                                                    device-side TMA descriptors)
 #   tma_unmasked_rows        must fail: invalid-routing              probes (over-routed: TMA stores
 #                                                                    past its y)
-#   tma_misaligned           must fail: the storage-offset-1 cell    probes (the interpreter's descriptor
-#                            only, explained by nothing but          check refuses the misaligned x)
-#                            misaligned-operand
+#   tma_misaligned           must fail: misaligned-operand           probes (the interpreter's descriptor
+#                            (the storage-offset-1 cell alone)       check refuses the misaligned x)
 #   unguarded, default_buffer, wrong_stream, int32_offsets           lint only: their probes need GPUs
 #   cached_sms                                                       lint only: no probe can see it
 #
@@ -86,17 +85,16 @@ for name in contiguous_only autotuned tma_persistent; do
 done
 
 # A misaligned x handed to a TMA descriptor: on a GPU `misaligned address`; under the interpreter its
-# descriptor check refuses the view. The one failing cell must be storage-offset-1, and nothing but
-# misaligned-operand may explain it (a scan rule that does not read the interpreter's check leaves
-# it unexplained: still exit 1, never healthy).
+# descriptor check refuses the view ("base must be 16-byte aligned", read as misaligned-address).
+# The one failing cell must be storage-offset-1, and misaligned-operand must explain it.
 expect specimen-tma_misaligned 1 -- --cpu --kernel specimen:tma_misaligned --only single,offsets &&
-  python3 - "$OUT/specimen-tma_misaligned.json" <<'EOF_PY' || bad "specimen-tma_misaligned: expected the storage-offset-1 cell alone, misaligned-operand or unexplained"
+  python3 - "$OUT/specimen-tma_misaligned.json" <<'EOF_PY' || bad "specimen-tma_misaligned: expected the storage-offset-1 cell alone, named misaligned-operand"
 import json, sys
 (kernel,) = json.load(open(sys.argv[1]))["kernels"]
 failing = sorted(c["name"] for c in kernel["cells"] if c["verdict"] not in ("pass", "skip"))
 causes = {d["cause"] for d in kernel["diagnoses"]}
 print(f"      failing cells: {failing}; diagnoses: {sorted(causes)}")
-sys.exit(0 if failing == ["offsets:storage-offset-1"] and causes <= {"misaligned-operand"} else 1)
+sys.exit(0 if failing == ["offsets:storage-offset-1"] and causes == {"misaligned-operand"} else 1)
 EOF_PY
 
 # Specimens whose fault is a placement, stream or int32-offset fault: no probe can fail on a CPU

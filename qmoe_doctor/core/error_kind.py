@@ -174,7 +174,7 @@ _TEXT_PATTERNS: tuple[tuple[ErrorKind, re.Pattern[str]], ...] = (
     # runtime/interpreter.py; seen on the CPU tier with specimen:tma_misaligned's offset cell)
     (
         ErrorKind.MISALIGNED_ADDRESS,
-        re.compile(r"(?:base|strides?|block offset start) must be 16-byte aligned", re.IGNORECASE),
+        re.compile(r"\b(?:base|strides?|block offset start) must be 16-byte aligned", re.IGNORECASE),
     ),
     # ValueError: Pointer argument (at 0) cannot be accessed from Triton (cpu tensor?)
     # (Triton's launcher checks every pointer argument with cuPointerGetAttribute; raised when the

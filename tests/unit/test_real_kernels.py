@@ -177,9 +177,8 @@ def test_tma_unmasked_rows_tma_stores_past_y_are_an_invalid_routing_fault(tmp_pa
 
 def test_tma_misaligned_fails_the_storage_offset_cell_alone(tmp_path: Path) -> None:
     """On the CPU the interpreter's descriptor check refuses the misaligned x inside the launch
-    (the GPU faults with `misaligned address` there). The cell fails, and nothing but
-    misaligned-operand may explain it: a scan that reads the interpreter's check names it, one
-    that does not leaves the cell unexplained; never healthy, never another cause."""
+    (the GPU faults with `misaligned address` there), read as misaligned-address: the cell fails,
+    the aligned storage-offset-8 cell and single pass, and misaligned-operand explains it."""
     rc, report = _scan("specimen:tma_misaligned", tmp_path, "--only", "single,offsets")
     assert rc == 1 and report["healthy"] is False
     cells = _cells(report)
@@ -187,9 +186,8 @@ def test_tma_misaligned_fails_the_storage_offset_cell_alone(tmp_path: Path) -> N
     assert failing == {"offsets:storage-offset-1"}, failing
     cell = cells["offsets:storage-offset-1"]
     assert "base must be 16-byte aligned" in cell["error_message"] and cell["facts"]["kernel_launches"] == 1
-    causes = _causes(report)
-    assert causes <= {"misaligned-operand"}
-    assert bool(causes) != bool(report["unexplained"]), (causes, report["unexplained"])
+    assert cell["error_kind"] == "misaligned-address"
+    assert _causes(report) == {"misaligned-operand"} and not report["unexplained"]
 
 
 # --------------------------------------------------------------------------------------------
