@@ -151,16 +151,47 @@ class AdaptedKernel:
         return f"AdaptedKernel({self.ref!r}, {self.limits})"
 
 
-def limits_of(adapter: object) -> KernelLimits:
-    """The adapter's declared limits; missing attributes take the defaults."""
+#: The operand dtypes an adapter may declare (what the probes run: bfloat16 on GPUs, float32 on
+#: the CPU tier, float16 in tests).
+KNOWN_DTYPES = frozenset({"bfloat16", "float16", "float32"})
+
+
+def limits_of(adapter: object, name: str = "the adapter") -> KernelLimits:
+    """The adapter's declared limits; missing attributes take the defaults. A declaration that
+    is not one (``dtypes = 5``, a property that raises, a dtype no probe runs) raises
+    KernelResolutionError: the kernel cannot be used as declared, a usage error (exit 2)."""
     default = KernelLimits()
-    raw_dtypes = getattr(adapter, "dtypes", default.dtypes)
-    dtypes = None if raw_dtypes is None else frozenset(str(d).removeprefix("torch.") for d in raw_dtypes)
-    return KernelLimits(
-        dtypes=dtypes,
-        needs_contiguous=bool(getattr(adapter, "needs_contiguous", default.needs_contiguous)),
-        supports_cpu=bool(getattr(adapter, "supports_cpu", default.supports_cpu)),
-    )
+
+    def declared(attr: str, fallback: Any) -> Any:
+        try:
+            return getattr(adapter, attr, fallback)
+        except Exception as exc:
+            raise KernelResolutionError(
+                f"adapter {name!r}: reading its {attr!r} raised {type(exc).__name__}: {exc}"
+            ) from exc
+
+    raw_dtypes = declared("dtypes", default.dtypes)
+    dtypes: frozenset[str] | None = None
+    if raw_dtypes is not None:
+        if isinstance(raw_dtypes, (str, bytes)) or not hasattr(raw_dtypes, "__iter__"):
+            raise KernelResolutionError(
+                f"adapter {name!r}: dtypes must be None or a collection of {', '.join(sorted(KNOWN_DTYPES))}, "
+                f"got {raw_dtypes!r:.80}"
+            )
+        dtypes = frozenset(str(d).removeprefix("torch.") for d in raw_dtypes)
+        unknown = sorted(dtypes - KNOWN_DTYPES)
+        if unknown or not dtypes:
+            raise KernelResolutionError(
+                f"adapter {name!r}: dtypes {sorted(dtypes)!r:.120} names no dtype the probes run "
+                f"({', '.join(sorted(KNOWN_DTYPES))})"
+            )
+    flags = {}
+    for attr in ("needs_contiguous", "supports_cpu"):
+        value = declared(attr, getattr(default, attr))
+        if not isinstance(value, bool):
+            raise KernelResolutionError(f"adapter {name!r}: {attr} must be True or False, got {value!r:.80}")
+        flags[attr] = value
+    return KernelLimits(dtypes=dtypes, **flags)
 
 
 def _as_adapter(obj: Any, name: str) -> Any:
@@ -281,7 +312,7 @@ def load_adapted(ref: str | KernelRef) -> AdaptedKernel:
             f"adapter {parsed.name!r} could not adapt {str(target_ref)!r}: {type(exc).__name__}: {exc}"
         ) from exc
     check_signature(fn, f"{parsed} (as adapted)")
-    return AdaptedKernel(fn, ref=str(parsed), limits=limits_of(adapter))
+    return AdaptedKernel(fn, ref=str(parsed), limits=limits_of(adapter, str(parsed)))
 
 
 def _default_target(ref: KernelRef, adapter: object) -> KernelRef:

@@ -437,3 +437,55 @@ def test_every_error_line_is_one_line(tmp_path: Path) -> None:
     """A kernel error whose message holds newlines (a child's traceback) is folded to one line."""
     proc = doctor("scan", "--cpu", "--kernel", f"{tmp_path / 'missing.py'}:fn", cwd=tmp_path)
     assert proc.returncode == 2 and len(error_lines(proc.stderr)) == 1
+
+
+# =================================================================================================
+# A badly declared adapter is a usage error
+# =================================================================================================
+
+
+class _Declared:
+    def __init__(self, **attrs: Any) -> None:
+        self.__dict__.update(attrs)
+
+    def adapt(self, target: Any) -> Any:
+        return target
+
+
+class _RaisingDtypes:
+    @property
+    def dtypes(self) -> Any:
+        raise RuntimeError("boom")
+
+
+@pytest.mark.parametrize(
+    ("adapter", "says"),
+    [
+        (_Declared(dtypes=5), "dtypes must be None or a collection"),
+        (_Declared(dtypes="bfloat16"), "dtypes must be None or a collection"),
+        (_Declared(dtypes=["float8"]), "names no dtype the probes run"),
+        (_Declared(needs_contiguous="yes"), "needs_contiguous must be True or False"),
+        (_RaisingDtypes(), "reading its 'dtypes' raised RuntimeError: boom"),
+    ],
+    ids=["int", "a string", "unknown dtype", "not a bool", "a property that raises"],
+)
+def test_a_badly_declared_adapter_cannot_be_used(adapter: object, says: str) -> None:
+    from qmoe_doctor.probes.adapters import limits_of
+    from qmoe_doctor.probes.loader import KernelResolutionError
+
+    with pytest.raises(KernelResolutionError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        limits_of(adapter, "mine")
+
+
+def test_a_badly_declared_adapter_is_exit_2_through_the_cli(tmp_path: Path) -> None:
+    (tmp_path / "myadapt.py").write_text(
+        "class Bad:\n    dtypes = 5\n\n    def adapt(self, target):\n        return target\n\n\nBAD = Bad()\n"
+    )
+    kernel = FIXTURES / "kernels" / "torch_loop.py"
+    proc = doctor(
+        "scan", "--cpu", "--only", "single", "--kernel", f"adapter:myadapt.BAD:{kernel}:moe_loop",
+        env={"PYTHONPATH": str(tmp_path)}, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = error_lines(proc.stderr)
+    assert "dtypes must be None or a collection" in line
