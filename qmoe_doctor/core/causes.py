@@ -83,25 +83,6 @@ _CAUSES = (
         public_evidence=("vLLM #5938/#34507", "Liger-Kernel #1296/#1248", "axolotl #3865"),
     ),
     Cause(
-        id="misaligned-operand",
-        title="Kernel assumes 16-byte-aligned operands and faults on a sliced view",
-        mechanism=(
-            "TMA descriptors and vectorized loads need 16-byte-aligned base pointers and strides. "
-            "A kernel that accepts a view sliced off an element boundary (a storage offset, a "
-            "row stride of K + 1) without checking faults with `CUDA error: misaligned address` "
-            "(an illegal instruction for some TMA copies), or reads shifted data."
-        ),
-        fix=(
-            "# where the descriptor is made: TMA needs a 16-byte-aligned base and strides\n"
-            "def tma_ready(t):\n"
-            "    return t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1])\n"
-            "if not tma_ready(x):  # a sliced view: copy it into a fresh, aligned buffer\n"
-            "    x = x.clone(memory_format=torch.contiguous_format)  # .contiguous() keeps the offset\n"
-            'assert tma_ready(x), "the TMA path needs K * itemsize % 16 == 0"'
-        ),
-        public_evidence=("triton #10927/#10931", "triton #7385", "FlagGems #2489/#4471"),
-    ),
-    Cause(
         id="invalid-routing",
         title="Kernel trusts m_sizes / expert ids that do not describe its rows",
         mechanism=(
@@ -209,20 +190,22 @@ _CAUSES = (
     ),
     Cause(
         id="misaligned-operand",
-        title="Operand not 16-byte aligned where a TMA descriptor or vector access needs it",
+        title="Kernel assumes 16-byte-aligned operands and faults on a sliced view",
         mechanism=(
-            "TMA tensor descriptors (and wide vector loads) need a 16-byte-aligned base and "
-            "16-byte-aligned strides. A kernel that makes a descriptor on a view a few elements "
-            "into its storage, or on rows of an odd pitch, without checking, faults on the copy: "
-            "misaligned address (or an illegal instruction), a sticky error that ends the context."
+            "TMA descriptors and vectorized loads need 16-byte-aligned base pointers and strides. "
+            "A kernel that accepts a view sliced off an element boundary (a storage offset, a "
+            "row stride of K + 1) without checking faults with `CUDA error: misaligned address` "
+            "(an illegal instruction for some TMA copies), or reads shifted data."
         ),
         fix=(
-            "def tma_operand(t):  # where the descriptor is made\n"
-            "    if t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16 or t.stride(1) != 1:\n"
-            "        t = t.clone()  # or refuse: raise ValueError('x must be 16-byte aligned')\n"
-            "    return t"
+            "# where the descriptor is made: TMA needs a 16-byte-aligned base and strides\n"
+            "def tma_ready(t):\n"
+            "    return t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1])\n"
+            "if not tma_ready(x):  # a sliced view: copy it into a fresh, aligned buffer\n"
+            "    x = x.clone(memory_format=torch.contiguous_format)  # .contiguous() keeps the offset\n"
+            'assert tma_ready(x), "the TMA path needs K * itemsize % 16 == 0"'
         ),
-        public_evidence=("triton #8657", "triton #7385"),
+        public_evidence=("triton #10927/#10931", "triton #7385", "FlagGems #2489/#4471"),
     ),
     Cause(
         id="p2p-path-broken",

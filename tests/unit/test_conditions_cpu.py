@@ -79,9 +79,13 @@ def test_wrong_kernel_output_device_or_shape_is_wrong() -> None:
     ref = torch.ones(4, 3)
     assert conditions.compare(ctx, torch.ones(3, 4), ref, ref.device)["status"] is Status.WRONG
     assert conditions.compare(ctx, "not a tensor", ref, ref.device)["status"] is Status.WRONG
-    nan = torch.full((4, 3), float("nan"))
+    nan = torch.full((4, 3), float("nan"))  # computed NaN: written, not the poison
     fields = conditions.compare(ctx, nan, ref, ref.device)
-    assert fields["status"] is Status.WRONG and fields["unwritten"] == 12
+    assert fields["status"] is Status.WRONG and (fields["unwritten"], fields["nan_written"]) == (0, 12)
+    poisoned = torch.full((4, 3), -1, dtype=torch.int32).view(torch.float32)  # every byte POISON_BYTE
+    poisoned[0] = float("nan")
+    fields = conditions.compare(ctx, poisoned, ref, ref.device)
+    assert fields["status"] is Status.WRONG and (fields["unwritten"], fields["nan_written"]) == (9, 3)
 
 
 # --- guard rows, watched calls, the autotune policy -----------------------------------------

@@ -328,11 +328,12 @@ def test_markup_from_the_user_with_gpus_on_a_gpu_machine(monkeypatch: pytest.Mon
 
 
 def test_markup_in_a_kernel_error_at_call_time_is_text_in_the_report(markup_kernels: Path) -> None:
-    """A kernel that raises with markup when called: a failing cell whose message is text."""
+    """A kernel that raises with markup on every call: unusable (its baseline raised, exit 2),
+    and the error quoted is text."""
     result = runner.invoke(app, ["scan", "--cpu", "--only", "single", "--kernel", "qd_markup_call:fn"])
     assert result.exception is None or isinstance(result.exception, SystemExit), result.output
     assert "Traceback" not in result.output and "MarkupError" not in result.output
-    assert result.exit_code in (1, 4), result.output
+    assert result.exit_code == 2, result.output
     assert MARKUP in flat(result.output)
 
 
@@ -781,6 +782,7 @@ BAD_VALUES: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
     knobs.QMOE_RUN_RING: (("abc", "-1", "²", "9" * 5000), lambda v: knobs.run_ring({knobs.QMOE_RUN_RING: v})),
     knobs.QMOE_RUN_CALL_SITES: (("x", "1.5"), lambda v: knobs.run_call_sites({knobs.QMOE_RUN_CALL_SITES: v})),
     knobs.QMOE_RUN_STRICT: (("yes", "true", "2"), lambda v: knobs.run_strict({knobs.QMOE_RUN_STRICT: v})),
+    knobs.QMOE_RUN_PRINTS: (("abc", "-1", "9" * 5000), lambda v: knobs.run_prints({knobs.QMOE_RUN_PRINTS: v})),
     knobs.QMOE_LEAN_LAUNCH: (("yes", "false", "2"), lambda v: knobs.lean_launch({knobs.QMOE_LEAN_LAUNCH: v})),
     knobs.QMOE_EP_MICRO_BATCHES: (
         ("abc", "0", "-1", "9" * 5000),
