@@ -33,6 +33,8 @@ from qmoe_doctor.core.conditions import (
     CPU_CONDITIONS,
     DEFAULT_CONDITIONS,
     PAIR_ORDER,
+    ROUTED_CPU,
+    ROUTED_ORDER,
     SINGLE_ORDER,
     SWEEP_CONDITIONS,
 )
@@ -41,7 +43,7 @@ from qmoe_doctor.core.records import Condition
 from qmoe_doctor.core.shapes import PRESETS
 
 #: The scan's conditions in run order, as --only takes them.
-CONDITION_NAMES = tuple(c.value for c in (*SINGLE_ORDER, *SWEEP_CONDITIONS, *PAIR_ORDER))
+CONDITION_NAMES = tuple(c.value for c in (*SINGLE_ORDER, *SWEEP_CONDITIONS, *PAIR_ORDER, *ROUTED_ORDER))
 PRESET_NAMES = ", ".join(PRESETS)
 
 KERNEL_HELP = (
@@ -67,7 +69,8 @@ ROWS_HELP = (
 ONLY_HELP = (
     f"Comma-separated conditions to run (default: all that apply): {', '.join(CONDITION_NAMES)}. "
     f"The CPU tier can run {', '.join(c.value for c in CPU_CONDITIONS)} and the "
-    f"{' and '.join(c.value for c in SWEEP_CONDITIONS)} sweeps."
+    f"{' and '.join(c.value for c in SWEEP_CONDITIONS)} sweeps; a routed kernel (adapter:routed:TARGET) runs "
+    f"{', '.join(c.value for c in ROUTED_CPU)} there instead of the m_sizes routing edges."
 )
 TIMEOUT_HELP = "Seconds each probe may take (parallel runs: each launch)."
 LOG_DIR_HELP = (

@@ -18,6 +18,7 @@ must get is the calibration table of ``docs/validation/scan-specimens.md``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from qmoe_doctor.core.records import Condition
 
@@ -42,6 +43,10 @@ class SpecimenInfo:
     rejected_under: tuple[str, ...] = ()
     # the lint rule that names the cause where no scan cell can see it (identical GPUs)
     lint_rule: str | None = None
+    # how the probes call it (``core.kernel_ref.Protocol``): ``m_sizes`` fn(x, w, m_sizes); the
+    # routed specimens take the router's ids, fn(hidden_states, w, topk_ids, topk_weights,
+    # expert_map=None), and return (T, N) ("routed") or (T*k, N) ("routed-rows")
+    protocol: Literal["m_sizes", "routed", "routed-rows"] = "m_sizes"
 
     @property
     def kernel_option(self) -> str:
