@@ -58,7 +58,12 @@ def check_routed_operands(
 ) -> None:
     """Shapes, dtypes and devices of a routed call, each error naming its argument. Reads no
     value (no synchronization): the ids are the kernel's to mask, never the host's to check."""
-    named = [("hidden_states", hidden_states), ("w", w), ("topk_ids", topk_ids), ("topk_weights", topk_weights)]
+    named = [
+        ("hidden_states", hidden_states),
+        ("w", w),
+        ("topk_ids", topk_ids),
+        ("topk_weights", topk_weights),
+    ]
     if expert_map is not None:
         named.append(("expert_map", expert_map))
     for name, t in named:
@@ -73,7 +78,9 @@ def check_routed_operands(
             f"topk_ids must be (T, k) with T={hidden_states.shape[0]} tokens, got shape {tuple(topk_ids.shape)}"
         )
     if tuple(topk_weights.shape) != tuple(topk_ids.shape):
-        raise ValueError(f"topk_weights {tuple(topk_weights.shape)} must match topk_ids {tuple(topk_ids.shape)}")
+        raise ValueError(
+            f"topk_weights {tuple(topk_weights.shape)} must match topk_ids {tuple(topk_ids.shape)}"
+        )
     if topk_ids.dtype not in _ID_DTYPES:
         raise TypeError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
     if expert_map is not None and (expert_map.dim() != 1 or expert_map.dtype not in _ID_DTYPES):
@@ -164,7 +171,9 @@ def _slots_by_expert(
     topk_ids: torch.Tensor, expert_map: torch.Tensor | None, num_local: int
 ) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
     """(expert, tokens, slots) of every local expert some slot is routed to, on the host."""
-    ids = local_expert_ids(topk_ids.detach().cpu(), None if expert_map is None else expert_map.cpu(), num_local)
+    ids = local_expert_ids(
+        topk_ids.detach().cpu(), None if expert_map is None else expert_map.cpu(), num_local
+    )
     found = []
     for expert in range(num_local):
         token, slot = torch.where(ids == expert)

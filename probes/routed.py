@@ -102,7 +102,7 @@ def routing_step(fn: Any) -> Callable[..., Any] | None:
 
 
 def routing_style(routing: Any) -> str | None:
-    """"sorted" or "gather" from the keys of a routing step's dict, else None."""
+    """The style of a routing step's dict from its keys: "sorted", "gather", or None."""
     if not isinstance(routing, dict):
         return None
     if SORTED_KEYS <= set(routing):
@@ -116,7 +116,9 @@ class RoutedKernel(AdaptedKernel):
     """A routed kernel: callable as ``fn(x, w, m_sizes)`` (:func:`m_sizes_view`), with the
     routed function and what it declares for the routed cells."""
 
-    def __init__(self, routed_fn: KernelFn, *, rows: bool, ref: str = "", limits: KernelLimits | None = None) -> None:
+    def __init__(
+        self, routed_fn: KernelFn, *, rows: bool, ref: str = "", limits: KernelLimits | None = None
+    ) -> None:
         super().__init__(m_sizes_view(routed_fn), ref=ref, limits=limits or KernelLimits())
         self.routed_fn = routed_fn
         self.rows = rows  # out is (T*k, N) unweighted, else (T, N) reduced

@@ -48,7 +48,7 @@ import torch
 from qmoe_doctor.core.records import Condition, Phase, ProbeSpec, Status
 from qmoe_doctor.core.tolerances import tolerance
 from qmoe_doctor.kernels.routed import routed_moe_rows_torch, routed_moe_torch
-from qmoe_doctor.probes.conditions import GUARD_ROWS, _device, _DTYPES, _skip, compare, sync_all
+from qmoe_doctor.probes.conditions import _DTYPES, GUARD_ROWS, _device, _skip, compare, sync_all
 from qmoe_doctor.probes.context import ProbeContext
 from qmoe_doctor.probes.kernel_call import watch
 from qmoe_doctor.probes.loader import KernelFn
@@ -88,7 +88,9 @@ def routed_operands(
     k = top_k(spec)
     gen = torch.Generator(device=device).manual_seed(spec.seed)
     hidden = torch.randn((s.m, s.k), device=device, dtype=torch.float32, generator=gen).to(dtype)
-    w = (torch.randn((s.e, s.n, s.k), device=device, dtype=torch.float32, generator=gen) / math.sqrt(s.k)).to(dtype)
+    w = (torch.randn((s.e, s.n, s.k), device=device, dtype=torch.float32, generator=gen) / math.sqrt(s.k)).to(
+        dtype
+    )
     scores = torch.rand((s.m, experts or s.e), device=device, generator=gen)
     probs, topk_ids = torch.topk(torch.softmax(scores, dim=1), k, dim=1)
     topk_weights = (probs / probs.sum(dim=1, keepdim=True)).to(dtype)
@@ -98,7 +100,9 @@ def routed_operands(
 def guarded(t: torch.Tensor, before: int, after: int) -> torch.Tensor:
     """The values of ``t`` as a contiguous view into a buffer with ``before`` and ``after`` NaN
     slices along its first dimension (a read past either end reads NaN)."""
-    buf = torch.full((t.shape[0] + before + after, *t.shape[1:]), float("nan"), dtype=t.dtype, device=t.device)
+    buf = torch.full(
+        (t.shape[0] + before + after, *t.shape[1:]), float("nan"), dtype=t.dtype, device=t.device
+    )
     view = buf[before : before + t.shape[0]]
     view.copy_(t)
     return view
@@ -315,7 +319,10 @@ def _plant_dropped(ids: torch.Tensor, e: int) -> list[int]:
 
 def _ids_out_of_range(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
     return _edge_ids(
-        ctx, kernel, _plant_out_of_range, "expert ids E and -2 in every fifth token's first slot (w between NaN guards)"
+        ctx,
+        kernel,
+        _plant_out_of_range,
+        "expert ids E and -2 in every fifth token's first slot (w between NaN guards)",
     )
 
 
@@ -342,7 +349,9 @@ def _expert_map_cell(ctx: ProbeContext, kernel: KernelFn, *, past_local: bool) -
     if isinstance(routed, dict):
         return routed
     if not routed.takes_expert_map:
-        return _skip(ctx, "the kernel takes no expert_map (a parameter of that name, or a fifth positional one)")
+        return _skip(
+            ctx, "the kernel takes no expert_map (a parameter of that name, or a fifth positional one)"
+        )
     spec = ctx.spec
     dev = _device(spec.device)
     e = spec.shape.e
@@ -357,7 +366,11 @@ def _expert_map_cell(ctx: ProbeContext, kernel: KernelFn, *, past_local: bool) -
     ctx.fact("expert_map", ep_map.tolist())
     ctx.note(
         "global ids over 2E experts; expert_map: even ids local, "
-        + ("every other odd id past the local count (E, E + 1), the rest -1" if past_local else "odd ids -1 (remote)")
+        + (
+            "every other odd id past the local count (E, E + 1), the rest -1"
+            if past_local
+            else "odd ids -1 (remote)"
+        )
         + "; the baseline: local ids and the identity map"
     )
     _register(ctx, hidden_states=hidden, w=w, topk_ids=global_ids, topk_weights=weights, expert_map=ep_map)
@@ -367,9 +380,13 @@ def _expert_map_cell(ctx: ProbeContext, kernel: KernelFn, *, past_local: bool) -
 
     def variant() -> dict[str, Any]:
         ref = reference(routed, hidden, w, global_ids, weights, ep_map)
-        return cell.judge(ref, lambda: cell.call(hidden, w, global_ids, weights, ep_map), shape, nan_guards="outside w")
+        return cell.judge(
+            ref, lambda: cell.call(hidden, w, global_ids, weights, ep_map), shape, nan_guards="outside w"
+        )
 
-    return cell.with_baseline(base_ref, lambda: cell.call(hidden, w, local_ids, weights, identity), variant, shape)
+    return cell.with_baseline(
+        base_ref, lambda: cell.call(hidden, w, local_ids, weights, identity), variant, shape
+    )
 
 
 def _expert_map(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
@@ -386,8 +403,9 @@ def _own_routing(
     """The kernel's own routing of ``ids`` (its ``route``), or a skip when it has none of ``style``."""
     if routed.route is None:
         return _skip(
-            ctx, "the kernel exposes no routing step (fn.route and a routing= parameter): its routing buffers "
-            "cannot be handed to it"
+            ctx,
+            "the kernel exposes no routing step (fn.route and a routing= parameter): its routing buffers "
+            "cannot be handed to it",
         )
     ctx.crumb(Phase.SETUP, step="route")
     routing = routed.route(ids, weights, e)
@@ -395,7 +413,9 @@ def _own_routing(
     ctx.fact("routing_style", found)
     if found != style:
         want = "sorted-token-ids" if style == "sorted" else "gather/scatter"
-        return _skip(ctx, f"the kernel's routing step is not of the {want} style (its keys: {sorted(routing)})")
+        return _skip(
+            ctx, f"the kernel's routing step is not of the {want} style (its keys: {sorted(routing)})"
+        )
     return dict(routing)
 
 
@@ -419,13 +439,20 @@ def _padded_count(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
     # the slot the guard names: token T-1's first slot, recomputed with the next expert
     sentinel = (ids.shape[0] - 1) * k
     wrong_expert = (int(ids[-1, 0]) + 1) % e
-    sorted_buf = torch.full((padded + PADDED_GUARD_BLOCKS * block_m,), sentinel, dtype=sorted_ids.dtype, device=dev)
+    sorted_buf = torch.full(
+        (padded + PADDED_GUARD_BLOCKS * block_m,), sentinel, dtype=sorted_ids.dtype, device=dev
+    )
     sorted_buf[:padded] = sorted_ids
     expert_buf = torch.full((blocks + PADDED_GUARD_BLOCKS,), wrong_expert, dtype=expert_ids.dtype, device=dev)
     expert_buf[:blocks] = expert_ids
     count = own["num_tokens_post_padded"]
     lying = torch.full_like(count, padded + PADDED_GUARD_BLOCKS * block_m)
-    lie = {**own, "sorted_token_ids": sorted_buf[:padded], "expert_ids": expert_buf[:blocks], "num_tokens_post_padded": lying}
+    lie = {
+        **own,
+        "sorted_token_ids": sorted_buf[:padded],
+        "expert_ids": expert_buf[:blocks],
+        "num_tokens_post_padded": lying,
+    }
     ctx.fact("padded_buffer", padded)
     ctx.fact("block_m", block_m)
     ctx.fact("num_tokens_post_padded", int(count.reshape(-1)[0]))
@@ -495,10 +522,15 @@ def _gather_past_t(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
     def variant() -> dict[str, Any]:
         ref = reference(routed, hidden, w, dropped, weights)
         return cell.judge(
-            ref, lambda: cell.call(hidden, w, ids, weights, routing=lie), shape, nan_guards="past hidden_states"
+            ref,
+            lambda: cell.call(hidden, w, ids, weights, routing=lie),
+            shape,
+            nan_guards="past hidden_states",
         )
 
-    return cell.with_baseline(base_ref, lambda: cell.call(hidden, w, ids, weights, routing=own), variant, shape)
+    return cell.with_baseline(
+        base_ref, lambda: cell.call(hidden, w, ids, weights, routing=own), variant, shape
+    )
 
 
 def _gathered_int32(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
@@ -511,7 +543,9 @@ def _gathered_int32(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
         return routed
     spec = ctx.spec
     if spec.device is None:
-        return _skip(ctx, "the gathered int32 boundary needs (T*k, N) rows of more than 2**31 elements: GPU only")
+        return _skip(
+            ctx, "the gathered int32 boundary needs (T*k, N) rows of more than 2**31 elements: GPU only"
+        )
     dev = _device(spec.device)
     s = spec.shape
     k = top_k(spec)
@@ -532,7 +566,9 @@ def _gathered_int32(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
     cell = _Cell(ctx, routed)
     few = INT32_BASELINE_TOKENS
     base_ref = reference(routed, hidden[:few], w, ids[:few], weights[:few])
-    sample = torch.cat([torch.arange(INT32_SAMPLE_TOKENS), torch.arange(s.m - INT32_SAMPLE_TOKENS, s.m)]).to(dev)
+    sample = torch.cat([torch.arange(INT32_SAMPLE_TOKENS), torch.arange(s.m - INT32_SAMPLE_TOKENS, s.m)]).to(
+        dev
+    )
 
     def variant() -> dict[str, Any]:
         ctx.crumb(Phase.LAUNCH)
@@ -544,7 +580,9 @@ def _gathered_int32(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
         hits = guard.report(ctx, out)
         ref = reference(routed, hidden[sample], w, ids[sample], weights[sample])
         if isinstance(out, torch.Tensor) and out.dim() == 2:
-            picked = (sample[:, None] * k + torch.arange(k, device=dev)).reshape(-1) if routed.rows else sample
+            picked = (
+                (sample[:, None] * k + torch.arange(k, device=dev)).reshape(-1) if routed.rows else sample
+            )
             poison = out.detach().view(torch.int16 if itemsize == 2 else torch.int32) == -1
             ctx.fact("unwritten_total", int(poison.sum()))
             del poison
@@ -560,7 +598,10 @@ def _gathered_int32(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
         return fields
 
     return cell.with_baseline(
-        base_ref, lambda: cell.call(hidden[:few], w, ids[:few], weights[:few]), variant, cell.out_shape(ids, w)
+        base_ref,
+        lambda: cell.call(hidden[:few], w, ids[:few], weights[:few]),
+        variant,
+        cell.out_shape(ids, w),
     )
 
 

@@ -474,6 +474,16 @@ _ROUTING_WORDS = {
     Condition.PADDED_COUNT: "a num_tokens_post_padded past its buffer",
     Condition.GATHER_PAST_T: "a gather index past T",
 }
+#: What a routed kernel trusts that an edge cell shows (the fault's summary).
+_IDS_TRUSTED = "it uses expert ids (or expert_map entries) it does not mask by [0, E)"
+_ROUTING_TRUST = {
+    Condition.IDS_OUT_OF_RANGE: _IDS_TRUSTED,
+    Condition.DROPPED_SLOTS: _IDS_TRUSTED,
+    Condition.EXPERT_MAP: _IDS_TRUSTED,
+    Condition.MAP_PAST_LOCAL: _IDS_TRUSTED,
+    Condition.PADDED_COUNT: "it bounds its blocks by num_tokens_post_padded, not by the buffers it was given",
+    Condition.GATHER_PAST_T: "it gathers rows by indices it does not mask by T*k",
+}
 #: Routing the parallel modes produce themselves (valid expert-parallel input): wrong values
 #: there are a fault even with every access in bounds (README, "Exit codes").
 _EP_ROUTING = frozenset({Condition.EXPERT_MAP})
@@ -505,7 +515,8 @@ def invalid_routing(matrix: Matrix, ctx: RuleContext) -> Finding:
             if m_sizes_only
             else f"correct with valid routing; with {how} the kernel reads or writes outside its tensors"
             + (" or computes wrong values for valid expert-parallel routing" if Condition.EXPERT_MAP in conds else "")
-            + ": it trusts the routing instead of masking ids by E (and its buffers by their length)"
+            + ": "
+            + "; ".join(dict.fromkeys(_ROUTING_TRUST[c] for c in conds if c in _ROUTING_TRUST))
         ),
         evidence=ev,
         places=places,
