@@ -236,6 +236,9 @@ def forward(
     num_slots = tokens * k
     dev = hidden_states.device
     with device_guard(dev):
+        # PLANTED: the public design's traits, each done right here: a routing step of its own
+        # (ids masked by E, -1 for dropped slots), gathered slot ids masked by T*k, a persistent
+        # grid of the operands' device, the weighted reduction after the ragged matmul
         if routing is None:
             routing = router(topk_ids, topk_weights, w.shape[0], expert_map)
         y = torch.empty((num_slots, w.shape[1]), dtype=hidden_states.dtype, device=dev)

@@ -197,6 +197,9 @@ def forward(
     check_routed_operands(hidden_states, w, topk_ids, topk_weights, expert_map)
     tokens, k = topk_ids.shape
     with device_guard(hidden_states.device):
+        # PLANTED: the public design's traits, each done right here: an alignment of its own (ids
+        # and map entries masked by E), blocks of expert -1 written as zeros, the grid from the
+        # padded buffer (num_tokens_post_padded only ends blocks early), int64 slot ids
         if routing is None:
             routing = align(topk_ids, topk_weights, w.shape[0], expert_map)
         out = torch.empty(
