@@ -50,7 +50,8 @@ KERNEL_HELP = (
     "Kernel, called as fn(x, w, m_sizes) -> y: 'builtin' (ours), 'torch:grouped_mm' (a control), "
     "'specimen:NAME' (`qmoe-doctor specimens`), 'module.path:function', 'path/to/file.py:function', "
     "or 'adapter:NAME[:TARGET]' for a kernel with another signature ('adapter:flat-weights:TARGET': "
-    "TARGET takes w flattened to (E*N, K); docs/ci.md). Checked before "
+    "TARGET takes w flattened to (E*N, K); docs/ci.md; 'adapter:routed[:TARGET]': TARGET takes the router's "
+    "ids, fn(hidden_states, w, topk_ids, topk_weights[, expert_map]), docs/cells.md). Checked before "
     "anything runs: every command accepts and refuses the same references."
 )
 GPUS_HELP = (
