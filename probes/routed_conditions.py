@@ -29,9 +29,10 @@ side; a global id reads at most 2E - 1). No arithmetic makes a NaN from the fini
 a NaN in the output where the twin is finite, absent from the baseline call, was read from a
 guard: a canary hit ("read outside w"), the fault ``invalid-routing``. Guard rows around the
 output the kernel allocates (``OutputGuard``) catch writes past it, as in the ``m_sizes`` cells.
-The padded-count cell puts past the end of ``sorted_token_ids`` one slot id (and past
-``expert_ids`` another expert for it): a kernel that trusts the count recomputes that slot with
-the wrong expert, and that row alone differs, which only a read past the two buffers explains.
+The padded-count cell takes one slot out of ``sorted_token_ids`` (its position holds the padding
+id) and puts it past the end (and past ``expert_ids`` another expert for it): no block inside the
+buffer writes that slot's row, so a kernel that trusts the count is the only one that can, and
+that row alone differs, which only a read past the two buffers explains.
 Wrong values with every access in bounds (a clamped id) are a hardening finding, except in the
 expert-map cell, whose input is valid expert-parallel routing: there any failure is a fault.
 """
@@ -48,7 +49,7 @@ import torch
 from qmoe_doctor.core.records import Condition, Phase, ProbeSpec, Status
 from qmoe_doctor.core.tolerances import tolerance
 from qmoe_doctor.kernels.routed import routed_moe_rows_torch, routed_moe_torch
-from qmoe_doctor.probes.conditions import _DTYPES, GUARD_ROWS, _device, _skip, compare, sync_all
+from qmoe_doctor.probes.conditions import _DTYPES, GUARD_ROWS, _device, _poison_bits, _skip, compare, sync_all
 from qmoe_doctor.probes.context import ProbeContext
 from qmoe_doctor.probes.kernel_call import watch
 from qmoe_doctor.probes.loader import KernelFn
@@ -176,10 +177,13 @@ class _Cell:
         nan_guards: str = "",
         lone_row: int | None = None,
         lone_what: str = "",
+        unwritten_ok: int | None = None,
     ) -> dict[str, Any]:
         """One watched call, synchronized and compared. ``nan_guards`` names the NaN-guarded
         buffers a NaN in the output was read from; ``lone_row``: when that output row alone is
-        wrong, the kernel read ``lone_what``."""
+        wrong, the kernel read ``lone_what``; ``unwritten_ok``: a row the routing handed to the
+        kernel names no slot of, which may stay as the output's allocation left it (compared as
+        zero)."""
         ctx = self.ctx
         ctx.crumb(Phase.LAUNCH)
         guard = OutputGuard(out_shape, GUARD_ROWS)
@@ -187,13 +191,20 @@ class _Cell:
             out = run()
         ctx.crumb(Phase.SYNC)
         sync_all()
-        fields = compare(ctx, out, ref, ref.device)
-        hits = guard.report(ctx, out)
+        judged = out
+        if unwritten_ok is not None and isinstance(out, torch.Tensor) and out.dim() == 2:
+            poison = _poison_bits(out)
+            if poison is not None and bool(poison[unwritten_ok].all()):
+                judged = out.clone()
+                judged[unwritten_ok] = 0
+                ctx.fact("row_left_unwritten", unwritten_ok)
+        fields = compare(ctx, judged, ref, ref.device)
+        hits = guard.report(ctx, out)  # the guard rows around the output the kernel returned
         if nan_guards and int(fields.get("nan_written") or 0) > 0:
             hits.append(f"read {nan_guards}")
             ctx.fact("nan_from_guards", int(fields["nan_written"]))
-        if lone_row is not None and fields["status"] is Status.WRONG and isinstance(out, torch.Tensor):
-            wrong = wrong_rows(out, ref, ctx.spec.shape.dtype)
+        if lone_row is not None and fields["status"] is Status.WRONG and isinstance(judged, torch.Tensor):
+            wrong = wrong_rows(judged, ref, ctx.spec.shape.dtype)
             ctx.fact("wrong_rows", wrong[:16])
             if wrong == [lone_row]:
                 hits.append(lone_what)
@@ -435,14 +446,16 @@ def _padded_count(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
     sorted_ids, expert_ids = own["sorted_token_ids"], own["expert_ids"]
     padded, blocks = int(sorted_ids.shape[0]), int(expert_ids.shape[0])
     block_m = padded // max(blocks, 1)
-    k = ids.shape[1]
-    # the slot the guard names: token T-1's first slot, recomputed with the next expert
-    sentinel = (ids.shape[0] - 1) * k
+    tokens, k = ids.shape
+    # the slot the guard names: token T-1's first slot. It is taken out of the buffer (its
+    # position holds the padding id, as a dropped slot's would), so no block inside the buffer
+    # writes its row: only a block past the end can, with another expert (no race on a GPU).
+    sentinel = (tokens - 1) * k
     wrong_expert = (int(ids[-1, 0]) + 1) % e
     sorted_buf = torch.full(
         (padded + PADDED_GUARD_BLOCKS * block_m,), sentinel, dtype=sorted_ids.dtype, device=dev
     )
-    sorted_buf[:padded] = sorted_ids
+    sorted_buf[:padded] = torch.where(sorted_ids == sentinel, tokens * k, sorted_ids)
     expert_buf = torch.full((blocks + PADDED_GUARD_BLOCKS,), wrong_expert, dtype=expert_ids.dtype, device=dev)
     expert_buf[:blocks] = expert_ids
     count = own["num_tokens_post_padded"]
@@ -467,7 +480,10 @@ def _padded_count(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
         ctx.add_tensor(name, t)
     cell = _Cell(ctx, routed)
     shape = cell.out_shape(ids, w)
-    ref = reference(routed, hidden, w, ids, weights)
+    base_ref = reference(routed, hidden, w, ids, weights)
+    dropped = ids.clone()
+    dropped.view(-1)[sentinel] = -1
+    ref = reference(routed, hidden, w, dropped, weights)  # the slot the buffer no longer holds adds nothing
     lone = sentinel if routed.rows else sentinel // k
 
     def variant() -> dict[str, Any]:
@@ -476,10 +492,13 @@ def _padded_count(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:
             lambda: cell.call(hidden, w, ids, weights, routing=lie),
             shape,
             lone_row=lone,
-            lone_what="read past sorted_token_ids and expert_ids (the guard's slot was recomputed)",
+            lone_what="read past sorted_token_ids and expert_ids (the guard's slot was computed)",
+            unwritten_ok=sentinel if routed.rows else None,
         )
 
-    return cell.with_baseline(ref, lambda: cell.call(hidden, w, ids, weights, routing=own), variant, shape)
+    return cell.with_baseline(
+        base_ref, lambda: cell.call(hidden, w, ids, weights, routing=own), variant, shape
+    )
 
 
 def _gather_past_t(ctx: ProbeContext, kernel: KernelFn) -> dict[str, Any]:

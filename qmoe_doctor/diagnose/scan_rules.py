@@ -68,17 +68,8 @@ SETTLED_BY: dict[str, tuple[Condition, ...]] = {
     "default-device-buffer": (Condition.NO_PEER, Condition.PEER),
     "cross-device-stream-race": (Condition.PEER, Condition.PRODUCER_RACE, Condition.SIZES_RACE),
     "wrong-device-stream": (Condition.SIDE_STREAM,),
-    "invalid-routing": (
-        Condition.OVER_ROUTED,
-        Condition.NEGATIVE_SIZES,
-        Condition.IDS_OUT_OF_RANGE,
-        Condition.DROPPED_SLOTS,
-        Condition.EXPERT_MAP,
-        Condition.MAP_PAST_LOCAL,
-        Condition.PADDED_COUNT,
-        Condition.GATHER_PAST_T,
-    ),
-    "int32-offset-overflow": (Condition.INT32_BOUNDARY, Condition.GATHERED_INT32),
+    "invalid-routing": (Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES),
+    "int32-offset-overflow": (Condition.INT32_BOUNDARY,),
     "autotune-inplace-rerun": (Condition.REPEAT_CALL,),
     "launch-config-fault": (Condition.LAUNCH_CONFIG,),
 }
@@ -463,7 +454,19 @@ def wrong_device_stream(matrix: Matrix, ctx: RuleContext) -> Finding:
     )
 
 
-_ROUTING = SETTLED_BY["invalid-routing"]
+#: The invalid-routing cells of both protocols (the routed protocol's: probes/routed_conditions.py;
+#: a routed kernel's repro cites those that failed, as every single-device cause does).
+_ROUTING = (
+    *SETTLED_BY["invalid-routing"],
+    Condition.IDS_OUT_OF_RANGE,
+    Condition.DROPPED_SLOTS,
+    Condition.EXPERT_MAP,
+    Condition.MAP_PAST_LOCAL,
+    Condition.PADDED_COUNT,
+    Condition.GATHER_PAST_T,
+)
+#: The int32 boundary cells: the expert offset, and the routed protocol's gathered rows.
+_INT32_CELLS = (*SETTLED_BY["int32-offset-overflow"], Condition.GATHERED_INT32)
 _ROUTING_WORDS = {
     Condition.OVER_ROUTED: "m_sizes summing past M",
     Condition.NEGATIVE_SIZES: "a -1 sentinel in m_sizes",
@@ -570,7 +573,7 @@ def invalid_routing(matrix: Matrix, ctx: RuleContext) -> Finding:
 
 
 def int32_offset_overflow(matrix: Matrix, ctx: RuleContext) -> Finding:
-    ev, places, conds, explained = _against_single(matrix, ctx, SETTLED_BY["int32-offset-overflow"])
+    ev, places, conds, explained = _against_single(matrix, ctx, _INT32_CELLS)
     summary = "wrong once an offset passes 2**31 - 1 elements: an index x stride product is formed in int32"
     for cell in matrix.cells.values():
         if cell.outcome.spec.condition is Condition.GATHERED_INT32 and cell.failed:

@@ -282,7 +282,7 @@ FAULTS = {
         Condition.MAP_PAST_LOCAL: "read outside w",
     },
     "sorted_padded_count": {
-        Condition.PADDED_COUNT: "read past sorted_token_ids and expert_ids (the guard's slot was recomputed)"
+        Condition.PADDED_COUNT: "read past sorted_token_ids and expert_ids (the guard's slot was computed)"
     },
     "gather_unchecked_ids": {
         Condition.IDS_OUT_OF_RANGE: "read outside w",
