@@ -324,7 +324,7 @@ def _scan_command(launch: Launch, fit: PlacedFit) -> str:
     return (
         f"{why}: put the call that launches {launch.kernel}{at} in a function fn(x, w, m_sizes) -> y "
         f"in a module, then qmoe-doctor scan --kernel FILE.py:fn{only} (another signature: an adapter, "
-        "README: --kernel; one that takes the router's ids: adapter:routed:FILE.py:fn)"
+        "README: --kernel)"
     )
 
 
