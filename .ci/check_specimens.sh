@@ -18,6 +18,12 @@
 #                            (the storage-offset-1 cell alone)       check refuses the misaligned x)
 #   unguarded, default_buffer, wrong_stream, int32_offsets           lint only: their probes need GPUs
 #   cached_sms                                                       lint only: no probe can see it
+#   routed (adapter:routed), sorted_ids, gather_scatter
+#                            must pass                               probes (the routed cells)
+#   sorted_padded_count, sorted_minus_one, gather_unchecked_ids, gather_past_t
+#                            must fail: invalid-routing              probes (the routed cells' guards)
+#   sorted_int32_token (int32-offset-overflow), gather_sms_device0 (per-device-state-cached)
+#                                                                    lint only: a GPU cell / no cell
 #
 # Usage: .ci/check_specimens.sh   (reports under $OUT, default a temp dir)
 set -uo pipefail
@@ -80,8 +86,15 @@ done
 
 # Correct specimens in the public kernels' style: healthy on the CPU tier, lint included (a kernel
 # refusing strided inputs by contract is not a fault; a large autotune space is no fault either).
-for name in contiguous_only autotuned tma_persistent; do
+for name in contiguous_only autotuned tma_persistent sorted_ids gather_scatter; do
   expect "specimen-$name" 0 -- --cpu --kernel "specimen:$name"
+done
+
+# The routed protocol (kernels that take the router's ids): our routed kernel healthy, each faulty
+# routed specimen named by its routed cells.
+expect routed 0 -- --cpu --kernel adapter:routed
+for name in sorted_padded_count sorted_minus_one gather_unchecked_ids gather_past_t; do
+  expect "specimen-$name" 1 -- --cpu --kernel "specimen:$name" && causes "specimen-$name" diagnoses invalid-routing
 done
 
 # A misaligned x handed to a TMA descriptor: on a GPU `misaligned address`; under the interpreter its
@@ -101,7 +114,8 @@ EOF_PY
 # (no second device, no streams, and the interpreter does no bounds checking). Lint sees each one.
 for pair in unguarded:missing-device-guard default_buffer:default-device-buffer \
             wrong_stream:wrong-device-stream int32_offsets:int32-offset-overflow \
-            autotune_inplace:autotune-inplace-rerun cached_sms:per-device-state-cached; do
+            autotune_inplace:autotune-inplace-rerun cached_sms:per-device-state-cached \
+            sorted_int32_token:int32-offset-overflow gather_sms_device0:per-device-state-cached; do
   name=${pair%%:*} cause=${pair#*:}
   source_file=$(find kernels -path '*/specimens/*' -name "$name.py" | head -1)
   expect "lint-$name" 1 -- --cpu --lint "${source_file:-kernels/specimens/$name.py}" && causes "lint-$name" lint "$cause"

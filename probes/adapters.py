@@ -49,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from qmoe_doctor.core.conditions import M_SIZES_EDGES, ROUTED_EDGES, ROUTED_ORDER
 from qmoe_doctor.core.kernel_ref import (
     BUILTIN_ADAPTERS,
     ENTRY_POINT_GROUP,
@@ -78,6 +79,7 @@ __all__ = [
     "find_adapter",
     "load_adapted",
     "not_applicable",
+    "protocol_mismatch",
 ]
 
 
@@ -312,7 +314,11 @@ def load_adapted(ref: str | KernelRef) -> AdaptedKernel:
             f"adapter {parsed.name!r} could not adapt {str(target_ref)!r}: {type(exc).__name__}: {exc}"
         ) from exc
     check_signature(fn, f"{parsed} (as adapted)")
-    return AdaptedKernel(fn, ref=str(parsed), limits=limits_of(adapter, str(parsed)))
+    limits = limits_of(adapter, str(parsed))
+    if isinstance(fn, AdaptedKernel):  # an adapter that builds its own (the routed ones)
+        fn.ref, fn.limits = str(parsed), limits
+        return fn
+    return AdaptedKernel(fn, ref=str(parsed), limits=limits)
 
 
 def _default_target(ref: KernelRef, adapter: object) -> KernelRef:
@@ -332,9 +338,29 @@ def _default_target(ref: KernelRef, adapter: object) -> KernelRef:
     return target
 
 
+def protocol_mismatch(kernel: object, spec: ProbeSpec) -> str | None:
+    """Why a cell of one protocol does not apply to a kernel of the other (the scan plans each
+    kernel's own; ``--only`` may still name the others), or None."""
+    protocol = getattr(kernel, "protocol", "m_sizes")
+    if protocol != "m_sizes" and spec.condition in M_SIZES_EDGES:
+        return (
+            f"a routed kernel ({protocol}) takes no m_sizes: its routing edges are the routed cells "
+            f"({', '.join(c.value for c in ROUTED_EDGES)})"
+        )
+    if protocol == "m_sizes" and spec.condition in ROUTED_ORDER:
+        return (
+            "the routed cells call fn(hidden_states, w, topk_ids, topk_weights[, expert_map]): this kernel "
+            "takes m_sizes (name a routed kernel as adapter:routed:TARGET or adapter:routed-rows:TARGET)"
+        )
+    return None
+
+
 def not_applicable(kernel: object, spec: ProbeSpec) -> str | None:
-    """Why this probe does not apply to the kernel (its adapter's declared limits), or None.
-    Plain kernels declare nothing: every probe applies."""
+    """Why this probe does not apply to the kernel (its adapter's declared limits, its
+    protocol), or None. Plain kernels declare nothing: every probe of their protocol applies."""
+    mismatch = protocol_mismatch(kernel, spec)
+    if mismatch is not None:
+        return mismatch
     if not isinstance(kernel, AdaptedKernel):
         return None
     limits = kernel.limits

@@ -78,7 +78,7 @@ def run_probe(ctx: ProbeContext) -> dict[str, Any]:
         )
     if reason is not None:
         return _skip(ctx, reason)
-    runner = _RUNNERS.get(spec.condition)
+    runner = _RUNNERS.get(spec.condition) or _routed_runners().get(spec.condition)
     if runner is None:
         return _skip(ctx, f"condition {spec.condition} is not implemented by this probe worker")
     # Every call of the kernel is watched (refusals, launches, what it returned, autotuning); its
@@ -823,3 +823,10 @@ _RUNNERS: dict[Condition, Callable[[ProbeContext, KernelFn], dict[str, Any]]] = 
     Condition.PRODUCER_RACE: _producer_race,
     Condition.SIZES_RACE: _sizes_race,
 }
+
+
+def _routed_runners() -> dict[Condition, Callable[[ProbeContext, KernelFn], dict[str, Any]]]:
+    """The routed protocol's cells (``probes/routed_conditions.py``, which imports this module)."""
+    from qmoe_doctor.probes.routed_conditions import RUNNERS
+
+    return RUNNERS

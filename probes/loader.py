@@ -64,12 +64,30 @@ def _load(ref: KernelRef) -> KernelFn:
 
             return load_adapted(ref)
         case RefKind.SPECIMEN:
+            routed = _routed_specimen(ref)
+            if routed is not None:  # a routed specimen: through its protocol's adapter
+                from qmoe_doctor.probes.adapters import load_adapted
+
+                return load_adapted(routed)
             standalone = _specimen_module(ref)
             return _load(standalone)
         case _:
             fn = resolve_object(ref)
             check_signature(fn, str(ref))
             return fn  # type: ignore[no-any-return]
+
+
+def _routed_specimen(ref: KernelRef) -> KernelRef | None:
+    """``adapter:<protocol>:<module>:<function>`` for a specimen of a routed protocol, else None."""
+    from qmoe_doctor.core.specimens import get_specimen
+
+    try:
+        info = get_specimen(ref.name)
+    except KeyError as exc:
+        raise KernelResolutionError(str(exc.args[0])) from None
+    if info.protocol == "m_sizes":
+        return None
+    return KernelRef(kind=RefKind.ADAPTER, name=info.protocol, target=KernelRef.parse(info.ref))
 
 
 def _specimen_module(ref: KernelRef) -> KernelRef:

@@ -33,6 +33,8 @@ from qmoe_doctor.core.conditions import (
     CPU_CONDITIONS,
     DEFAULT_CONDITIONS,
     PAIR_ORDER,
+    ROUTED_CPU,
+    ROUTED_ORDER,
     SINGLE_ORDER,
     SWEEP_CONDITIONS,
 )
@@ -41,14 +43,15 @@ from qmoe_doctor.core.records import Condition
 from qmoe_doctor.core.shapes import PRESETS
 
 #: The scan's conditions in run order, as --only takes them.
-CONDITION_NAMES = tuple(c.value for c in (*SINGLE_ORDER, *SWEEP_CONDITIONS, *PAIR_ORDER))
+CONDITION_NAMES = tuple(c.value for c in (*SINGLE_ORDER, *SWEEP_CONDITIONS, *PAIR_ORDER, *ROUTED_ORDER))
 PRESET_NAMES = ", ".join(PRESETS)
 
 KERNEL_HELP = (
     "Kernel, called as fn(x, w, m_sizes) -> y: 'builtin' (ours), 'torch:grouped_mm' (a control), "
     "'specimen:NAME' (`qmoe-doctor specimens`), 'module.path:function', 'path/to/file.py:function', "
     "or 'adapter:NAME[:TARGET]' for a kernel with another signature ('adapter:flat-weights:TARGET': "
-    "TARGET takes w flattened to (E*N, K); docs/ci.md). Checked before "
+    "TARGET takes w flattened to (E*N, K); docs/ci.md; 'adapter:routed[:TARGET]': TARGET takes the router's "
+    "ids, fn(hidden_states, w, topk_ids, topk_weights[, expert_map]), docs/cells.md). Checked before "
     "anything runs: every command accepts and refuses the same references."
 )
 GPUS_HELP = (
@@ -67,7 +70,8 @@ ROWS_HELP = (
 ONLY_HELP = (
     f"Comma-separated conditions to run (default: all that apply): {', '.join(CONDITION_NAMES)}. "
     f"The CPU tier can run {', '.join(c.value for c in CPU_CONDITIONS)} and the "
-    f"{' and '.join(c.value for c in SWEEP_CONDITIONS)} sweeps."
+    f"{' and '.join(c.value for c in SWEEP_CONDITIONS)} sweeps; a routed kernel (adapter:routed:TARGET) runs "
+    f"{', '.join(c.value for c in ROUTED_CPU)} there instead of the m_sizes routing edges."
 )
 TIMEOUT_HELP = "Seconds each probe may take (parallel runs: each launch)."
 LOG_DIR_HELP = (

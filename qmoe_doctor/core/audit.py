@@ -18,6 +18,13 @@ Definitions used throughout (element offsets, contiguous layouts):
 * ``straddle_index``: the index holding element offset 2**31 itself. Its base fits but its tail
   does not (expert 68 for 5120 x 6144), so a kernel that also forms ``n * stride_wn + k`` in
   int32 already goes wrong there.
+
+Kernels that take the router's ids (the routed protocol) index rows by *gathered* ids loaded from
+memory: the flat slot id ``slot = t * top_k + j`` (up to T*k, int32 in ``sorted_token_ids`` /
+``gather_indx``) times the row stride of a slot's row (``slot * stride_om``: the (T*k, N) rows of
+each GEMM), and its token ``slot // top_k`` times the row stride of ``hidden_states``. The audit's
+``gathered`` rows give where each wraps (``slot 8388608``): the slot rows at the same token count
+as the sorted activations of the same width, the token rows ``top_k`` times later.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from __future__ import annotations
 import json
 import reprlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +59,9 @@ DOCS_PAGE = "docs/causes/int32-offset-overflow.md"
 class OperandKind(StrEnum):
     EXPERT_STACK = "expert-stack"  # (E, N, K) indexed by expert_idx * stride_we
     ACTIVATION = "activation"  # (rows, cols) indexed by row * stride_m; rows = tokens * top_k
+    # (rows, cols) indexed by a gathered id loaded from memory: a slot id (t * top_k + j) times a
+    # slot row's stride, or its token (slot // top_k) times hidden_states' row stride
+    GATHERED = "gathered-id"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,6 +96,11 @@ class AuditReport:
     rows: tuple[AuditRow, ...]
     min_wrap_tokens: int  # smallest token count at which any activation operand wraps
     min_wrap_operands: tuple[str, ...]  # the activation operands that wrap at min_wrap_tokens
+    # the routed protocol's gathered ids (slot ids up to T*k, their tokens); top_k as audited
+    top_k: int = 0  # 0 in reports written before the field: the shape's own
+    gathered: tuple[AuditRow, ...] = ()
+    gathered_min_wrap_tokens: int | None = None  # smallest token count at which a gathered product wraps
+    gathered_min_wrap_operands: tuple[str, ...] = ()
 
     @property
     def wrapping(self) -> tuple[AuditRow, ...]:
@@ -150,14 +165,15 @@ def _audit_operand(
     count: int,  # experts or rows
     inner: tuple[int, ...],  # (N, K) or (cols,)
     limit: int,
-    top_k: int,
+    top_k: int,  # rows per token of the operand (1: one row per token)
+    unit: str | None = None,  # how its index is named ("slot", "token"); default expert / row
 ) -> AuditRow:
     stride = 1
     for d in inner:
         stride *= d
     max_offset = count * stride - 1
     wraps = max_offset > limit
-    unit = "expert" if kind is OperandKind.EXPERT_STACK else "row"
+    unit = unit or ("expert" if kind is OperandKind.EXPERT_STACK else "row")
     first = first_wrapping_index(stride, limit=limit)
     first_index = first if first < count else None
     straddle = (limit + 1) // stride if wraps else None
@@ -179,12 +195,70 @@ def _audit_operand(
         first_wrap=text,
         first_wrap_index=first_index,
         straddle_index=straddle,
-        wrap_tokens=min_wrap_tokens(top_k, stride, limit=limit) if kind is OperandKind.ACTIVATION else None,
+        wrap_tokens=min_wrap_tokens(top_k, stride, limit=limit)
+        if kind is not OperandKind.EXPERT_STACK
+        else None,
+    )
+
+
+def gathered_rows(shape: MoEShape, tokens: int, *, limit: int = INT32_MAX) -> tuple[AuditRow, ...]:
+    """The products of gathered ids with row strides in a routed kernel at ``tokens`` tokens:
+    slot ids (up to tokens * top_k) times the row stride of each GEMM's slot rows, and their
+    tokens (slot // top_k) times hidden_states' row stride."""
+    top_k = shape.top_k
+    gu_n, _ = shape.gate_up_nk
+    dn_n, dn_k = shape.down_nk
+    rows = tokens * top_k
+    g = OperandKind.GATHERED
+    specs: tuple[tuple[str, str, int, int, int, str], ...] = (
+        (
+            "gathered.hidden",
+            "hidden_states read at (slot // top_k) * stride: the gather",
+            tokens,
+            shape.hidden,
+            1,
+            "token",
+        ),
+        (
+            "gathered.gate_up.y",
+            "each slot's gate_up row at slot * stride (routed-rows out)",
+            rows,
+            gu_n,
+            top_k,
+            "slot",
+        ),
+        ("gathered.down.x", "each slot's down input row at slot * stride", rows, dn_k, top_k, "slot"),
+        (
+            "gathered.down.y",
+            "each slot's down row at slot * stride, before the weighted sum",
+            rows,
+            dn_n,
+            top_k,
+            "slot",
+        ),
+    )
+    return tuple(
+        _audit_operand(
+            operand=name,
+            role=role,
+            kind=g,
+            count=count,
+            inner=(cols,),
+            limit=limit,
+            top_k=per_token,
+            unit=unit,
+        )
+        for name, role, count, cols, per_token, unit in specs
     )
 
 
 def audit_shape(
-    shape: MoEShape, tokens: int, *, source: str = "preset", limit: int = INT32_MAX
+    shape: MoEShape,
+    tokens: int,
+    *,
+    source: str = "preset",
+    limit: int = INT32_MAX,
+    top_k: int | None = None,
 ) -> AuditReport:
     """Largest element offset of every operand of the fused MoE forward and backward at
     ``tokens`` tokens (``tokens * top_k`` expert-sorted rows), against ``limit``.
@@ -192,10 +266,16 @@ def audit_shape(
     Operands: gate_up (N = 2 * intermediate, K = hidden) and down (N = hidden,
     K = intermediate) weight stacks and their dW stacks, and the sorted activations x and y of
     both GEMMs (gate_up.y is the intermediate activation, rows x 2 * intermediate). Backward
-    dx / dy have the shapes of x / y and are covered by those rows.
+    dx / dy have the shapes of x / y and are covered by those rows. ``gathered``: the same call
+    in a kernel that takes the router's ids (``gathered_rows``). ``top_k`` overrides the shape's
+    experts per token (a router configured otherwise than the model's config).
     """
     if tokens <= 0:
         raise ValueError(f"tokens must be positive, got {tokens}")
+    if top_k is not None:
+        if top_k <= 0 or top_k > shape.num_experts:
+            raise ValueError(f"top_k must be in [1, {shape.num_experts}] (the expert count), got {top_k}")
+        shape = replace(shape, top_k=top_k)
     e, top_k = shape.num_experts, shape.top_k
     gu_n, gu_k = shape.gate_up_nk
     dn_n, dn_k = shape.down_nk
@@ -219,6 +299,8 @@ def audit_shape(
     # the widest activations wrap first as tokens grow
     wrap_tokens = min(r.wrap_tokens for r in audit_rows if r.wrap_tokens is not None)
     wrap_operands = tuple(r.operand for r in audit_rows if r.wrap_tokens == wrap_tokens)
+    gathered = gathered_rows(shape, tokens, limit=limit)
+    gathered_tokens = min(r.wrap_tokens for r in gathered if r.wrap_tokens is not None)
     return AuditReport(
         shape_name=shape.name,
         source=source,
@@ -229,6 +311,10 @@ def audit_shape(
         rows=audit_rows,
         min_wrap_tokens=wrap_tokens,
         min_wrap_operands=wrap_operands,
+        top_k=top_k,
+        gathered=gathered,
+        gathered_min_wrap_tokens=gathered_tokens,
+        gathered_min_wrap_operands=tuple(r.operand for r in gathered if r.wrap_tokens == gathered_tokens),
     )
 
 
@@ -322,7 +408,9 @@ def load_hf_config(path: str | Path) -> MoEShape:
             f"{p}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}."
         ) from None
     except RecursionError:
-        raise ConfigError(f"{p}: JSON nested too deep to read (a model config is a few levels deep).") from None
+        raise ConfigError(
+            f"{p}: JSON nested too deep to read (a model config is a few levels deep)."
+        ) from None
     except ValueError as exc:  # an integer of thousands of digits (int_max_str_digits)
         raise ConfigError(f"{p}: a value is out of range: {exc}.") from None
     if not isinstance(data, dict):
@@ -338,7 +426,9 @@ def load_hf_config(path: str | Path) -> MoEShape:
 
     archs = data.get("architectures")
     keys = _INT_KEYS
-    if isinstance(archs, list) and EXPERT_WIDTH_IS_INTERMEDIATE.intersection(a for a in archs if isinstance(a, str)):
+    if isinstance(archs, list) and EXPERT_WIDTH_IS_INTERMEDIATE.intersection(
+        a for a in archs if isinstance(a, str)
+    ):
         keys = (*_INT_KEYS[:3], ("moe_intermediate_size", ("moe_intermediate_size", "intermediate_size")))
     num_experts, top_k, hidden, intermediate = (
         _read_int(cfg, key, aliases, where, p) for key, aliases in keys
@@ -349,7 +439,9 @@ def load_hf_config(path: str | Path) -> MoEShape:
         )
     norm = cfg.get("norm_topk_prob", True)
     if not isinstance(norm, bool):
-        raise ConfigError(f"{p}: {where + 'norm_topk_prob'!r} must be true or false, got {_QUOTE.repr(norm)}.")
+        raise ConfigError(
+            f"{p}: {where + 'norm_topk_prob'!r} must be true or false, got {_QUOTE.repr(norm)}."
+        )
 
     name = data.get("_name_or_path")
     if not isinstance(name, str) or not name:

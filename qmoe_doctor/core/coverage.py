@@ -74,6 +74,8 @@ def coverage_of(outcomes: Sequence[Outcome], labels: Mapping[str, str]) -> Cover
         not_covered.append("the caller's side stream (CUDA streams: a GPU)")
     if Condition.INT32_BOUNDARY not in ran_conditions:
         not_covered.append("the int32 offset boundary (a weight stack over 4 GiB on a GPU)")
+    if Condition.ROUTED in ran_conditions and Condition.GATHERED_INT32 not in ran_conditions:
+        not_covered.append("the gathered int32 boundary of the routed rows (T*k*N past 2**31 on a GPU)")
     return Coverage(
         cells_ran=len(ran),
         conditions_ran=conditions,

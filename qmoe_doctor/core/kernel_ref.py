@@ -13,7 +13,8 @@ w (E, N, K), m_sizes (E,) int32 rows per expert). The forms::
     adapter:NAME:TARGET          the adapter applied to TARGET, any form above but an adapter
 
 An adapter turns a kernel of another signature into that callable; NAME is one of ours
-(:data:`BUILTIN_ADAPTERS`: ``flat-weights`` for ``fn(x, w2d (E*N, K), m_sizes)``), an entry point
+(:data:`BUILTIN_ADAPTERS`: ``flat-weights`` for ``fn(x, w2d (E*N, K), m_sizes)``; ``routed`` and
+``routed-rows`` for kernels that take the router's ids, :data:`Protocol`), an entry point
 of the group ``qmoe_doctor.adapters`` (how a kernel library ships one) or the dotted
 ``module.attr`` of an adapter object. The protocol and its loading live on the child side
 (``qmoe_doctor.probes.adapters``).
@@ -47,11 +48,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from importlib.machinery import ModuleSpec
 from pathlib import Path
+from typing import Literal
 
 from qmoe_doctor.core import knobs
 from qmoe_doctor.core.compat import StrEnum
 from qmoe_doctor.core.inputs import InputError, check_regular_file, read_bytes, shown_path
 from qmoe_doctor.core.specimens import SPECIMEN_PACKAGE, get_specimen
+
+#: How the probes call a kernel: ``m_sizes``, ``fn(x, w, m_sizes) -> y`` (rows sorted by expert);
+#: ``routed``, ``fn(hidden_states (T, H), w (E, N, H), topk_ids (T, k), topk_weights (T, k)[,
+#: expert_map]) -> out (T, N)``, the slots' rows reduced with their weights; ``routed-rows``, the
+#: same arguments -> out (T*k, N), row t*k + j = hidden_states[t] @ w[topk_ids[t, j]].T unweighted.
+#: A slot routed to no local expert (-1, an id outside [0, E), an expert_map entry of -1 or past
+#: the local count) adds nothing to ``out`` and its ``routed-rows`` row is zero. The parent plans
+#: each protocol's cells from the reference alone (``KernelRef.protocol``), before any child
+#: imports the kernel: a built-in adapter's name (``adapter:routed:TARGET``) or a specimen's
+#: registry entry says which.
+Protocol = Literal["m_sizes", "routed", "routed-rows"]
+ROUTED_PROTOCOLS: tuple[Protocol, ...] = ("routed", "routed-rows")
 
 #: Entry-point group a kernel library registers its adapter under (its pyproject.toml):
 #: ``[project.entry-points."qmoe_doctor.adapters"]  mylib = "mylib.qmoe:ADAPTER"``. Public: kernel
@@ -70,10 +84,14 @@ class BuiltinAdapter:
     obj: str  # module:attr of the adapter object (child side: it imports torch)
     takes: str  # the signature of the kernels it adapts
     summary: str  # one line: what it passes the kernel
+    # the kernel ``adapter:NAME`` alone means (``module:function``); None: a target is required
+    default_target: str | None = None
+    protocol: Protocol = "m_sizes"  # the cells the scan plans for the kernels it adapts
 
 
 #: The adapters of ours, by name. Reserved: an installed entry point of the same name is never
-#: consulted. None has a default target: the kernel is the user's (``adapter:NAME:TARGET``).
+#: consulted. ``flat-weights`` has no default target: the kernel is the user's
+#: (``adapter:NAME:TARGET``); ``routed`` and ``routed-rows`` alone mean our routed kernels.
 BUILTIN_ADAPTERS: dict[str, BuiltinAdapter] = {
     a.name: a
     for a in (
@@ -84,6 +102,26 @@ BUILTIN_ADAPTERS: dict[str, BuiltinAdapter] = {
             summary="w (E, N, K) passed as (E*N, K): a view of the same storage where w's layout has one "
             "(storage offsets and padded rows reach the kernel as they are), else a copy of the same "
             "layout kind (a transposed w stays strided)",
+        ),
+        BuiltinAdapter(
+            name="routed",
+            obj="qmoe_doctor.probes.routed:ROUTED",
+            takes="fn(hidden_states (T, H), w (E, N, H), topk_ids (T, k), topk_weights (T, k)[, expert_map]) "
+            "-> out (T, N), each token's slots reduced with their weights",
+            summary="the router's ids and weights: the routed cells feed routing edges (ids past E, -1 slots, "
+            "expert maps, the kernel's own routing step when it exposes one); the other cells pass x's rows "
+            "as T = M tokens, k = 1, each row's expert from m_sizes, weight 1",
+            default_target="qmoe_doctor.kernels.routed:routed_moe",
+            protocol="routed",
+        ),
+        BuiltinAdapter(
+            name="routed-rows",
+            obj="qmoe_doctor.probes.routed:ROUTED_ROWS",
+            takes="fn(hidden_states (T, H), w (E, N, H), topk_ids (T, k), topk_weights (T, k)[, expert_map]) "
+            "-> out (T*k, N), row t*k + j unweighted, zero for a slot routed nowhere",
+            summary="as routed, the output one row per (token, slot): the sorted-token-ids style's first GEMM",
+            default_target="qmoe_doctor.kernels.routed:routed_moe_rows",
+            protocol="routed-rows",
         ),
     )
 }
@@ -203,6 +241,28 @@ class KernelRef:
             )
         return cls(kind=RefKind.MODULE, name=where, attr=attr)
 
+    @property
+    def protocol(self) -> Protocol:
+        """How the probes call the kernel (:data:`Protocol`), known without importing it: a
+        built-in adapter's, a specimen's registry entry, else ``m_sizes``."""
+        if self.kind is RefKind.ADAPTER and self.name in BUILTIN_ADAPTERS:
+            return BUILTIN_ADAPTERS[self.name].protocol
+        if self.kind is RefKind.SPECIMEN:
+            try:
+                return get_specimen(self.name).protocol
+            except KeyError:
+                return "m_sizes"
+        return "m_sizes"
+
+    def default_target(self) -> KernelRef | None:
+        """A built-in adapter's own kernel, for ``adapter:NAME`` with no target; else None."""
+        if self.kind is not RefKind.ADAPTER or self.target is not None:
+            return None
+        builtin = BUILTIN_ADAPTERS.get(self.name)
+        if builtin is None or builtin.default_target is None:
+            return None
+        return KernelRef.parse(builtin.default_target)
+
     def __str__(self) -> str:
         match self.kind:
             case RefKind.BUILTIN:
@@ -253,7 +313,7 @@ class KernelRef:
                     except KernelRefError as exc:
                         raise KernelRefError(text, f"the adapter's TARGET: {exc.problem}") from None
                 if self.name in BUILTIN_ADAPTERS:
-                    if self.target is None:
+                    if self.target is None and BUILTIN_ADAPTERS[self.name].default_target is None:
                         raise KernelRefError(
                             text,
                             f"the built-in adapter {self.name!r} adapts your kernel: name it, "
@@ -295,7 +355,8 @@ class KernelRef:
             case RefKind.FILE:
                 return self.path if self.path.is_file() else None
             case RefKind.ADAPTER:
-                return self.target.source_path() if self.target is not None else None
+                target = self.target or self.default_target()
+                return target.source_path() if target is not None else None
             case _:
                 return None
 
@@ -328,7 +389,8 @@ class KernelRef:
                 except (KeyError, KernelRefError):
                     return ""
             case RefKind.ADAPTER:
-                return self.target.function_name() if self.target is not None else ""
+                target = self.target or self.default_target()
+                return target.function_name() if target is not None else ""
             case RefKind.TORCH:
                 return ""
             case _:
@@ -343,7 +405,9 @@ class KernelRef:
             case RefKind.TORCH:
                 return KernelRef.parse(TORCH_CONTROL)
             case RefKind.SPECIMEN:
-                return KernelRef.parse(get_specimen(self.name).ref)
+                info = get_specimen(self.name)
+                # a routed specimen is called through the routed adapter, which only the loader applies
+                return KernelRef.parse(info.ref) if info.protocol == "m_sizes" else None
             case RefKind.ADAPTER:
                 return None
             case _:
@@ -450,8 +514,10 @@ __all__ = [
     "BuiltinAdapter",
     "ENTRY_POINT_GROUP",
     "FORMS",
+    "ROUTED_PROTOCOLS",
     "KernelRef",
     "KernelRefError",
+    "Protocol",
     "RefKind",
     "installed_adapters",
     "module_source",

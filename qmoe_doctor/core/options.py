@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from qmoe_doctor.core import knobs
 from qmoe_doctor.core.autotune import DEFAULT_AUTOTUNE, AutotunePolicy
-from qmoe_doctor.core.conditions import DEFAULT_CONDITIONS
+from qmoe_doctor.core.conditions import DEFAULT_CONDITIONS, ROUTED_ORDER
 from qmoe_doctor.core.launch_configs import TileConfig
 from qmoe_doctor.core.modes import USER_MODES, Mode
 from qmoe_doctor.core.records import Condition
@@ -56,6 +56,9 @@ GPU_FAST_CONDITIONS = frozenset(
         Condition.NO_PEER,
         Condition.PEER,
         Condition.PRODUCER_RACE,
+        # the routed protocol's cells (a routed kernel runs them instead of over-routed and
+        # negative-sizes; small shapes but the gathered int32 boundary's 4 GiB of rows)
+        *ROUTED_ORDER,
     }
 )
 GPU_FAST_MAX_PAIRS = 1  # the first ordered pair in --gpus order

@@ -43,6 +43,17 @@ class Condition(StrEnum):
     INT32_BOUNDARY = "int32-boundary"  # rows routed to the first expert whose offset passes 2**31
     OFFSETS = "offsets"  # operands as strided / offset views (params say which)
     LAUNCH_CONFIG = "launch-config"  # a pinned tile / warp / stage config (params say which)
+    # --- the routed protocol, fn(hidden_states, w, topk_ids, topk_weights[, expert_map]): one
+    # device; each edge cell calls the kernel with valid routing first on the same operands
+    # (probes/routed_conditions.py; Shape.m is T tokens, Shape.k the hidden size H) ---
+    ROUTED = "routed"  # valid top-k routing, k > 1: the routed protocol's own baseline cell
+    IDS_OUT_OF_RANGE = "ids-out-of-range"  # expert ids >= E and < -1 in some slots
+    DROPPED_SLOTS = "dropped-slots"  # -1 ids (dropped slots), no expert_map
+    EXPERT_MAP = "expert-map"  # global ids, an expert_map with -1 for experts on other ranks
+    MAP_PAST_LOCAL = "map-past-local"  # expert_map entries at or past the local expert count
+    PADDED_COUNT = "padded-count"  # sorted-token-ids style: num_tokens_post_padded past its buffer
+    GATHER_PAST_T = "gather-past-t"  # gather/scatter style: a gather index whose token is past T
+    GATHERED_INT32 = "gathered-int32"  # gathered slot ids whose product with a row stride passes 2**31
     # --- ordered pair (a current, operands on b) ---
     GUARDED = "guarded"  # current device b: the guarded baseline for the pair
     UNTOUCHED = "untouched"  # current device a, a's context never created in this process

@@ -18,6 +18,7 @@ must get is the calibration table of ``docs/validation/scan-specimens.md``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from qmoe_doctor.core.records import Condition
 
@@ -42,6 +43,10 @@ class SpecimenInfo:
     rejected_under: tuple[str, ...] = ()
     # the lint rule that names the cause where no scan cell can see it (identical GPUs)
     lint_rule: str | None = None
+    # how the probes call it (``core.kernel_ref.Protocol``): ``m_sizes`` fn(x, w, m_sizes); the
+    # routed specimens take the router's ids, fn(hidden_states, w, topk_ids, topk_weights,
+    # expert_map=None), and return (T, N) ("routed") or (T*k, N) ("routed-rows")
+    protocol: Literal["m_sizes", "routed", "routed-rows"] = "m_sizes"
 
     @property
     def kernel_option(self) -> str:
@@ -202,6 +207,100 @@ SPECIMENS: tuple[SpecimenInfo, ...] = (
         summary="TMA style; descriptors made on x without checking the 16-byte alignment of its base and strides",
         trigger="x not 16-byte aligned (a view 1 element into its storage): CUDA error: misaligned address",
         misbehaves_under=(Condition.OFFSETS,),
+    ),
+)
+
+# The routed protocol (issue #45), two public styles written by us: kernels that take the
+# router's token ids (fn(hidden_states, w, topk_ids, topk_weights, expert_map=None)) and route
+# inside. One correct twin per style, one fault planted in each of the others.
+_ROUTED_EDGE_CELLS = (
+    Condition.IDS_OUT_OF_RANGE,
+    Condition.DROPPED_SLOTS,
+    Condition.EXPERT_MAP,
+    Condition.MAP_PAST_LOCAL,
+)
+SPECIMENS += (
+    SpecimenInfo(
+        name="sorted_ids",
+        cause=None,
+        module="sorted_ids",
+        function="fused_moe",
+        summary="correct; sorted-token-ids style: an alignment to BLOCK_M blocks, a kernel gathering rows per block, (T*k, N) out",
+        trigger="never wrong: ids and map entries masked by E, the grid from the buffer, int64 slot ids",
+        misbehaves_under=(),
+        protocol="routed-rows",
+    ),
+    SpecimenInfo(
+        name="sorted_padded_count",
+        cause="invalid-routing",
+        module="sorted_padded_count",
+        function="fused_moe",
+        summary="sorted-token-ids style; its grid from num_tokens_post_padded (read on the host), not the buffer",
+        trigger="num_tokens_post_padded past the padded buffer: blocks read past sorted_token_ids and expert_ids",
+        misbehaves_under=(Condition.PADDED_COUNT,),
+        protocol="routed-rows",
+    ),
+    SpecimenInfo(
+        name="sorted_minus_one",
+        cause="invalid-routing",
+        module="sorted_minus_one",
+        function="fused_moe",
+        summary="sorted-token-ids style; a block of expert -1 (slots routed nowhere) read as expert -1",
+        trigger="any slot routed nowhere (-1, an id past E, a remote or out-of-range map entry): reads w[-1]",
+        misbehaves_under=_ROUTED_EDGE_CELLS,
+        protocol="routed-rows",
+    ),
+    SpecimenInfo(
+        name="sorted_int32_token",
+        cause="int32-offset-overflow",
+        module="sorted_int32_token",
+        function="fused_moe",
+        summary="sorted-token-ids style; slot ids loaded as int32: slot * stride_om formed in int32",
+        trigger="T*k*N past 2**31 (1M tokens of top-8 at N = 256): the last rows wrap, 4 GiB before out",
+        misbehaves_under=(Condition.GATHERED_INT32,),
+        protocol="routed-rows",
+    ),
+    SpecimenInfo(
+        name="gather_scatter",
+        cause=None,
+        module="gather_scatter",
+        function="ragged_moe",
+        summary="correct; gather/scatter style: a histogram per expert, gather/scatter indices, a persistent ragged matmul",
+        trigger="never wrong: ids masked by E, gather indices by T*k, the grid from the operands' device",
+        misbehaves_under=(),
+        protocol="routed",
+    ),
+    SpecimenInfo(
+        name="gather_unchecked_ids",
+        cause="invalid-routing",
+        module="gather_unchecked_ids",
+        function="ragged_moe",
+        summary="gather/scatter style; ids never checked against E, the histogram a bincount that grows past E",
+        trigger="an id (or expert_map entry) past E: the ragged matmul walks experts past the end of w",
+        misbehaves_under=(Condition.IDS_OUT_OF_RANGE, Condition.MAP_PAST_LOCAL),
+        protocol="routed",
+    ),
+    SpecimenInfo(
+        name="gather_past_t",
+        cause="invalid-routing",
+        module="gather_past_t",
+        function="ragged_moe",
+        summary="gather/scatter style; gather indices masked by the row range only, never by T*k",
+        trigger="a gather index naming a token past T: reads a row past hidden_states",
+        misbehaves_under=(Condition.GATHER_PAST_T,),
+        protocol="routed",
+    ),
+    SpecimenInfo(
+        name="gather_sms_device0",
+        cause="per-device-state-cached",
+        module="gather_sms_device0",
+        function="ragged_moe",
+        summary="gather/scatter style; its persistent grid from device 0's SM count, kept in a module global",
+        trigger="device 0 of another SM count than the operands' (two GPU models, CUDA_VISIBLE_DEVICES "
+        "reordering); none on identical GPUs",
+        misbehaves_under=(),
+        lint_rule="cached-device-property",
+        protocol="routed",
     ),
 )
 

@@ -177,10 +177,72 @@ _WRAPPED = PlacedFit(
 )
 
 
-def _fits(t: TensorInfo, relation: str, expert: int | None, row: int | None) -> tuple[PlacedFit, ...]:
+#: The routing buffers of a kernel that routes inside (the routed protocol): integer tensors a
+#: kernel indexes by expert id, by position or by slot. Where an address lands past one says which
+#: of its indices ran past it.
+_IDS_PAST_E = PlacedFit(
+    cause="invalid-routing", words="expert ids past E", cell=Condition.IDS_OUT_OF_RANGE.value
+)
+_PADDED_PAST_END = PlacedFit(
+    cause="invalid-routing", words="a padded count past the end of its buffer", cell=Condition.PADDED_COUNT.value
+)
+_SLOTS_PAST_END = PlacedFit(cause="invalid-routing", words="slot ids past T*k", cell=Condition.GATHER_PAST_T.value)
+_NEGATIVE_INDEX = PlacedFit(cause="invalid-routing", words="a -1 read as an index", cell=Condition.DROPPED_SLOTS.value)
+#: Rows past the end of a row operand in a launch that routes by ids: a slot id past T*k (the
+#: padding read as a slot) or a gather index past T.
+_ROWS_PAST_ROUTED = PlacedFit(
+    cause="invalid-routing",
+    words="slot or token ids past the rows (a padded count or a gather index past the end)",
+    cell=Condition.PADDED_COUNT.value,
+)
+_INT_DTYPES = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "int", "long"})
+
+
+def is_routing_buffer(t: TensorInfo) -> bool:
+    """An integer tensor of one or two dimensions: counts per expert (``m_sizes``, a histogram),
+    ids per slot (``topk_ids``), per position (``sorted_token_ids``, ``expert_ids``, gather and
+    scatter indices) or a map (``expert_map``)."""
+    return t.dtype.removeprefix("torch.") in _INT_DTYPES and len(t.shape) in (1, 2)
+
+
+def _by_expert(t: TensorInfo, experts: frozenset[int]) -> bool:
+    """A 1-D table with one entry per expert (or per expert and one more: offsets) of a weight
+    stack on the same device: indexed by expert id."""
+    return len(t.shape) == 1 and bool(t.shape) and (t.shape[0] in experts or t.shape[0] - 1 in experts)
+
+
+@dataclass(frozen=True, slots=True)
+class _Device:
+    """What the tensors on one device say about a launch's layout."""
+
+    experts: frozenset[int] = frozenset()  # expert counts of the weight stacks there
+    routed: bool = False  # a routing buffer indexed by position or slot: the kernel routes by ids
+
+    @classmethod
+    def of(cls, tensors: Sequence[TensorInfo]) -> _Device:
+        experts = frozenset(t.shape[0] for t in tensors if _is_weight_stack(t) and t.shape)
+        routed = any(is_routing_buffer(t) and not _by_expert(t, experts) for t in tensors)
+        return cls(experts=experts, routed=routed)
+
+
+def _routing_fits(t: TensorInfo, relation: str, layout: _Device) -> tuple[PlacedFit, ...]:
+    if relation == "before":
+        return (_NEGATIVE_INDEX,)
+    if len(t.shape) == 2:
+        return (_SLOTS_PAST_END,)  # (T, k) ids or weights indexed by slot
+    if _by_expert(t, layout.experts):
+        return (_IDS_PAST_E,)
+    return (_PADDED_PAST_END,)  # indexed by position: sorted ids, expert ids per block, gather indices
+
+
+def _fits(
+    t: TensorInfo, relation: str, expert: int | None, row: int | None, layout: _Device = _Device()
+) -> tuple[PlacedFit, ...]:
     """The causes an address fits, from where it landed: structured, as the sentence says it."""
     if relation == "inside":
         return ()
+    if is_routing_buffer(t):
+        return _routing_fits(t, relation, layout)
     if expert is not None:
         if relation == "after":
             return (_EXPERT_OUT_OF_RANGE, _WRAPPED)
@@ -190,11 +252,11 @@ def _fits(t: TensorInfo, relation: str, expert: int | None, row: int | None) -> 
             return (_WRAPPED,)
         return (_WRAPPED, _NEGATIVE_EXPERT)
     if row is not None and len(t.shape) >= 2 and relation == "after":
-        return (_ROWS_PAST_M,)
+        return (_ROWS_PAST_ROUTED,) if layout.routed else (_ROWS_PAST_M,)
     return ()
 
 
-def _match(address: int, t: TensorInfo, device: str) -> TensorMatch:
+def _match(address: int, t: TensorInfo, device: str, layout: _Device = _Device()) -> TensorMatch:
     start, end = t.data_ptr, t.data_ptr + t.nbytes
     offset = address - start
     relation: Literal["inside", "after", "before"]
@@ -226,16 +288,17 @@ def _match(address: int, t: TensorInfo, device: str) -> TensorMatch:
         offset=offset,
         row=row,
         expert=expert,
-        fits=_fits(t, relation, expert, row),
+        fits=_fits(t, relation, expert, row, layout),
     )
 
 
 def _nearest_on_device(address: int, tensors: Sequence[TensorInfo], device: str) -> TensorMatch | None:
     best: TensorMatch | None = None
+    layout = _Device.of(tensors)
     for t in tensors:
         if t.nbytes <= 0:
             continue
-        m = _match(address, t, device)
+        m = _match(address, t, device, layout)
         if best is None or (m.relation == "inside", -m.reach) > (best.relation == "inside", -best.reach):
             best = m
     return best
@@ -270,9 +333,20 @@ def _match_sentence(m: TensorMatch, verb: str, tables: Mapping[str, Sequence[Ten
             text += f", i.e. an expert id >= {n_exp} ({_fits_words(m.fits)})"
         else:
             text += f", i.e. a negative expert offset ({_fits_words(m.fits)})"
+    elif is_routing_buffer(t) and m.fits:
+        count = t.shape[0] if t.shape else 0
+        if len(t.shape) == 2:
+            where = f"row {m.row} of {count}, i.e. slot ids past {count * t.shape[1]}"
+        elif m.relation == "before":
+            where = f"element {m.row}, i.e. a negative index"
+        else:
+            where = f"element {m.row} of {count}, i.e. an index past its {count:,} entries"
+        text += f": {where} ({_fits_words(m.fits)})"
     elif m.row is not None and len(t.shape) >= 2:
         text += f": row {m.row}"
-        if m.fits:
+        if m.fits == (_ROWS_PAST_ROUTED,):
+            text += f", i.e. rows past its {t.shape[0]:,} ({_fits_words(m.fits)})"
+        elif m.fits:
             text += f", i.e. rows past M={t.shape[0]} ({_fits_words(m.fits)})"
     elif m.row is not None:
         text += f": element {m.row} of {t.shape[0] if t.shape else 0}"
@@ -393,6 +467,7 @@ __all__ = [
     "attribute",
     "attribute_address",
     "describe_tensor",
+    "is_routing_buffer",
     "itemsize",
     "snapshot_sentence",
 ]

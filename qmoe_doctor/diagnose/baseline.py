@@ -36,8 +36,9 @@ from collections.abc import Iterable
 from qmoe_doctor.core.error_kind import describe_exit, match_text
 from qmoe_doctor.core.records import Condition, ErrorKind, Outcome, Phase, Placement, Shape, Status
 
-#: The cells that call the kernel on the canonical inputs, first thing.
-CANONICAL_CONDITIONS = frozenset({Condition.REPEAT_CALL, Condition.SINGLE, Condition.GUARDED})
+#: The cells that call the kernel on the canonical inputs, first thing (``routed``: a routed
+#: kernel's valid top-k routing; refusing it is no contract, a timeout there stops the session).
+CANONICAL_CONDITIONS = frozenset({Condition.REPEAT_CALL, Condition.SINGLE, Condition.GUARDED, Condition.ROUTED})
 #: A CUDA error named in a message ("CUDA error: ...", "Triton Error [CUDA]: ..."): the device
 #: failed, which is a failing cell, never a kernel that cannot be used.
 _CUDA_ERROR = re.compile(r"CUDA error|Triton Error \[CUDA\]|cudaError|CUDA_ERROR", re.IGNORECASE)

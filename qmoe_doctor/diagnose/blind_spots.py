@@ -50,7 +50,21 @@ from qmoe_doctor.diagnose.baseline import (
 
 #: Conditions that feed the kernel invalid input on purpose: refusing it loudly (its own
 #: ValueError, or a device-side assert such as torch._grouped_mm's offsets check) is correct.
-INVALID_INPUT_CONDITIONS = frozenset({Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES})
+INVALID_INPUT_CONDITIONS = frozenset(
+    {
+        Condition.OVER_ROUTED,
+        Condition.NEGATIVE_SIZES,
+        # the routed protocol's edges (probes/routed_conditions.py)
+        Condition.IDS_OUT_OF_RANGE,
+        Condition.DROPPED_SLOTS,
+        Condition.MAP_PAST_LOCAL,
+        Condition.PADDED_COUNT,
+        Condition.GATHER_PAST_T,
+    }
+)
+#: Cells whose claim is "nothing written outside the output" (a canary must follow it): the
+#: invalid-routing cells and the expert-map cell (valid expert-parallel routing, -1 entries).
+WRITE_CHECKED_CONDITIONS = INVALID_INPUT_CONDITIONS | {Condition.EXPERT_MAP}
 #: Error kinds a refusal can have: an exception of the kernel's Python side, or a device-side
 #: assert on the counts in the invalid-routing cells.
 REJECTION_KINDS = PYTHON_ERROR_KINDS | {ErrorKind.DEVICE_ASSERT}
@@ -70,8 +84,16 @@ _CONDITION_OPERANDS: dict[Condition, tuple[str, ...]] = {
     Condition.OVER_ROUTED: ("m_sizes",),
     Condition.NEGATIVE_SIZES: ("m_sizes",),
     Condition.INT32_BOUNDARY: ("w",),
+    Condition.IDS_OUT_OF_RANGE: ("topk_ids",),
+    Condition.DROPPED_SLOTS: ("topk_ids",),
+    Condition.EXPERT_MAP: ("topk_ids", "expert_map"),
+    Condition.MAP_PAST_LOCAL: ("expert_map",),
+    Condition.PADDED_COUNT: ("num_tokens_post_padded",),
+    Condition.GATHER_PAST_T: ("gather_indx",),
 }
-_OPERAND_WORDS = re.compile(r"\b(x|w|m_sizes)\b")
+_OPERAND_WORDS = re.compile(
+    r"\b(x|w|m_sizes|hidden_states|topk_ids|topk_weights|expert_map|num_tokens_post_padded|gather_indx)\b"
+)
 #: The fact a memcheck follow-up of a blind cell leaves (``diagnose/followups.py``): clean |
 #: errors | unavailable | failed; ``memcheck_reason`` says why in words.
 MEMCHECK_FACT = "memcheck"
@@ -152,7 +174,7 @@ def unchecked_reason(outcome: Outcome) -> str | None:
         return None
     cond = outcome.spec.condition
     facts = outcome.facts
-    if cond in INVALID_INPUT_CONDITIONS and not writes_checked(outcome):
+    if cond in WRITE_CHECKED_CONDITIONS and not writes_checked(outcome):
         why = facts.get("memcheck_reason")
         return (
             "no canary could follow the kernel's own output (it was not allocated as "
@@ -190,6 +212,7 @@ __all__ = [
     "MEMCHECK_FACT",
     "REJECTION_KINDS",
     "VARIANT_OPERANDS",
+    "WRITE_CHECKED_CONDITIONS",
     "Refusal",
     "refusal",
     "refused_operand",

@@ -466,12 +466,48 @@ def wrong_device_stream(matrix: Matrix, ctx: RuleContext) -> Finding:
     )
 
 
-_ROUTING = (Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES)
-_ROUTING_WORDS = {Condition.OVER_ROUTED: "m_sizes summing past M", Condition.NEGATIVE_SIZES: "a -1 sentinel in m_sizes"}
+#: The invalid-routing cells of both protocols (the routed protocol's: probes/routed_conditions.py;
+#: a routed kernel's repro cites those that failed, as every single-device cause does).
+_ROUTING = (
+    *SETTLED_BY["invalid-routing"],
+    Condition.IDS_OUT_OF_RANGE,
+    Condition.DROPPED_SLOTS,
+    Condition.EXPERT_MAP,
+    Condition.MAP_PAST_LOCAL,
+    Condition.PADDED_COUNT,
+    Condition.GATHER_PAST_T,
+)
+#: The int32 boundary cells: the expert offset, and the routed protocol's gathered rows.
+_INT32_CELLS = (*SETTLED_BY["int32-offset-overflow"], Condition.GATHERED_INT32)
+_ROUTING_WORDS = {
+    Condition.OVER_ROUTED: "m_sizes summing past M",
+    Condition.NEGATIVE_SIZES: "a -1 sentinel in m_sizes",
+    Condition.IDS_OUT_OF_RANGE: "expert ids past E or below -1",
+    Condition.DROPPED_SLOTS: "-1 ids (dropped slots)",
+    Condition.EXPERT_MAP: "an expert_map with -1 for remote experts",
+    Condition.MAP_PAST_LOCAL: "expert_map entries past the local expert count",
+    Condition.PADDED_COUNT: "a num_tokens_post_padded past its buffer",
+    Condition.GATHER_PAST_T: "a gather index past T",
+}
+#: What a routed kernel trusts that an edge cell shows (the fault's summary).
+_IDS_TRUSTED = "it uses expert ids (or expert_map entries) it does not mask by [0, E)"
+_ROUTING_TRUST = {
+    Condition.IDS_OUT_OF_RANGE: _IDS_TRUSTED,
+    Condition.DROPPED_SLOTS: _IDS_TRUSTED,
+    Condition.EXPERT_MAP: _IDS_TRUSTED,
+    Condition.MAP_PAST_LOCAL: _IDS_TRUSTED,
+    Condition.PADDED_COUNT: "it bounds its blocks by num_tokens_post_padded, not by the buffers it was given",
+    Condition.GATHER_PAST_T: "it gathers rows by indices it does not mask by T*k",
+}
+#: Routing the parallel modes produce themselves (valid expert-parallel input): wrong values
+#: there are a fault even with every access in bounds (README, "Exit codes").
+_EP_ROUTING = frozenset({Condition.EXPERT_MAP})
 
 
 def _outside(cell: Cell) -> bool:
-    return touches_outside(cell.outcome, rejected=cell.label == "rejected")
+    return touches_outside(cell.outcome, rejected=cell.label == "rejected") or (
+        cell.outcome.spec.condition in _EP_ROUTING
+    )
 
 
 def _inside(cell: Cell) -> bool:
@@ -484,12 +520,18 @@ def invalid_routing(matrix: Matrix, ctx: RuleContext) -> Finding:
     per-expert loop under a -1 sentinel)."""
     ev, places, conds, explained = _against_single(matrix, ctx, _ROUTING, select=_outside)
     how = " or ".join(_ROUTING_WORDS[c] for c in conds) or "invalid m_sizes"
+    m_sizes_only = all(c in (Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES) for c in conds)
     fault = _found(
         "invalid-routing",
         ctx,
         summary=(
             f"correct with valid m_sizes; with {how} the kernel reads or writes outside its "
             "tensors: it trusts m_sizes instead of clamping counts and masking rows by M"
+            if m_sizes_only
+            else f"correct with valid routing; with {how} the kernel reads or writes outside its tensors"
+            + (" or computes wrong values for valid expert-parallel routing" if Condition.EXPERT_MAP in conds else "")
+            + ": "
+            + "; ".join(dict.fromkeys(_ROUTING_TRUST[c] for c in conds if c in _ROUTING_TRUST))
         ),
         evidence=ev,
         places=places,
@@ -501,11 +543,16 @@ def invalid_routing(matrix: Matrix, ctx: RuleContext) -> Finding:
         return fault
     guarded = all(writes_checked(c.outcome) for c in matrix.cells.values() if c.outcome.probe_id in h_explained)
     h_how = " or ".join(_ROUTING_WORDS[c] for c in h_conds)
+    clamp = (
+        "Clamp counts and mask rows by M"
+        if all(c in (Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES) for c in h_conds)
+        else "Skip slots whose id (or map entry) is outside [0, E)"
+    )
     summary = (
         f"wrong values under invalid routing ({h_how}), "
         + (
             "every access inside the kernel's tensors (guard rows around y intact): a hardening "
-            "finding, not a memory fault. Clamp counts and mask rows by M, or validate the routing "
+            f"finding, not a memory fault. {clamp}, or validate the routing "
             "where it is made"
             if guarded
             else "and no access outside y was seen, but writes outside y could not be checked "
@@ -538,9 +585,19 @@ def invalid_routing(matrix: Matrix, ctx: RuleContext) -> Finding:
 
 
 def int32_offset_overflow(matrix: Matrix, ctx: RuleContext) -> Finding:
-    ev, places, conds, explained = _against_single(matrix, ctx, (Condition.INT32_BOUNDARY,))
+    ev, places, conds, explained = _against_single(matrix, ctx, _INT32_CELLS)
     summary = "wrong once an offset passes 2**31 - 1 elements: an index x stride product is formed in int32"
     for cell in matrix.cells.values():
+        if cell.outcome.spec.condition is Condition.GATHERED_INT32 and cell.failed:
+            f = cell.outcome.facts
+            first, rows = f.get("first_wrapping_row"), f.get("rows")
+            if first is not None and rows is not None:
+                summary = (
+                    f"correct on the first tokens, wrong once the gathered rows ({int(rows):,} = T*k) pass row "
+                    f"{int(first):,}, whose offset row x N passes 2**31 - 1: a gathered slot id times a row "
+                    "stride is formed in int32"
+                )
+                break
         if cell.outcome.spec.condition is Condition.INT32_BOUNDARY and cell.failed:
             f = cell.outcome.facts
             expert = f.get("expert")

@@ -25,7 +25,17 @@ from typing import Protocol
 from qmoe_doctor.core import knobs
 from qmoe_doctor.core.audit import first_wrapping_expert
 from qmoe_doctor.core.autotune import DEFAULT_AUTOTUNE, AutotunePolicy, probe_params, session_env
-from qmoe_doctor.core.conditions import CPU_CONDITIONS, PAIR_ORDER, SINGLE_ORDER, SWEEP_CONDITIONS
+from qmoe_doctor.core.conditions import (
+    CPU_CONDITIONS,
+    M_SIZES_EDGES,
+    PAIR_ORDER,
+    ROUTED_CPU,
+    ROUTED_ORDER,
+    SINGLE_ORDER,
+    SWEEP_CONDITIONS,
+)
+from qmoe_doctor.core.kernel_ref import KernelRef, KernelRefError
+from qmoe_doctor.core.kernel_ref import Protocol as KernelProtocol
 from qmoe_doctor.core.launch_configs import GEMM_CONFIGS
 from qmoe_doctor.core.options import ScanOptions
 from qmoe_doctor.core.records import (
@@ -108,6 +118,45 @@ def boundary_shape(opts: ScanOptions) -> Shape | None:
 
 CPU_SHAPE = Shape(m=64, e=4, n=32, k=32, dtype="float32", routing="random")
 
+#: The routed cells (``probes/routed_conditions.py``): Shape.m is T tokens, Shape.k the hidden
+#: size H, ``params["top_k"]`` k. Small: each edge cell calls the kernel twice.
+ROUTED_CPU_SHAPE = Shape(m=32, e=4, n=32, k=32, dtype="float32", routing="random")
+ROUTED_CPU_TOP_K = 2
+ROUTED_GPU_TOP_K = 4
+#: The gathered int32 boundary: (T*k, N) rows of N = 256 with 4,096 rows past 2**31 elements
+#: (row 8,388,608 is the first whose offset row * N passes 2**31 - 1); H = 64 keeps hidden_states
+#: at 128 MiB in bf16, the rows 4 GiB.
+GATHERED_INT32_N = 256
+GATHERED_INT32_H = 64
+GATHERED_INT32_E = 16
+GATHERED_INT32_TOP_K = 8
+GATHERED_INT32_EXTRA_ROWS = 4096
+
+
+def kernel_protocol(kernel: str) -> KernelProtocol:
+    """The protocol a ``--kernel`` reference is called with (``KernelRef.protocol``)."""
+    try:
+        return KernelRef.parse(kernel).protocol
+    except KernelRefError:
+        return "m_sizes"  # the probes say what is wrong with it
+
+
+def routed_shape(opts: ScanOptions, *, cpu: bool) -> tuple[Shape, int]:
+    """(shape, top_k) of the routed cells."""
+    if cpu:
+        return ROUTED_CPU_SHAPE, ROUTED_CPU_TOP_K
+    return Shape(m=256, e=8, n=256, k=256, dtype=opts.dtype, routing="random"), ROUTED_GPU_TOP_K  # type: ignore[arg-type]
+
+
+def gathered_int32_shape(opts: ScanOptions) -> tuple[Shape, int]:
+    """(shape, top_k) whose (T*k, N) rows pass 2**31 elements: the last rows' offsets wrap."""
+    rows = (2**31 - 1) // GATHERED_INT32_N + 1 + GATHERED_INT32_EXTRA_ROWS
+    tokens = -(-rows // GATHERED_INT32_TOP_K)
+    shape = Shape(
+        m=tokens, e=GATHERED_INT32_E, n=GATHERED_INT32_N, k=GATHERED_INT32_H, dtype=opts.dtype, routing="random"  # type: ignore[arg-type]
+    )
+    return shape, GATHERED_INT32_TOP_K
+
 #: Offset-sweep variants (probes/conditions.OFFSET_VARIANTS documents each) and how the shape
 #: changes for the routing edges. Each is a cell's ``Placement.variant``.
 OFFSET_SWEEP = (
@@ -185,13 +234,14 @@ def _single_specs(
     ``rejected`` only when ``single`` passed: diagnose.baseline)."""
     cpu = ordinal is None
     specs = []
+    routed = kernel_protocol(kernel) != "m_sizes"
     order = CPU_CONDITIONS if cpu else SINGLE_ORDER
     wanted = set(opts.conditions)
     if with_sweeps and wanted & set(SWEEP_CONDITIONS):
         wanted.add(Condition.SINGLE)
     for cond in order:
-        if cond not in wanted:
-            continue
+        if cond not in wanted or (routed and cond in M_SIZES_EDGES):
+            continue  # a routed kernel has no m_sizes: its routing edges are the routed cells
         if cond in (Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES):
             shape = CPU_SHAPE if cpu else over_routed_shape(opts)
             shape = replace(shape, routing="uniform")
@@ -214,6 +264,46 @@ def _single_specs(
                 current=ordinal,
                 shape=shape,
                 seed=opts.seed,
+                timeout_s=opts.timeout_s,
+            )
+        )
+    if routed:
+        specs += _routed_specs(kernel, where, ordinal, opts, wanted, with_boundary=with_boundary)
+    return specs
+
+
+def _routed_specs(
+    kernel: str,
+    where: Placement,
+    ordinal: int | None,
+    opts: ScanOptions,
+    wanted: set[Condition],
+    *,
+    with_boundary: bool,
+) -> list[ProbeSpec]:
+    """The routed protocol's cells on ``where``, after its single-device cells."""
+    cpu = ordinal is None
+    specs = []
+    for cond in ROUTED_CPU if cpu else ROUTED_ORDER:
+        if cond not in wanted:
+            continue
+        if cond is Condition.GATHERED_INT32:
+            if not with_boundary:
+                continue
+            shape, k = gathered_int32_shape(opts)
+        else:
+            shape, k = routed_shape(opts, cpu=cpu)
+        specs.append(
+            ProbeSpec(
+                probe_id=where.probe_id(cond),
+                kernel=kernel,
+                condition=cond,
+                placement=where,
+                device=ordinal,
+                current=ordinal,
+                shape=shape,
+                seed=opts.seed,
+                params={"top_k": k},
                 timeout_s=opts.timeout_s,
             )
         )

@@ -268,7 +268,8 @@ def _run_one(
     followups = [
         debug_rerun(o.spec)
         for o in ran
-        if o.spec.condition is Condition.INT32_BOUNDARY and o.status in (Status.WRONG, Status.ERROR)
+        if o.spec.condition in (Condition.INT32_BOUNDARY, Condition.GATHERED_INT32)
+        and o.status in (Status.WRONG, Status.ERROR)
     ]
     if followups:
         got += run_session(followups, base_env=env, log_dir=log_dir, on_event=watch)

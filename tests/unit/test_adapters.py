@@ -324,14 +324,19 @@ FLAT_REF = f"adapter:flat-weights:{FLAT_FIXTURE}:grouped_gemm"
 def test_builtin_adapters_need_no_entry_point_and_take_a_target(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_distribution(monkeypatch)  # no distribution registers any adapter
     assert installed_adapters() == {}
-    assert set(BUILTIN_ADAPTERS) == {"flat-weights"}
+    assert set(BUILTIN_ADAPTERS) == {"flat-weights", "routed", "routed-rows"}
     assert KernelRef.parse(FLAT_REF).validate().target == KernelRef.parse(f"{FLAT_FIXTURE}:grouped_gemm")
     assert KernelRef.parse("adapter:flat-weights:json:dumps").validate()
     with pytest.raises(KernelRefError, match="adapts your kernel: name it, adapter:flat-weights:module:function"):
         KernelRef.parse("adapter:flat-weights").validate()
     with pytest.raises(KernelRefError, match="does not exist"):
         KernelRef.parse("adapter:flat-weights:missing/kernel.py:fn").validate()
-    with pytest.raises(KernelRefError, match=r"not one of ours \(flat-weights\)"):
+    # the routed adapters alone mean our routed kernels; with a target, the user's
+    assert KernelRef.parse("adapter:routed").validate().default_target() == KernelRef.parse(
+        "qmoe_doctor.kernels.routed:routed_moe"
+    )
+    assert KernelRef.parse("adapter:routed-rows:json:dumps").validate().protocol == "routed-rows"
+    with pytest.raises(KernelRefError, match=r"not one of ours \(flat-weights, routed, routed-rows\)"):
         KernelRef.parse("adapter:flat-weight:json:dumps").validate()
 
 
@@ -345,7 +350,8 @@ def test_builtin_adapter_names_are_reserved(monkeypatch: pytest.MonkeyPatch) -> 
 def test_every_builtin_adapter_resolves_on_the_child_side(name: str) -> None:
     adapter = child.find_adapter(name)
     assert isinstance(adapter, child.KernelAdapter)
-    assert adapter.default_target is None  # the kernel is the user's: adapter:NAME:TARGET
+    # flat-weights: the kernel is the user's (adapter:NAME:TARGET); routed: ours unless named
+    assert adapter.default_target == BUILTIN_ADAPTERS[name].default_target
     assert child.limits_of(adapter) == child.KernelLimits()  # any dtype, layout, CPU tensors
 
 
@@ -418,7 +424,9 @@ def test_flat_weight_kernel_through_scan_and_check_on_the_cpu_tier(
 def test_specimens_command_lists_the_builtin_adapters() -> None:
     doc = json.loads(runner.invoke(app, ["specimens", "--json"]).stdout)
     assert [a["name"] for a in doc["adapters"]] == list(BUILTIN_ADAPTERS)
-    (flat,) = doc["adapters"]
+    flat, routed, rows = doc["adapters"]
     assert flat["kernel"] == "adapter:flat-weights:TARGET" and "(E*N, K)" in flat["takes"]
+    assert routed["kernel"] == "adapter:routed[:TARGET]" and routed["protocol"] == "routed"
+    assert rows["default_target"] == "qmoe_doctor.kernels.routed:routed_moe_rows" and "(T*k, N)" in rows["takes"]
     text = runner.invoke(app, ["specimens"], env={"COLUMNS": "200"}).output
     assert "adapter:flat-weights:TARGET" in text

@@ -89,6 +89,7 @@ def test_calibration_table_lists_every_specimen_with_its_verdict() -> None:
             assert rows[specimen.kernel_option].startswith("none"), specimen.kernel_option
             continue
         assert f"`{specimen.cause}`" in rows[specimen.kernel_option], specimen.kernel_option
-    for healthy in ("builtin", "torch:grouped_mm"):
+    healthy_kernels = {"builtin", "torch:grouped_mm", "adapter:routed", "adapter:routed-rows"}
+    for healthy in healthy_kernels:
         assert rows[healthy].startswith("none"), healthy
-    assert set(rows) == {s.kernel_option for s in SPECIMENS} | {"builtin", "torch:grouped_mm"}
+    assert set(rows) == {s.kernel_option for s in SPECIMENS} | healthy_kernels

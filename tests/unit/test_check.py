@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from qmoe_doctor.cli import devices
 from qmoe_doctor.cli.app import app
+from qmoe_doctor.core.conditions import ROUTED_ORDER
 from qmoe_doctor.core.exitcodes import ExitCode
 from qmoe_doctor.core.options import GPU_FAST_CONDITIONS, CheckOptions
 from qmoe_doctor.core.records import (
@@ -218,11 +219,16 @@ def test_fast_gpu_plan_is_one_pair_and_a_few_cells() -> None:
     assert [s.label for s in cpu_plan.sessions] == ["CPU"]
     (session,) = gpu_plan.sessions
     assert session.label == "GPU 0 -> GPU 1"
-    assert {s.condition for s in session.specs} == GPU_FAST_CONDITIONS
-    assert len(session.specs) == len(GPU_FAST_CONDITIONS) <= 10  # ~0.3-1 s each, one child start
+    m_sizes_fast = GPU_FAST_CONDITIONS - set(ROUTED_ORDER)  # the routed cells: a routed kernel's
+    assert {s.condition for s in session.specs} == m_sizes_fast
+    assert len(session.specs) == len(m_sizes_fast) <= 10  # ~0.3-1 s each, one child start
     assert not any(s.fresh_process or s.env for s in session.specs)  # no extra child starts
     assert session.specs[0].condition is Condition.REPEAT_CALL  # the child's first call
     assert any("1 of 6 ordered GPU pairs" in note for note in gpu_plan.skipped)
+    # a routed kernel: its routed cells instead of over-routed and negative-sizes
+    (_, _), (_, routed_plan) = plan_check("adapter:routed", [_gpu(0), _gpu(1)])
+    routed = {s.condition for s in routed_plan.specs}
+    assert set(ROUTED_ORDER) <= routed and not routed & {Condition.OVER_ROUTED, Condition.NEGATIVE_SIZES}
 
 
 def test_fast_gpu_plan_on_one_gpu_and_with_only() -> None:

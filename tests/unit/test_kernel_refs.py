@@ -45,6 +45,12 @@ def fn_flat(x, w2d, m_sizes):  # the flat-weight convention: w2d (E*N, K)
     return moe_grouped_gemm(x, w2d.view(m_sizes.shape[0], -1, x.shape[1]), m_sizes)
 
 
+def fn_routed(hidden_states, w, topk_ids, topk_weights):  # the routed protocol
+    from qmoe_doctor.kernels.routed import routed_moe
+
+    return routed_moe(hidden_states, w, topk_ids, topk_weights)
+
+
 def _wrap(target):
     return lambda x, w, m_sizes: target(x, w, m_sizes)
 
@@ -80,6 +86,9 @@ REFS: list[tuple[str, bool, str]] = [
     (f"adapter:{MOD}.ADAPTER:builtin", True, "an adapter applied to our kernel"),
     ("adapter:flat-weights:./{file}:fn_flat", True, "the built-in flat-weight adapter on a file target"),
     (f"adapter:flat-weights:{MOD}:fn_flat", True, "the built-in flat-weight adapter on a module target"),
+    ("adapter:routed", True, "the built-in routed adapter alone: our routed kernel"),
+    ("adapter:routed-rows:./{file}:fn_routed", True, "the built-in routed-rows adapter on a file target"),
+    ("specimen:sorted_ids", True, "a routed specimen"),
     ("", False, "empty"),
     (":", False, "a colon alone"),
     ("a:b:c:d", False, "colons that name no module"),
@@ -95,6 +104,7 @@ REFS: list[tuple[str, bool, str]] = [
     ("adapter:misspelt_adapter", False, "a misspelt adapter: no entry point of that name"),
     ("adapter:flat-weights", False, "a built-in adapter without the kernel it adapts"),
     ("adapter:flat-weights:missing/k.py:fn", False, "a built-in adapter with a missing file target"),
+    ("adapter:routed:missing/k.py:fn", False, "the routed adapter with a missing file target"),
     ("adapter:qd_no_such_pkg_xyz.ADAPTER", False, "a dotted adapter whose module is not there"),
     (f"adapter:{MOD}.ADAPTER:missing/k.py:fn", False, "an adapter with a missing file target"),
     (f"adapter:{MOD}.ADAPTER:", False, "an adapter with an empty target"),
@@ -184,6 +194,8 @@ REAL = [
     (f"adapter:{MOD}.ADAPTER", "adapter, default target"),
     (f"adapter:{MOD}.ADAPTER:./{{file}}:fn", "adapter, file target"),
     ("adapter:flat-weights:./{file}:fn_flat", "built-in adapter, file target"),
+    ("adapter:routed:./{file}:fn_routed", "built-in routed adapter, file target"),
+    ("specimen:gather_scatter", "routed specimen"),
 ]
 
 

@@ -42,6 +42,10 @@ from qmoe_doctor.kernels.grouped_gemm import interpreting, moe_grouped_gemm_torc
 from qmoe_doctor.plan.scan import OFFSET_SWEEP
 
 NAMES = [s.name for s in SPECIMENS]
+#: The specimens of the m_sizes protocol, fn(x, w, m_sizes); the routed ones (fn(hidden_states, w,
+#: topk_ids, topk_weights, expert_map=None)) have their own tests: tests/unit/test_routed.py.
+M_SIZES_NAMES = [s.name for s in SPECIMENS if s.protocol == "m_sizes"]
+ROUTED_NAMES = [s.name for s in SPECIMENS if s.protocol != "m_sizes"]
 
 # ||out - ref|| / ||ref|| against the float32 twin, from the project's one table (float32 runs
 # as tf32 on a GPU); no bfloat16 here: its tl.dot is broken in the interpreter (FINDINGS.md)
@@ -115,7 +119,13 @@ def test_registry_names_and_causes_are_unique_and_known() -> None:
         assert Condition.SINGLE not in spec.misbehaves_under  # the benign baseline
         assert Condition.GUARDED not in spec.misbehaves_under
     assert {s.name for s in faulty_specimens()} == {s.name for s in SPECIMENS if s.cause is not None}
-    assert {s.name for s in SPECIMENS if s.cause is None} == {"contiguous_only", "autotuned", "tma_persistent"}
+    assert {s.name for s in SPECIMENS if s.cause is None} == {
+        "contiguous_only",
+        "autotuned",
+        "tma_persistent",
+        "sorted_ids",
+        "gather_scatter",
+    }
 
 
 def test_get_specimen_and_kernel_ref() -> None:
@@ -151,7 +161,28 @@ def test_module_docstring_names_exactly_its_cause(name: str) -> None:
     assert "misbehaves" in doc  # and says under which condition
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", ROUTED_NAMES)
+def test_routed_entry_point_has_its_twin_s_signature(name: str) -> None:
+    """A routed specimen takes the router's ids, exactly as its style's correct twin does, and
+    exposes that twin's kind of routing step (fn.route and routing=)."""
+    from qmoe_doctor.kernels.specimens import gather_scatter, sorted_ids
+
+    module, function = kernel_ref(name).split(":")
+    fn = getattr(importlib.import_module(module), function)
+    twin = sorted_ids.fused_moe if function == "fused_moe" else gather_scatter.ragged_moe
+    assert inspect.signature(fn) == inspect.signature(twin)
+    assert [p.name for p in inspect.signature(fn).parameters.values()][:5] == [
+        "hidden_states",
+        "w",
+        "topk_ids",
+        "topk_weights",
+        "expert_map",
+    ]
+    assert callable(fn.route)
+    assert get_specimen(name).protocol == ("routed-rows" if function == "fused_moe" else "routed")
+
+
+@pytest.mark.parametrize("name", M_SIZES_NAMES)
 def test_entry_point_has_the_grouped_gemm_signature(name: str) -> None:
     module, function = kernel_ref(name).split(":")
     fn = getattr(importlib.import_module(module), function)
@@ -190,6 +221,9 @@ def _code_lines(kernel: Any) -> list[str]:
 # Specimens whose fault is inside the @triton.jit body: a copy of the correct kernel (ours, or
 # the correct twin of its design) with at most this many code lines changed (either side).
 COPIED_KERNELS = [
+    ("sorted_minus_one", "_sorted_moe_kernel_minus_one", 4, "sorted_ids"),  # the expert -1 branch
+    ("sorted_int32_token", "_sorted_moe_kernel_int32", 1, "sorted_ids"),  # the int64 cast
+    ("gather_past_t", "_ragged_kernel_past_t", 1, "gather_scatter"),  # the slot mask
     ("int32_offsets", "_grouped_gemm_kernel_int32", 1, None),  # the w_ptrs offset
     ("unmasked_rows", "_grouped_gemm_kernel_unmasked", 1, None),  # the m_size clamp
     ("autotune_inplace", "_grouped_gemm_kernel_acc", 2, None),  # the decorator, acc from y
@@ -199,7 +233,16 @@ COPIED_KERNELS = [
 
 @pytest.mark.parametrize(("name", "kernel_name", "max_changed", "twin"), COPIED_KERNELS)
 def test_copied_kernel_is_a_small_diff(name: str, kernel_name: str, max_changed: int, twin: str | None) -> None:
-    correct = grouped_gemm._grouped_gemm_kernel if twin is None else _module(twin)._grouped_gemm_tma_kernel
+    correct = (
+        grouped_gemm._grouped_gemm_kernel
+        if twin is None
+        else getattr(
+            _module(twin),
+            {"tma_persistent": "_grouped_gemm_tma_kernel", "sorted_ids": "_sorted_moe_kernel"}.get(
+                twin, "_ragged_kernel"
+            ),
+        )
+    )
     ours = _code_lines(correct)
     theirs = _code_lines(getattr(_module(name), kernel_name))
     changed = [
@@ -241,7 +284,7 @@ def _operands(
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("case", BENIGN_CASES, ids=[c[-1] for c in BENIGN_CASES])
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", M_SIZES_NAMES)
 def test_specimen_is_right_in_the_benign_condition(
     name: str, case: tuple[int, list[int], int, int, str], dtype: torch.dtype
 ) -> None:
@@ -589,6 +632,7 @@ def test_specimens_command_json() -> None:
         assert row["misbehaves_under"] == [c.value for c in spec.misbehaves_under]
         assert row["rejected_under"] == list(spec.rejected_under)
         assert row["lint_rule"] == spec.lint_rule
+        assert row["protocol"] == spec.protocol
 
 
 def test_registry_and_command_do_not_import_torch() -> None:

@@ -47,6 +47,15 @@ def audit_command(
     tokens: Annotated[
         int, typer.Option("--tokens", "-t", min=1, help="Tokens per call; sorted rows = tokens x top_k.")
     ] = DEFAULT_TOKENS,
+    top_k: Annotated[
+        int | None,
+        typer.Option(
+            "--top-k",
+            min=1,
+            help="Experts per token, overriding the preset's or config's num_experts_per_tok (the sorted "
+            "rows and the gathered slot ids reach tokens x top_k).",
+        ),
+    ] = None,
     json_out: opt.JsonOpt = False,
     save: opt.SaveOpt = None,
 ) -> None:
@@ -65,7 +74,10 @@ def audit_command(
             raise CliError(f"--config {exc}", hint=CONFIG_KEYS) from None
     if not shapes:
         shapes = [(s, "preset") for s in PRESETS.values()]
-    reports = [audit_shape(shape, tokens, source=source) for shape, source in shapes]
+    for shape, _source in shapes:
+        if top_k is not None and top_k > shape.num_experts:
+            raise CliError(f"--top-k {top_k}: {shape.name} has {shape.num_experts} experts; top_k cannot exceed them")
+    reports = [audit_shape(shape, tokens, source=source, top_k=top_k) for shape, source in shapes]
     def render(console: Console) -> None:
         for report in reports:
             render_audit(console, report)

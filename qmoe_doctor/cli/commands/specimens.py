@@ -6,7 +6,7 @@ from typing import Any
 
 from qmoe_doctor.cli import options as opt
 from qmoe_doctor.cli.output import emit_json, stdout_console
-from qmoe_doctor.cli.render.specimens import render_specimens
+from qmoe_doctor.cli.render.specimens import adapter_option, render_specimens
 from qmoe_doctor.core.causes import get_cause
 from qmoe_doctor.core.kernel_ref import BUILTIN_ADAPTERS, BuiltinAdapter
 from qmoe_doctor.core.specimens import SPECIMENS, SpecimenInfo
@@ -23,6 +23,7 @@ def _as_dict(spec: SpecimenInfo) -> dict[str, Any]:
         "misbehaves_under": [str(c) for c in spec.misbehaves_under],
         "rejected_under": list(spec.rejected_under),
         "lint_rule": spec.lint_rule,
+        "protocol": spec.protocol,  # how the probes call it (core.kernel_ref.Protocol)
         "docs": get_cause(spec.cause).docs if spec.cause is not None else None,  # a correct kernel: none
     }
 
@@ -30,9 +31,11 @@ def _as_dict(spec: SpecimenInfo) -> dict[str, Any]:
 def _adapter_dict(adapter: BuiltinAdapter) -> dict[str, Any]:
     return {
         "name": adapter.name,
-        "kernel": f"adapter:{adapter.name}:TARGET",  # what --kernel takes, TARGET the user's kernel
+        "kernel": adapter_option(adapter),  # what --kernel takes, TARGET the user's kernel
         "takes": adapter.takes,
         "summary": adapter.summary,
+        "default_target": adapter.default_target,  # what adapter:NAME alone runs (None: a target is needed)
+        "protocol": adapter.protocol,
     }
 
 

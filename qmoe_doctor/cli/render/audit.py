@@ -69,4 +69,43 @@ def render_audit(console: Console, report: AuditReport) -> None:
     if report.wraps:
         names = ", ".join(r.operand for r in report.wrapping)
         console.print(Text.assemble(("Wraps in int32: ", "bold red"), f"{names}. {FIX} See {DOCS_PAGE}."))
+    if report.gathered:
+        _render_gathered(console, report, with_role)
     console.print()
+
+
+def _render_gathered(console: Console, report: AuditReport, with_role: bool) -> None:
+    """The routed protocol's gathered ids: slot ids (t * top_k + j) and their tokens times a row
+    stride, for kernels that take the router's ids."""
+    table = Table(
+        title="gathered ids (kernels that take the router's ids: adapter:routed)", title_justify="left"
+    )
+    table.add_column("product", no_wrap=True)
+    table.add_column("shape", no_wrap=True)
+    table.add_column("max offset", justify="right", no_wrap=True)
+    table.add_column("<= 2**31-1", justify="center", no_wrap=True)
+    table.add_column("first wrap")
+    table.add_column("wraps from", justify="right", no_wrap=True)
+    if with_role:
+        table.add_column("role", style="dim")
+    for row in report.gathered:
+        cells = [
+            Text(row.operand),
+            Text(" x ".join(str(d) for d in row.shape)),
+            Text(f"{row.max_offset:,}"),
+            Text("WRAPS" if row.wraps else "ok"),
+            Text(row.first_wrap or ""),
+            Text(f"{row.wrap_tokens:,} tokens" if row.wrap_tokens is not None else ""),
+        ]
+        if with_role:
+            cells.append(Text(row.role))
+        table.add_row(*cells, style="red" if row.wraps else None)
+    print_table(console, table)
+    if report.gathered_min_wrap_tokens is not None:
+        console.print(
+            Text(
+                f"Gathered ids wrap from {report.gathered_min_wrap_tokens:,} tokens "
+                f"({', '.join(report.gathered_min_wrap_operands)}): a slot id loaded from sorted_token_ids "
+                "or gather_indx (int32) times the row stride; cast the id to int64 where it meets the stride."
+            )
+        )

@@ -11,7 +11,7 @@ from rich.text import Text
 from qmoe_doctor.cli.output import print_table
 from qmoe_doctor.cli.render.lint import lint_lines
 from qmoe_doctor.core.causes import get_cause
-from qmoe_doctor.core.conditions import PAIR_ORDER, SINGLE_ORDER, SWEEP_CONDITIONS
+from qmoe_doctor.core.conditions import PAIR_ORDER, ROUTED_ORDER, SINGLE_ORDER, SWEEP_CONDITIONS
 from qmoe_doctor.core.records import Condition, Diagnosis, Phase, Status
 from qmoe_doctor.core.reports import ScanReport
 from qmoe_doctor.workflows.scan import Cell, all_spawn_failures, build_matrix, not_checked_reason, nothing_ran
@@ -41,6 +41,14 @@ CONDITION_TEXT = {
     Condition.PEER: "a current, peer a->b on",
     Condition.PRODUCER_RACE: "+ x producer pending on b",
     Condition.SIZES_RACE: "+ m_sizes pending on b",
+    Condition.ROUTED: "routed: valid top-k ids",
+    Condition.IDS_OUT_OF_RANGE: "routed: ids past E, below -1",
+    Condition.DROPPED_SLOTS: "routed: -1 ids, no map",
+    Condition.EXPERT_MAP: "routed: expert_map, -1 remote",
+    Condition.MAP_PAST_LOCAL: "routed: map past local count",
+    Condition.PADDED_COUNT: "routed: padded count past buffer",
+    Condition.GATHER_PAST_T: "routed: gather index past T",
+    Condition.GATHERED_INT32: "routed: gathered rows past 2**31",
 }
 
 
@@ -71,7 +79,7 @@ def matrix_tables(report: ScanReport) -> list[Table]:
         t.add_column("condition")
         for g in single_groups:
             t.add_column(g)
-        for cond in SINGLE_ORDER:
+        for cond in (*SINGLE_ORDER, *ROUTED_ORDER):
             if any(matrix.get(g, cond) for g in single_groups):
                 t.add_row(CONDITION_TEXT[cond], *[_cell_text(matrix.get(g, cond)) for g in single_groups])
         for cond in SWEEP_CONDITIONS:

@@ -26,12 +26,14 @@ def render_specimens(
         what.append(f"\nwhen: {spec.trigger}", style="dim")
         if spec.lint_rule:
             what.append(f"\nfound by: qmoe-doctor lint (rule {spec.lint_rule})", style="dim")
+        if spec.protocol != "m_sizes":
+            what.append(f"\ncalled as: {spec.protocol} (adapter:{spec.protocol})", style="dim")
         cause = Text(spec.cause) if spec.cause is not None else Text("none (correct)", style="green")
         table.add_row(spec.kernel_option, cause, what)
     print_table(console, table)
     console.print(
-        "Each is qmoe_doctor.kernels.specimens.<name>:moe_grouped_gemm; docs: docs/causes/<cause>.md; "
-        "a correct one must get no diagnosis"
+        "Each is qmoe_doctor.kernels.specimens.<name>:moe_grouped_gemm (a routed one: :fused_moe or "
+        ":ragged_moe); docs: docs/causes/<cause>.md; a correct one must get no diagnosis"
     )
     if not adapters:
         return
@@ -42,6 +44,17 @@ def render_specimens(
     for adapter in adapters:
         what = Text(adapter.takes)
         what.append(f"\n{adapter.summary}", style="dim")
-        table.add_row(f"adapter:{adapter.name}:TARGET", what)
+        table.add_row(adapter_option(adapter), what)
     print_table(console, table)
-    console.print("TARGET: your kernel, module:function or path/to/file.py:function (docs/ci.md, adapters)")
+    console.print(
+        "TARGET: your kernel, module:function or path/to/file.py:function (docs/ci.md, adapters); "
+        "adapter:routed alone runs our routed kernel"
+    )
+
+
+def adapter_option(adapter: BuiltinAdapter) -> str:
+    """What ``--kernel`` takes for a built-in adapter: ``adapter:NAME:TARGET``, with the target
+    optional where the adapter has a kernel of its own (``adapter:routed[:TARGET]``)."""
+    if adapter.default_target is not None:
+        return f"adapter:{adapter.name}[:TARGET]"
+    return f"adapter:{adapter.name}:TARGET"
