@@ -284,6 +284,9 @@ class Project:
             owner = call.func.value
             if is_method:  # obj.method(...), but not module.function(...)
                 return not (isinstance(owner, ast.Name) and owner.id in cm.aliases)
+            head = (dotted(owner) or "").partition(".")[0]
+            if head not in cm.aliases:
+                return False  # self.launch(...), plan.run(...): an object's attribute, not this function
             return self._names_module(cm.canon(owner) or "", m, func.name)
         if is_method:
             return False

@@ -837,19 +837,26 @@ SPECIMEN_RULES = [
     ("wrong_stream.py", Rule.STREAM_WITHOUT_DEVICE),
     ("autotune_inplace.py", Rule.AUTOTUNE_INPLACE),
     ("cached_sms.py", Rule.CACHED_DEVICE_PROPERTY),  # its planted SM count, read once from the current device
+    ("gather_sms_device0.py", Rule.CACHED_DEVICE_PROPERTY),  # the SM count of device 0, hard-coded
+    # a gathered token id times a row stride, in int32: once for the output row, once for the input row
+    ("sorted_int32_token.py", Rule.INT32_OFFSET),
+    ("sorted_int32_token.py", Rule.INT32_OFFSET),
 ]
 # The other specimens must stay silent: running_row_mask, unmasked_rows, tma_unmasked_rows,
 # global_expert_ids, rank_no_set_device and tma_misaligned plant causes no source rule sees (row
 # masks, expert ids, a rank's current device, an operand's alignment: the scan's and the parallel
-# modes' cells find them); contiguous_only, autotuned and tma_persistent are correct kernels (an
-# assert contract; an autotune whose kernel only stores; device-side TMA descriptors whose launch,
-# grid and scratch all take x's device).
+# modes' cells find them), and so do the routed specimens but the two above (ids past E, -1 ids,
+# map entries, padded counts: the routed cells find them); contiguous_only, autotuned,
+# tma_persistent, sorted_ids and gather_scatter are correct kernels (an assert contract; an
+# autotune whose kernel only stores; device-side TMA descriptors whose launch, grid and scratch
+# all take x's device; the routed twins, whose launch helper takes its kernel as a parameter).
 
 
-@pytest.mark.parametrize(("name", "rule"), SPECIMEN_RULES)
-def test_each_specimen_fires_exactly_its_rule(name: str, rule: Rule) -> None:
+@pytest.mark.parametrize("name", sorted({name for name, _ in SPECIMEN_RULES}))
+def test_each_specimen_fires_exactly_its_rule(name: str) -> None:
     report = lint_paths([REPO / "kernels" / "specimens" / name])
-    assert [f.rule for f in report.findings] == [rule], [f.as_line() for f in report.findings]
+    expected = [rule for n, rule in SPECIMEN_RULES if n == name]
+    assert [f.rule for f in report.findings] == expected, [f.as_line() for f in report.findings]
 
 
 def test_kernels_package_only_the_specimens_fire() -> None:
@@ -919,6 +926,43 @@ def test_kernels_imported_across_files_of_one_run(tmp_path: Path) -> None:
         ("ops.py", 7, "unguarded-launch"),
         ("ops.py", 8, "unguarded-launch"),
     ]
+
+
+_LAUNCH_HELPER = """
+import triton
+
+def launch(kernel, x):
+    kernel[(1,)](x)
+"""
+_PLAN_CALLER = """
+import torch
+from pkg import helper
+
+class Plan:
+    def __init__(self, launch):
+        self.launch = launch
+
+    def run(self, x):
+        self.launch(x)  # an attribute of the plan: not helper.launch
+
+def by_module(x):
+    with torch.cuda.device(x.device):
+        helper.launch(None, x)
+"""
+
+
+def test_an_objects_attribute_is_not_a_module_function_of_its_name(tmp_path: Path) -> None:
+    """``self.launch(x)`` calls what the object holds; only ``helper.launch(...)`` (through the
+    import) reaches the module's function, and that call is guarded: nothing to report but the
+    helper's own launch, whose every caller is guarded."""
+    _write(tmp_path, {"pkg/__init__.py": "", "pkg/helper.py": _LAUNCH_HELPER, "pkg/plan.py": _PLAN_CALLER})
+    report = lint_paths([tmp_path / "pkg"])
+    assert report.findings == (), [f.as_line() for f in report.findings]
+    # the same helper called unguarded through its module is still followed to the caller
+    (tmp_path / "pkg" / "plan.py").write_text(_PLAN_CALLER.replace("        helper.launch", "    helper.launch").replace(
+        "    with torch.cuda.device(x.device):\n", ""))
+    report = lint_paths([tmp_path / "pkg"])
+    assert [(Path(f.path).name, f.rule.value) for f in report.findings] == [("plan.py", "unguarded-launch")]
 
 
 def test_imported_files_are_read_for_context_but_not_reported(tmp_path: Path) -> None:
