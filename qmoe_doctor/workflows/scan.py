@@ -243,20 +243,20 @@ def _run_one(
     """One session's outcomes, its follow-ups after them."""
     specs = list(session.specs)
     got: list[Outcome] = []
-    if specs and specs[0].condition is Condition.INTERPRETER_CHECK:
-        # The environment first: if our own trivial kernel cannot run on this interpreter,
-        # the rest of the tier is skipped rather than blamed on the kernel under test.
-        (env_check,) = run_session(specs[:1], base_env=env, log_dir=log_dir, on_event=watch)
-        got.append(env_check)
-        specs = specs[1:]
-        if env_check.status is not Status.PASS:
-            reason = _first_line_of(env_check.error_message) or str(env_check.status)
-            return got + [_skipped(s, f"{_why_tier_skipped(env_check)}: {reason}") for s in specs]
+    env_first = bool(specs) and specs[0].condition is Condition.INTERPRETER_CHECK
     # a kernel that hangs on the canonical inputs, or needs CUDA on the CPU tier, ends the
     # session there: the cells after it come back skipped, with the reason (diagnose.baseline)
-    ran = run_session(specs, base_env=env, log_dir=log_dir, on_event=watch, stop_after=stop_reason)
+    ran = run_session(specs, base_env=env, log_dir=log_dir, on_event=watch, stop_after=_tier_stop_reason)
     if stop.is_set():
         raise _Stopped()
+    if env_first:
+        # The environment first, in the same warm child as the cells (one interpreter start,
+        # not two): if our own trivial kernel cannot run on this interpreter, the rest of the
+        # tier is skipped rather than blamed on the kernel under test.
+        env_check, ran = ran[0], ran[1:]
+        got.append(env_check)
+        if env_check.status is not Status.PASS:
+            return got + [_skipped(o.spec, o.notes[0]) for o in ran]
     # follow-up: an invalid-routing cell whose canary could not follow the kernel's own output
     # is re-run alone under memcheck (or stays unchecked, with the reason)
     ran = settle_blind_cells(
@@ -307,6 +307,15 @@ def coverage(outcomes: Sequence[Outcome]) -> Coverage:
     """What a verdict over these outcomes covers, from the cells' labels (``core.coverage``)."""
     labels = {c.outcome.probe_id: c.label for c in build_matrix(outcomes).cells.values()}
     return coverage_of(outcomes, labels)
+
+
+def _tier_stop_reason(outcome: Outcome) -> str | None:
+    """``stop_reason``, and a failed environment check: why no cell of the tier runs after it."""
+    if outcome.spec.condition is Condition.INTERPRETER_CHECK:
+        if outcome.status is Status.PASS:
+            return None
+        return f"{_why_tier_skipped(outcome)}: {_first_line_of(outcome.error_message) or outcome.status}"
+    return stop_reason(outcome)
 
 
 def _why_tier_skipped(env_check: Outcome) -> str:

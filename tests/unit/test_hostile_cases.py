@@ -629,7 +629,7 @@ def test_a_check_killed_by_sigkill_leaves_no_probe_worker(
 def test_a_signalled_check_saves_the_report_so_far(
     tmp_path: Path, hung_doctor: Callable[..., tuple[subprocess.Popen[str], str]]
 ) -> None:
-    """SIGTERM while the second kernel's workers hang (each kernel's CPU tier starts two): --save
+    """SIGTERM while the second kernel's worker hangs (each kernel's CPU tier starts one): --save
     holds the first kernel's report (complete: false), and stderr says where."""
     target = tmp_path / "partial.json"
     cli, mark = hung_doctor(
@@ -641,7 +641,7 @@ def test_a_signalled_check_saves_the_report_so_far(
         "specimen:unmasked_rows",
         "--save",
         str(target),
-        from_worker=3,
+        from_worker=2,
     )
     cli.send_signal(signal.SIGTERM)
     _, err = cli.communicate(timeout=60)
