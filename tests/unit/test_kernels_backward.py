@@ -189,19 +189,31 @@ def test_dw_of_one_expert_sums_its_bounds_right(name: str, count: int, monkeypat
 
 
 @pytest.mark.parametrize("name", ["16x16x16-w4-s1", "16x32x16-w4-s1-flat"])
-def test_dw_folds_the_row_bounds_up_to_the_limit(name: str) -> None:
+def test_dw_folds_the_row_bounds_up_to_the_limit(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """At FOLDED_MAX_EXPERTS experts (the kernel's vector of counts is that long) the kernel sums
-    the bounds; one expert more and the plan launches ``row_bounds`` first. Both right."""
+    the bounds; one expert more and the plan launches ``row_bounds`` first. Both right. The plan
+    is asked at the real limit; the kernels run at a limit of 40 (1024 experts' tiles cost the
+    interpreter 10 s and show it nothing 40 do not)."""
+    from qmoe_doctor.kernels import backward
     from qmoe_doctor.kernels.backward import FOLDED_MAX_EXPERTS, _dw_plan
     from qmoe_doctor.kernels.tuning import config_from_name
 
     cfg = config_from_name(name)
-    for e in (FOLDED_MAX_EXPERTS, FOLDED_MAX_EXPERTS + 1):
+
+    def case(e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         gen = torch.Generator().manual_seed(e)
         sizes = torch.zeros(e, dtype=torch.int32)
         sizes[[0, e // 3, e - 2, e - 1]] = torch.tensor([3, 5, 4, 6], dtype=torch.int32)  # 18 rows
-        dy, x = torch.randn(18, 16, generator=gen), torch.randn(18, 16, generator=gen)
+        return torch.randn(18, 16, generator=gen), torch.randn(18, 16, generator=gen), sizes
+
+    for e in (FOLDED_MAX_EXPERTS, FOLDED_MAX_EXPERTS + 1):
+        dy, x, sizes = case(e)
         assert (_dw_plan(dy, x, sizes, None, cfg).bounds is None) == (e == FOLDED_MAX_EXPERTS)
+    monkeypatch.setattr(backward, "FOLDED_MAX_EXPERTS", 40)
+    monkeypatch.setattr(backward, "_DW_PLANS", {})
+    for e in (40, 41):
+        dy, x, sizes = case(e)
+        assert (_dw_plan(dy, x, sizes, None, cfg).bounds is None) == (e == 40)
         assert_close(dw_ref(dy, x, sizes), moe_grouped_gemm_dw(dy, x, sizes, config=cfg), torch.float32)
 
 
