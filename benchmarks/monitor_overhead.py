@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=100, help="timed steps per child")
     p.add_argument("--warmup", type=int, default=10, help="untimed steps first (compilation)")
     p.add_argument("--rounds", type=int, default=3, help="plain/monitored child pairs per token count")
-    p.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny preset, interpreter, 1 step")
+    p.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny preset, interpreter, 1 step, no warm-up")
     p.add_argument(
         "--profile", type=int, default=0, metavar="N",
         help="also profile the first round's plain and monitored children: their N functions of most own time",
@@ -70,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--child-tokens", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.tiny:
-        args.preset, args.tokens, args.steps, args.warmup, args.rounds = "tiny", "8", 1, 1, 1
+        args.preset, args.tokens, args.steps, args.warmup, args.rounds = "tiny", "8", 1, 0, 1
     return args
 
 

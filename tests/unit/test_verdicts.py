@@ -502,21 +502,21 @@ def test_a_runtime_error_before_launch_is_rejected_and_after_a_launch_fails(tmp_
         ("import_os_exit.py:kernel", "its import ended the probe child: exited with status 3 at import"),
         ("import_sys_exit.py:kernel", "exited 0 at import: it called sys.exit(0)"),
         ("import_segfault.py:kernel", "its import ended the probe child: killed by SIGSEGV (signal 11) at import"),
-        ("import_hang.py:kernel", "its import never finished: the probe child timed out at import after 15 s"),
+        ("import_hang.py:kernel", "its import never finished: the probe child timed out at import after 10 s"),
     ],
 )
 def test_a_kernel_that_dies_or_hangs_at_import_is_a_usage_error(tmp_path: Path, ref: str, said: str) -> None:
     """One line, exit 2, whatever ended the child: not "1 unexplained failing cell". The
     timeout covers the interpreter check's child start on a loaded runner (the kernel's import
     then runs in that warm child)."""
-    out = _cli("scan", "--cpu", "--only", "single", "--timeout", "15", "--kernel", _kernel(ref), tmp=tmp_path)
+    out = _cli("scan", "--cpu", "--only", "single", "--timeout", "10", "--kernel", _kernel(ref), tmp=tmp_path)
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     assert said in _flat(out.stderr) and "unexplained" not in out.stdout
 
 
 @pytest.mark.slow
 def test_a_kernel_that_hangs_on_every_call_costs_one_timeout(tmp_path: Path) -> None:
-    out = _cli("scan", "--cpu", "--timeout", "15", "--kernel", _kernel("hangs.py:spins"), "--json", tmp=tmp_path)
+    out = _cli("scan", "--cpu", "--timeout", "10", "--kernel", _kernel("hangs.py:spins"), "--json", tmp=tmp_path)
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
     report = json.loads(out.stdout)
     timed_out = [o["probe_id"] for o in report["outcomes"] if o["error_kind"] == "timeout"]
