@@ -61,6 +61,17 @@ if CUDA_DEVICES == 0:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: a worker per core and one more. Many tests wait on a child (a timeout, a rank,
+    a hung import) with their core idle; the extra worker fills those waits (measured on 2 cores:
+    3 workers 283 s, 2 workers 305 s, 4 workers 304 s). ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still
+    decides when set."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores + 1
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--shard",
