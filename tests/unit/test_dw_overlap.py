@@ -11,6 +11,7 @@ for).
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -182,6 +183,7 @@ def test_fallback_matches_reference_and_skips_unrouted_rows(name: str, sizes: li
 needs_gluon = pytest.mark.skipif(not HAVE_GLUON, reason="this Triton has no Gluon")
 
 
+@functools.cache  # a config several tests read is compiled once per pytest worker
 def _compiled(name: str) -> dict:
     """The kernel compiled for sm_90 on this CPU (``kernels.testing.sm90_compile_report``)."""
     report = sm90_compile_report("qmoe_doctor.kernels.dw_overlap:compile_offline", name)

@@ -10,6 +10,7 @@ warp and the multiplying warpgroup the registers the launch options promise.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 
@@ -123,6 +124,7 @@ def test_cpu_takes_the_fallback_and_matches_the_reference(sizes: list[int]) -> N
 needs_ws = pytest.mark.skipif(not HAVE_WS, reason="this Triton has no Gluon warp_specialize of the pairs form")
 
 
+@functools.cache  # a config several tests read is compiled once per pytest worker
 def _compiled(name: str) -> dict:
     """The kernel compiled for sm_90 on this CPU (``kernels.testing.sm90_compile_report``)."""
     report = sm90_compile_report("qmoe_doctor.kernels.dw_ws:compile_ws_offline", name)
