@@ -17,7 +17,8 @@ Triton whose interpreter lacks the option it changes nothing and ``state()`` say
 from __future__ import annotations
 
 import dataclasses
-import os
+
+from qmoe_doctor.kernels.grouped_gemm import interpreting
 
 _state = "not installed"
 
@@ -25,10 +26,6 @@ _state = "not installed"
 def state() -> str:
     """What ``speed_up`` did in this process, for logs and tests."""
     return _state
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def speed_up() -> str:
@@ -56,4 +53,4 @@ def speed_up() -> str:
     return _state
 
 
-__all__ = ["interpreting", "speed_up", "state"]
+__all__ = ["speed_up", "state"]

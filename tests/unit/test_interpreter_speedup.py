@@ -15,9 +15,9 @@ from triton.runtime import interpreter as interp
 
 import qmoe_doctor.kernels  # noqa: F401  (installs it)
 from qmoe_doctor.kernels import interpreter as speedup
-from qmoe_doctor.kernels.grouped_gemm import moe_grouped_gemm
+from qmoe_doctor.kernels.grouped_gemm import interpreting, moe_grouped_gemm
 
-pytestmark = pytest.mark.skipif(not speedup.interpreting(), reason="the interpreter is off (a GPU machine)")
+pytestmark = pytest.mark.skipif(not interpreting(), reason="the interpreter is off (a GPU machine)")
 
 
 @triton.jit
