@@ -70,6 +70,9 @@ def run_probe(ctx: ProbeContext) -> dict[str, Any]:
     # the kernel's own import, after ours: a child that dies or hangs here died of the kernel
     ctx.crumb(Phase.IMPORT, step="kernel")
     kernel = kernel_loader(spec.kernel)
+    # imported: what follows (our routed probes' import, the device guard, a cell's memory
+    # check) is ours, and a death there is not the kernel's import
+    ctx.crumb(Phase.IMPORT)
     reason = not_applicable(kernel, spec)  # an adapter's declared dtypes / layout / CPU support
     if reason is None and spec.device is None and _is_torch_control(spec.kernel):
         reason = (

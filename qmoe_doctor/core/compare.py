@@ -143,6 +143,12 @@ class RunCompare:
     def diverged(self) -> bool:
         return self.divergence is not None
 
+    @property
+    def nothing_compared(self) -> bool:
+        """No launch was compared (none printed, none matched, the references interrupted):
+        the section claims nothing either way."""
+        return not self.diverged and sum(p.compared for p in self.processes) == 0
+
 
 __all__ = [
     "CompareKind",

@@ -14,7 +14,7 @@ import re
 import signal
 from dataclasses import dataclass
 
-from qmoe_doctor.core.records import ErrorKind, is_cuda_error
+from qmoe_doctor.core.records import ErrorKind
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -297,9 +297,10 @@ def match_text(text: str) -> ErrorKind | None:
 
 
 def cuda_error_kind(text: str) -> ErrorKind | None:
-    """The sticky CUDA error ``text`` names (``records.CUDA_ERROR_KINDS``), or None."""
-    kind = match_text(text)
-    return kind if is_cuda_error(kind) else None
+    """The sticky CUDA error ``text`` names (``records.CUDA_ERROR_KINDS``), or None. Only the
+    CUDA errors' own texts count: the interpreter's "base must be 16-byte aligned", which
+    ``match_text`` also reads as a misaligned address, is an assertion on the CPU, no CUDA error."""
+    return next((e.kind for e in CUDA_ERRORS if e.pattern.search(text)), None)
 
 
 def legacy_error_kind(kind: ErrorKind | None, text: str) -> ErrorKind | None:

@@ -274,7 +274,15 @@ class ProcessRecord:
         return self.end is not None
 
 
+#: Stream handles that are a default stream to CUDA. Torch reports 0 for every device's default
+#: stream (``torch.cuda.default_stream(d).cuda_stream``: c10's ``CUDAStream::stream()`` returns
+#: nullptr for it); 1 is ``cudaStreamLegacy`` and 2 ``cudaStreamPerThread`` (an external stream
+#: wrapping either, or a build whose default stream is per thread).
+DEFAULT_STREAMS = frozenset({0, 1, 2})
+
+
 __all__ = [
+    "DEFAULT_STREAMS",
     "INT32_LIMIT",
     "EndKind",
     "FindingKind",

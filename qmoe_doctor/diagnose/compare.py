@@ -39,7 +39,7 @@ from qmoe_doctor.core.compare import (
     TensorDelta,
 )
 from qmoe_doctor.core.fingerprints import Contents, LaunchPrint, ProcessPrints, TensorPrint
-from qmoe_doctor.core.launches import SourceSite
+from qmoe_doctor.core.launches import DEFAULT_STREAMS, SourceSite
 from qmoe_doctor.core.records import Confidence
 
 #: A nondeterministic launch's tensor diverges when its sum (or sum of |x|) lies farther than
@@ -59,8 +59,6 @@ SCAN_CONDITIONS = {
     "missing-device-guard": ("pair", "guarded,untouched,no-peer,peer"),
     "default-device-buffer": ("pair", "guarded,untouched,no-peer,peer"),
 }
-#: Default-stream handles (0, cudaStreamLegacy, cudaStreamPerThread).
-DEFAULT_STREAMS = (0, 1, 2)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -765,7 +763,10 @@ def _conclude(
         nondeterministic_lines = tuple(
             line for line in lines if not line.startswith("this launch also differs")
         )
-    if kind is CompareKind.REPEAT:
+    if divergence is None and compared == 0:
+        # no launch was matched between the runs: nothing was checked, so nothing is claimed
+        verdict = f"nothing compared: no printed launch of the command could be matched with {against}"
+    elif kind is CompareKind.REPEAT:
         if nondeterminism is None:
             verdict = f"deterministic: {compared:,} launches gave equal prints in all {repeat + 1} runs"
         else:

@@ -809,7 +809,9 @@ def _explain(text: str, source: str) -> Explanation:
         )
     if error_kind in _NO_CAUSE and not fits:
         caveats.append(f"no cause of the catalogue fits {error_kind}: {_NO_CAUSE[error_kind]}")
-    if is_cuda_error(error_kind):
+    # the text names a CUDA error (not the interpreter's assertion of the same kind, on the CPU)
+    cuda_named = is_cuda_error(error_kind) and cuda_error_kind(text) is not None
+    if cuda_named:
         caveats.append(
             "the CUDA error is sticky: every later CUDA call of the process fails too (often as "
             "'unspecified launch failure'); the first CUDA error the process printed is the fault"
@@ -823,7 +825,7 @@ def _explain(text: str, source: str) -> Explanation:
     if fits:
         caveats.append("a log alone rarely proves a cause: these fit the text; the commands above settle it")
 
-    headline = _headline(error_kind, report, tb, kernel_name, clean)
+    headline = _headline(error_kind, report, tb, kernel_name, clean, cuda_named=cuda_named)
     return Explanation(
         source=source,
         input_kind=input_kind,
@@ -876,6 +878,8 @@ def _headline(
     tb: TracebackReport | None,
     kernel: str | None,
     clean: bool,
+    *,
+    cuda_named: bool = True,
 ) -> str:
     in_kernel = f" in {kernel}" if kernel else ""
     if clean and report is not None and report.error_summary is None:
@@ -904,6 +908,8 @@ def _headline(
         if api is not None and {e.category for e in report.errors} == {"api-error"}:
             api_only = f"{api.cuda_error} returned by {api.api_call or 'a CUDA API call'}"
     if kind is not None and kind in _CUDA_WORDS and (api_only is None or tb is not None):
+        if not cuda_named:  # the interpreter's check of the same fault: no CUDA error code
+            return f"{_CUDA_WORDS[kind]}{in_kernel} (Triton's interpreter refused it, on the CPU)"
         info = CUDA_ERROR_OF[kind]
         return f"{_CUDA_WORDS[kind]}{in_kernel} ({info.runtime}, CUDA error {info.code})"
     if api_only is not None:

@@ -37,7 +37,7 @@ either end, and logs of several processes told apart by a line prefix (``[rank0]
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -650,7 +650,7 @@ class _Group:
     """One group being folded: counts of every member, the first member, and the members that
     brought a new address (at most ``max_addresses``)."""
 
-    __slots__ = ("addresses", "complete", "count", "first", "kept", "seen", "threads")
+    __slots__ = ("addresses", "complete", "count", "first", "seen", "threads")
 
     def __init__(self, first: SanitizerError) -> None:
         self.first = first
@@ -659,7 +659,6 @@ class _Group:
         self.seen: set[int] = set()
         self.threads: set[tuple[object, object]] = set()
         self.complete = True
-        self.kept: list[SanitizerError] = []
 
     def add(self, e: SanitizerError, max_addresses: int) -> bool:
         """Count ``e``; True when it is worth keeping whole (the first, or a new address kept)."""
@@ -716,16 +715,6 @@ class ErrorFolder:
 
     def result(self) -> tuple[tuple[SanitizerError, ...], tuple[ErrorGroup, ...]]:
         return tuple(self.kept), tuple(g.build() for g in self.groups.values())
-
-
-def group_errors(
-    errors: Iterable[SanitizerError], *, max_addresses: int = MAX_GROUP_ADDRESSES
-) -> tuple[ErrorGroup, ...]:
-    """Fold identical errors: same category, kernel, memory space, access, size and pc."""
-    folder = ErrorFolder(max_addresses=max_addresses)
-    for e in errors:
-        folder.add(e)
-    return folder.result()[1]
 
 
 def is_top_level_line(body: str) -> bool:
@@ -900,7 +889,6 @@ __all__ = [
     "SanitizerError",
     "SanitizerReport",
     "ToolName",
-    "group_errors",
     "is_top_level_line",
     "looks_like_sanitizer_log",
     "parse_host_frame",

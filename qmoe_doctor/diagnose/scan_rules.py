@@ -588,6 +588,8 @@ def int32_offset_overflow(matrix: Matrix, ctx: RuleContext) -> Finding:
     ev, places, conds, explained = _against_single(matrix, ctx, _INT32_CELLS)
     summary = "wrong once an offset passes 2**31 - 1 elements: an index x stride product is formed in int32"
     for cell in matrix.cells.values():
+        if cell.outcome.probe_id not in explained:
+            continue  # a cell that is not evidence (its baseline failed) does not say where it broke
         if cell.outcome.spec.condition is Condition.GATHERED_INT32 and cell.failed:
             f = cell.outcome.facts
             first, rows = f.get("first_wrapping_row"), f.get("rows")

@@ -32,13 +32,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from qmoe_doctor.core.launches import FindingKind, Launch, LaunchFinding
+from qmoe_doctor.core.launches import DEFAULT_STREAMS, FindingKind, Launch, LaunchFinding
 
-#: Stream handles that are a default stream to CUDA. Torch reports 0 for every device's default
-#: stream (``torch.cuda.default_stream(d).cuda_stream``: c10's ``CUDAStream::stream()`` returns
-#: nullptr for it); 1 is ``cudaStreamLegacy`` and 2 ``cudaStreamPerThread`` (an external stream
-#: wrapping either, or a build whose default stream is per thread).
-DEFAULT_STREAMS = frozenset({0, 1, 2})
 #: Other kernels a finding names as the side stream's.
 NAMED_NEIGHBOURS = 3
 

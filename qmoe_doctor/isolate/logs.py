@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from types import TracebackType
 
@@ -29,6 +30,23 @@ from qmoe_doctor.core.events import note_kept_logs
 
 #: The children's temp folder inside a run's log folder (their TMPDIR), removed at the end.
 CHILD_TMP = "child-tmp"
+
+_made: set[Path] = set()  # the children's temp folders this process created (only these are removed)
+_made_lock = threading.Lock()  # a scan's pair sessions start children from several threads
+
+
+def child_tmp(folder: Path) -> Path:
+    """The children's temp folder beside their log in ``folder``, created and remembered, so that
+    ``LogDir.close`` removes it and never a folder of that name it did not make."""
+    tmp = folder / CHILD_TMP
+    with _made_lock:
+        if tmp not in _made:
+            try:
+                tmp.mkdir()
+            except FileExistsError:
+                return tmp  # not made by this run (a folder of the user's, a killed run's): left as it is
+            _made.add(tmp)
+    return tmp
 
 
 class LogDir:
@@ -60,7 +78,10 @@ class LogDir:
 
     def close(self) -> None:
         """Remove the children's temp folders, and the folder unless it was asked for or kept."""
-        for tmp in self.path.glob(f"**/{CHILD_TMP}"):
+        with _made_lock:
+            mine = [tmp for tmp in _made if tmp.is_relative_to(self.path)]
+            _made.difference_update(mine)
+        for tmp in mine:
             shutil.rmtree(tmp, ignore_errors=True)
         if not self.kept and not self.removed:
             shutil.rmtree(self.path, ignore_errors=True)
@@ -82,4 +103,4 @@ class LogDir:
         self.close()
 
 
-__all__ = ["CHILD_TMP", "LogDir"]
+__all__ = ["CHILD_TMP", "LogDir", "child_tmp"]

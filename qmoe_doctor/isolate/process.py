@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 from qmoe_doctor.core import knobs, lifeline
-from qmoe_doctor.isolate.logs import CHILD_TMP
+from qmoe_doctor.isolate.logs import child_tmp
 
 #: Always in a child's environment, whatever the caller, base_env or a spec says.
 FORCED_ENV: Mapping[str, str] = {**knobs.NVLS_OFF, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
@@ -193,8 +193,7 @@ def spawn(
         raise ValueError("output='log' needs a log_path")
     full_env = {**env, **FORCED_ENV}
     if log_path is not None:  # the child's temp files go with its log, removed with the run's folder
-        tmp = log_path.parent / CHILD_TMP
-        tmp.mkdir(exist_ok=True)
+        tmp = child_tmp(log_path.parent)
         full_env.update(TMPDIR=str(tmp), TMP=str(tmp), TEMP=str(tmp))
     parent = os.getpid()
     stdin = subprocess.PIPE if stdin_pipe else subprocess.DEVNULL

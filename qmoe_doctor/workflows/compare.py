@@ -162,7 +162,6 @@ def compare_passes(
     references: Sequence[tuple[RunPass, Path]],
     *,
     limit: int,
-    cwd: str | None = None,
 ) -> RunCompare:
     """The compare section from the passes' folders. Raises CompareInputError when a reference
     run printed no launch while the subject did (nothing to compare with)."""
@@ -189,7 +188,7 @@ def compare_passes(
         reference_env=plan.env,
         limit=limit,
         read_source=_source_reader,
-        cwd=cwd if cwd is not None else os.getcwd(),
+        cwd=os.getcwd(),
     )
     if notes:
         result = replace(result, notes=(*result.notes, *notes))

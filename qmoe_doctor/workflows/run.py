@@ -311,10 +311,10 @@ def _sanitize(
             note=f"{before}compute-sanitizer wrote no readable log ({result.problems or 'none was written'})",
         ), ()
     parsed = result.parsed
-    n_errors = parsed.error_summary if parsed.error_summary is not None else len(parsed.errors)
+    n_errors = parsed.error_summary if parsed.error_summary is not None else parsed.records
     placed = sum(1 for a in result.addresses if a.tensor is not None)
     # the log prints its first records only, and each kind of access keeps its first 64 distinct
-    # addresses (diagnose.sanitizer_log.group_errors): the addresses are those, not every error
+    # addresses (diagnose.sanitizer_log.MAX_GROUP_ADDRESSES): the addresses are those, not every error
     read = f"{placed} of the {len(result.addresses)} distinct invalid addresses read from the log placed against recorded tensors"
     if parsed.tool_failures:
         # what it printed before it gave up is kept; the rest of the run was not checked

@@ -223,9 +223,11 @@ def _scan(
         # Ctrl-C or SIGTERM: the probes that finished are saved too, those of the sessions cut
         # short included (a CPU scan is one session: without this nothing at all was kept)
         if on_progress is not None:
-            have = {id(o) for o in outcomes}
+            # by probe id: an ended session's outcomes may be new objects (a blind cell settled
+            # under memcheck) of probes whose first outcome is also in ``finished``
+            have = {o.probe_id for o in outcomes}
             with one_at_a_time:
-                outcomes.extend(o for o in finished if id(o) not in have)
+                outcomes.extend(o for o in finished if o.probe_id not in have)
             on_progress(report(False, tuple(s.label for r in rounds for s in r if s.label not in ended)))
         raise
     return report(True)

@@ -764,3 +764,23 @@ def test_explain_does_not_import_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_interpreters_alignment_assertion_is_no_cuda_error() -> None:
+    """Under TRITON_INTERPRET=1 a descriptor on an unaligned base is an assertion on the CPU: the
+    misaligned-operand cause fits, but there is no CUDA error 716 and nothing sticky to say; the
+    same fault as CUDA printed it gets both."""
+    frames = (
+        "Traceback (most recent call last):\n"
+        '  File "/home/u/train.py", line 12, in <module>\n'
+        "    y = moe(x, w, sizes)\n"
+        '  File "/home/u/moe.py", line 40, in moe\n'
+        "    kern[grid](x, w, y)\n"
+    )
+    cpu = explain_text(frames + "triton.runtime.errors.InterpreterError: AssertionError('base must be 16-byte aligned')\n")
+    assert cpu.error_kind == "misaligned-address"
+    assert "CUDA error 716" not in cpu.headline and "interpreter" in cpu.headline
+    assert not any("sticky" in c for c in cpu.caveats)
+    assert "misaligned-operand" in {f.cause for f in cpu.fits}
+    gpu = explain_text(frames + "torch.AcceleratorError: CUDA error: misaligned address\n")
+    assert "CUDA error 716" in gpu.headline and any("sticky" in c for c in gpu.caveats)

@@ -332,6 +332,24 @@ def test_a_childs_temp_files_go_with_the_runs_logs_and_are_removed(tmp_path: Pat
     assert (logs.path / "worker-000.log").exists()  # the log asked for stays
 
 
+def test_a_folder_named_child_tmp_the_run_did_not_make_is_left_alone(tmp_path: Path) -> None:
+    """--log-dir ~ (or any folder of the user's): only the children's temp folder this run made is
+    removed, never another folder of that name below it."""
+    theirs = tmp_path / "logs" / "project" / CHILD_TMP
+    theirs.mkdir(parents=True)
+    (theirs / "precious.txt").write_text("keep me")
+    beside = tmp_path / "logs" / CHILD_TMP
+    beside.mkdir()  # where the run's children would put theirs: already there, so not the run's
+    with LogDir.open(tmp_path / "logs") as logs:
+        for folder in (logs.path, logs.path / "run"):
+            folder.mkdir(exist_ok=True)
+            child = process.spawn([sys.executable, "-c", "pass"], env=dict(os.environ), log_path=folder / "w.log")
+            assert child.proc.wait(timeout=60) == 0
+        assert (logs.path / "run" / CHILD_TMP).is_dir()
+    assert (theirs / "precious.txt").read_text() == "keep me" and beside.is_dir()
+    assert not (logs.path / "run" / CHILD_TMP).exists()  # the one the run made
+
+
 def test_a_run_ended_by_an_exception_names_the_folder_it_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     with pytest.raises(KeyboardInterrupt) as caught, LogDir.open(None) as logs:
@@ -435,8 +453,12 @@ def test_env_without_a_driver_says_so() -> None:
 
 def test_every_error_line_is_one_line(tmp_path: Path) -> None:
     """A kernel error whose message holds newlines (a child's traceback) is folded to one line."""
-    proc = doctor("scan", "--cpu", "--kernel", f"{tmp_path / 'missing.py'}:fn", cwd=tmp_path)
-    assert proc.returncode == 2 and len(error_lines(proc.stderr)) == 1
+    kernel = tmp_path / "multi.py"
+    kernel.write_text('raise ImportError("first line of the reason\\nsecond line\\nthird line")\n')
+    proc = doctor("scan", "--cpu", "--kernel", f"{kernel}:fn", cwd=tmp_path)
+    assert proc.returncode == 2 and len(error_lines(proc.stderr)) == 1, proc.stderr
+    (line,) = error_lines(proc.stderr)
+    assert "first line of the reason second line third line" in line  # the child's message, folded
 
 
 # =================================================================================================

@@ -1060,6 +1060,17 @@ def test_cli_clean_file_exits_0() -> None:
     assert "No findings in 1 file" in out
 
 
+def test_cli_a_file_not_linted_is_counted_in_the_summary(tmp_path: Path) -> None:
+    """One clean file and one that does not parse: no finding, but not clean either (exit 2),
+    and the summary line says a file was not linted."""
+    (tmp_path / "ok.py").write_text("x = 1\n")
+    (tmp_path / "broken.py").write_text("def (:\n")
+    code, out, err = _cli(str(tmp_path))
+    assert code == 2, out + err
+    assert "No findings in 1 file" in out and "; 1 file not linted." in out
+    assert "broken.py" in err
+
+
 def test_cli_findings_exit_1_with_table_and_fixes() -> None:
     code, out, _ = _cli(str(FIXTURES / "public_grouped_gemm.py"))
     assert code == ExitCode.FAULT

@@ -149,7 +149,6 @@ def test_interpreter_launches_are_fingerprinted_before_and_after(tmp_path: Path)
     x_print, y_print, ids_print = first.tensors
     x = torch.arange(3000, dtype=torch.float64) - 1000.5
     x[7] = float("inf")
-    finite = x[torch.isfinite(x)]
     assert (x_print.name, x_print.numel, x_print.dtype, x_print.shape) == ("x_ptr", 3000, "float32", (3000,))
     assert x_print.after is None and x_print.before.nonfinite == 1  # read only; one inf
     assert x_print.before.total == float("inf")
@@ -159,7 +158,6 @@ def test_interpreter_launches_are_fingerprinted_before_and_after(tmp_path: Path)
     assert y_print.after is not None and y_print.before.total == 0.0  # written: zeros before
     assert y_print.after.total_abs == float("inf") and y_print.after.nonfinite == 1
     assert ids_print.before.total == 45.0 and ids_print.before.total_abs == 45.0 and ids_print.dtype == "int32"
-    assert float(finite.abs().sum()) > 0
     assert report.compare.verdict.startswith("deterministic")
     plain = run_program([sys.executable, str(path)], RunOptions(log_dir=tmp_path / "plain"), environ={**os.environ, "TRITON_INTERPRET": "1"})
     assert plain.compare is None and not list((tmp_path / "plain" / "run").glob("prints-*"))

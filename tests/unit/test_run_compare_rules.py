@@ -172,6 +172,19 @@ def test_launches_match_until_the_sequences_part_and_the_report_says_where() -> 
     assert n == 3 and "the subject printed no more, reference run 1 went on with `shift` (its launch 2) (#4)" in stop
 
 
+def test_runs_that_part_at_the_first_launch_compared_nothing_and_claim_nothing() -> None:
+    """No launch matched (another autotune choice at launch 1): not "no divergence", not
+    "deterministic": the section says nothing was compared and claims neither health nor fault."""
+    ref = program(X)
+    tuned = [launch(1, "scale", 1, *ref[0].tensors, config="BLOCK=128"), *ref[1:]]
+    for kind in (CompareKind.BLOCKING, CompareKind.REPEAT):
+        result = compare(kind, run_of(tuned), run_of(ref))
+        assert result.nothing_compared and not result.diverged
+        assert result.verdict.startswith("nothing compared: no printed launch"), result.verdict
+    matched = compare(CompareKind.BLOCKING, run_of(program(X)), run_of(program(X)))
+    assert not matched.nothing_compared and matched.verdict.startswith("no divergence: 4 launches")
+
+
 def test_processes_match_by_rank_and_a_count_mismatch_is_said() -> None:
     s = PassPrints(
         processes=(

@@ -38,6 +38,9 @@ def _summary(report: LintReport) -> str:
     files = f"{n_files} file{'s' if n_files != 1 else ''}"
     n_skipped = len(report.skipped)
     skipped = f"; {n_skipped} entr{'ies' if n_skipped != 1 else 'y'} skipped (not sources)" if n_skipped else ""
+    n_errors = len(report.errors)  # read but not linted (unreadable, not Python): not clean either
+    if n_errors:
+        skipped += f"; {n_errors} file{'s' if n_errors != 1 else ''} not linted"
     if not report.findings:
         return f"No findings in {files} ({len(report.rules)} rules){skipped}."
     per_rule = ", ".join(f"{rule} {n}" for rule, n in report.counts().items())
@@ -68,4 +71,5 @@ def render_table(out: Console, report: LintReport) -> None:
     if report.findings:
         docs = sorted({f"docs/causes/{f.cause}.md" for f in report.findings})
         out.print(Text("More on each cause: " + ", ".join(docs), style="dim"), soft_wrap=True)
-    out.print(Text(_summary(report), style="bold" if report.findings else "green"), soft_wrap=True)
+    style = "bold" if report.findings else "yellow" if report.errors else "green"
+    out.print(Text(_summary(report), style=style), soft_wrap=True)

@@ -201,11 +201,13 @@ def summary_line(report: RunReport) -> Text:
     launched = any(r.launches for p in report.passes for r in p.processes)
     if report.healthy:
         ended = report.passes[0].end if report.passes else f"exit {report.command_exit}"
-        failed = f"; the command itself failed ({ended})" if report.command_exit != 0 else ""
+        caveat = f"; the command itself failed ({ended})" if report.command_exit != 0 else ""
         if not launched:
-            return Text("No Triton launch was monitored" + failed + ".", style="yellow")
-        if failed:
-            return Text("No finding in the monitored launches" + failed + ".", style="yellow")
+            return Text("No Triton launch was monitored" + caveat + ".", style="yellow")
+        if report.compare is not None and report.compare.nothing_compared:
+            caveat += "; the compare pass compared no launch"
+        if caveat:
+            return Text("No finding in the monitored launches" + caveat + ".", style="yellow")
         return Text("No finding: every monitored launch kept its tensors on its device.", style="green")
     n = len(report.diagnoses)
     errors = len(report.cuda_errors)

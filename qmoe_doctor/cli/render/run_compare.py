@@ -15,6 +15,7 @@ from rich.text import Text
 from qmoe_doctor.core.causes import CAUSES
 from qmoe_doctor.core.compare import CompareKind, LaunchDifference, RunCompare, TensorDelta
 from qmoe_doctor.core.fingerprints import SAMPLE_HASHED, LaunchPrint
+from qmoe_doctor.core.launches import DEFAULT_STREAMS
 from qmoe_doctor.core.reports import RunPass, RunReport
 
 _DTYPE_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
@@ -33,7 +34,7 @@ def _launch(launch: LaunchPrint) -> str:
     device = f" on {launch.device}" if launch.device else " (interpreter)"
     stream = ""
     if launch.stream is not None:
-        stream = " default stream" if launch.stream in (0, 1, 2) else f" stream 0x{launch.stream:x}"
+        stream = " default stream" if launch.stream in DEFAULT_STREAMS else f" stream 0x{launch.stream:x}"
     thread = f" [thread {launch.thread}]" if launch.thread else ""
     return f"#{launch.seq} {launch.kernel} (launch {launch.ordinal} of it){grid}{device}{stream}{thread}"
 
@@ -138,7 +139,11 @@ def render_compare(out: Console, report: RunReport) -> None:
             out.print(
                 Text(f"    the launch sequences stop matching {proc.stop}", style="yellow"), soft_wrap=True
             )
-    style = "bold red" if c.diverged else "bold green" if c.nondeterminism is None else "bold yellow"
+    style = (
+        "bold red" if c.diverged
+        else "bold yellow" if c.nothing_compared or c.nondeterminism is not None
+        else "bold green"
+    )  # fmt: skip
     out.print(Text(f"  verdict: {c.verdict}", style=style), soft_wrap=True)
     if c.divergence is not None:
         _difference(out, "first divergent launch", c.divergence, "bold")
